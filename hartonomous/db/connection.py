@@ -1,0 +1,75 @@
+"""Where the database is, and how to connect to it with errors a user can act on."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import psycopg
+from sqlalchemy import Engine, create_engine
+
+from hartonomous.config import Settings, get_settings
+from hartonomous.db.cluster import EmbeddedCluster
+from hartonomous.errors import DatabaseUnavailable
+
+READER_ROLE = "hartonomous_reader"
+
+
+def embedded_cluster(settings: Settings | None = None) -> EmbeddedCluster:
+    settings = settings or get_settings()
+    return EmbeddedCluster(settings.resolved_data_dir, settings.pg_bin, settings.db_port)
+
+
+def owner_url(settings: Settings | None = None, autostart: bool = True) -> str:
+    """URL of the owner role: HARTONOMOUS_DATABASE_URL, else the embedded cluster."""
+    settings = settings or get_settings()
+    if settings.database_url:
+        return _plain(settings.database_url)
+    cluster = embedded_cluster(settings)
+    if autostart and cluster.running_pid() is None:
+        cluster.up()
+    return cluster.url("owner")
+
+
+def reader_url(settings: Settings | None = None, autostart: bool = True) -> str:
+    """URL of the least-privilege role used for inference."""
+    settings = settings or get_settings()
+    if settings.reader_database_url:
+        return _plain(settings.reader_database_url)
+    if settings.database_url:
+        return _plain(settings.database_url)
+    cluster = embedded_cluster(settings)
+    if autostart and cluster.running_pid() is None:
+        cluster.up()
+    return cluster.url("reader")
+
+
+def _plain(url: str) -> str:
+    """libpq accepts postgresql://; strip SQLAlchemy driver suffixes."""
+    return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://", url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql+psycopg://", url)
+
+
+def redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def connect(url: str, **kwargs) -> psycopg.Connection:
+    """psycopg connection with a one-line, actionable error when the server is unreachable."""
+    kwargs.setdefault("connect_timeout", 10)
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact(url)} ({first}); check HARTONOMOUS_DATABASE_URL, "
+            "or unset it and run `hartonomous db up`"
+        ) from exc
+
+
+@lru_cache(maxsize=8)
+def engine_for(url: str) -> Engine:
+    return create_engine(sqlalchemy_url(url), pool_pre_ping=True, connect_args={"connect_timeout": 10})

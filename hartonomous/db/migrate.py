@@ -1,0 +1,100 @@
+"""Alembic upgrades/downgrades, and the SQL function sources in `sql/` with a drift check.
+
+`sql/*.sql` is the single source of the database functions. The files create functions with
+unqualified names (they land in the first schema of the search_path) so the drift check can
+install them into a scratch schema and compare. Migrations install them with
+`install_sql_functions`; `function_drift` compares what is installed with the files so an
+edited file can never silently diverge from the database.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
+
+from hartonomous.db.connection import owner_url, sqlalchemy_url
+from hartonomous.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MIGRATIONS_DIR = REPO_ROOT / "migrations"
+SQL_DIR = REPO_ROOT / "sql"
+SCRATCH_SCHEMA = "hartonomous_drift_check"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    if not MIGRATIONS_DIR.is_dir():
+        raise UserError(f"migrations folder not found at {MIGRATIONS_DIR}; install the project with `pip install -e .`")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["url"] = url or owner_url()
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str | None = None) -> str | None:
+    engine = create_engine(sqlalchemy_url(url or owner_url()), poolclass=pool.NullPool)
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
+
+
+def sql_sources() -> list[Path]:
+    """The function sources, in install order (file name order)."""
+    return sorted(SQL_DIR.glob("*.sql"))
+
+
+def install_sql_functions(execute) -> None:
+    """Run every `sql/*.sql` file through `execute(text)` (alembic's op.execute or a cursor)."""
+    for path in sql_sources():
+        execute(path.read_text())
+
+
+_FUNCTIONS = """
+    SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS signature,
+           md5(p.prosrc || coalesce(array_to_string(p.proconfig, ','), '')
+               || pg_get_function_result(p.oid) || p.provolatile::text || p.prosecdef::text) AS digest
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = %s AND p.prokind IN ('f', 'p')
+"""
+
+
+def function_drift(url: str | None = None) -> list[str]:
+    """Functions whose installed definition differs from `sql/`, or that are missing."""
+    url = url or owner_url()
+    with psycopg.connect(url) as conn:
+        installed = dict(conn.execute(_FUNCTIONS, ("public",)).fetchall())
+        with conn.transaction(force_rollback=True):
+            conn.execute(f"CREATE SCHEMA {SCRATCH_SCHEMA}")
+            conn.execute(f"SET LOCAL search_path = {SCRATCH_SCHEMA}, public")
+            for path in sql_sources():
+                conn.execute(path.read_text())
+            expected = dict(conn.execute(_FUNCTIONS, (SCRATCH_SCHEMA,)).fetchall())
+    problems = []
+    for signature, digest in sorted(expected.items()):
+        if signature not in installed:
+            problems.append(f"{signature} is missing")
+        elif installed[signature] != digest:
+            problems.append(f"{signature} differs from sql/")
+    return problems
+
+
+def reinstall_sql_functions(url: str | None = None) -> None:
+    with psycopg.connect(url or owner_url()) as conn:
+        with conn.transaction():
+            install_sql_functions(conn.execute)

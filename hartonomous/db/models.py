@@ -1,0 +1,98 @@
+"""SQLAlchemy 2 models mirroring the schema that the Alembic migrations create."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from geoalchemy2 import Geometry
+from pgvector.sqlalchemy import Vector
+from sqlalchemy import (
+    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, Text,
+    func, text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+POINT_Z = Geometry(geometry_type="POINTZ", srid=0, dimension=3, spatial_index=False)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AtomSet(Base):
+    """One immutable build: which model, how it was projected, how to score it."""
+
+    __tablename__ = "atom_sets"
+    __table_args__ = (
+        CheckConstraint("kind IN ('token', 'context')", name="atom_sets_kind_check"),
+        CheckConstraint("kernel IN ('gaussian', 'exponential')", name="atom_sets_kernel_check"),
+        CheckConstraint("bandwidth > 0", name="atom_sets_bandwidth_check"),
+        CheckConstraint("centroid_window IS NULL OR centroid_window > 0", name="atom_sets_window_check"),
+        CheckConstraint("centroid_decay > 0 AND centroid_decay <= 1", name="atom_sets_decay_check"),
+        Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    model: Mapped[str] = mapped_column(Text)
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    embedding_dim: Mapped[int] = mapped_column(Integer)
+    projection: Mapped[str] = mapped_column(Text)
+    projection_params: Mapped[dict] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    kind: Mapped[str] = mapped_column(Text)
+    centroid_window: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    centroid_decay: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    kernel: Mapped[str] = mapped_column(Text, server_default=text("'gaussian'"))
+    bandwidth: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    stats: Mapped[dict] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Token(Base):
+    """A vocabulary token of an atom set: its text, 3D position and full embedding."""
+
+    __tablename__ = "tokens"
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    token_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    position = mapped_column(POINT_Z, nullable=False)
+    embedding = mapped_column(Vector(), nullable=True)
+
+
+class Atom(Base):
+    """A weighted point that votes for `token_id`; partitioned by atom set (one GiST each)."""
+
+    __tablename__ = "atoms"
+    __table_args__ = (
+        CheckConstraint("weight > 0", name="atoms_weight_check"),
+        Index("atoms_position_gist", "position", postgresql_using="gist",
+              postgresql_ops={"position": "gist_geometry_ops_nd"}),
+        {"postgresql_partition_by": "LIST (atom_set_id)"},
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    atom_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    token_id: Mapped[int] = mapped_column(Integer)
+    position = mapped_column(POINT_Z, nullable=False)
+    weight: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    key = mapped_column(Vector(), nullable=True)
+
+
+class Landmark(Base):
+    """A landmark of the projection, stored so new vectors project the same way."""
+
+    __tablename__ = "landmarks"
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    landmark_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    embedding = mapped_column(Vector(), nullable=False)
+    position = mapped_column(POINT_Z, nullable=True)

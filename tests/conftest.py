@@ -1,0 +1,84 @@
+"""Test fixtures: one real PostGIS + pgvector database per session, never a mock.
+
+The database comes from HARTONOMOUS_TEST_DATABASE_URL, else testcontainers (when
+HARTONOMOUS_TEST_BACKEND=docker), else a throwaway embedded cluster (the default, used by CI).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from hartonomous.db import migrate
+from hartonomous.db.cluster import EmbeddedCluster
+
+DOCKER_IMAGE = "hartonomous-db:latest"
+
+
+def _docker_url() -> Iterator[str]:
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer(DOCKER_IMAGE, username="hartonomous", password="hartonomous",
+                           dbname="hartonomous", driver=None) as container:
+        yield container.get_connection_url()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """Owner URL of a real, empty-but-migrated database for the whole session."""
+    explicit = os.environ.get("HARTONOMOUS_TEST_DATABASE_URL")
+    if explicit:
+        url = explicit
+        migrate.upgrade(url)
+        yield url
+        return
+    if os.environ.get("HARTONOMOUS_TEST_BACKEND") == "docker":
+        gen = _docker_url()
+        url = next(gen)
+        migrate.upgrade(url)
+        yield url
+        gen.close()
+        return
+    root = Path(tempfile.mkdtemp(prefix="hartonomous-test-"))
+    root.chmod(0o755)
+    cluster = EmbeddedCluster(root / "pg")
+    cluster.up()
+    url = cluster.url()
+    migrate.upgrade(url)
+    try:
+        yield url
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
+        if cluster.data_dir != cluster.requested_dir:
+            shutil.rmtree(cluster.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def conn(server_url: str) -> Iterator[psycopg.Connection]:
+    """A connection whose work is rolled back after the test."""
+    with psycopg.connect(server_url) as connection:
+        yield connection
+        connection.rollback()
+
+
+@pytest.fixture
+def scratch_database(server_url: str) -> Iterator[str]:
+    """URL of a brand-new, unmigrated database with the extensions available."""
+    import uuid
+
+    name = f"scratch_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = server_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
