@@ -1,0 +1,252 @@
+"""Write one atom set atomically: binary COPY, GiST nd index, CLUSTER, ANALYZE, attach.
+
+Everything happens in one transaction. The atoms go into a standalone table that is attached
+as the set's partition only at the end, so readers of other sets are never blocked and an
+interrupted build (Ctrl-C, a killed process) leaves nothing visible behind.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import psycopg
+
+from hartonomous.errors import UserError
+from projection.morton import morton_order
+from projection.pgcopy import HEADER, TRAILER, ewkb_pointz, fixed_width_payload, vector_bytes
+
+COPY_CHUNK_ROWS = 200_000
+
+
+@dataclass
+class AtomSetSpec:
+    """The atom_sets row of a build."""
+
+    name: str
+    model: str
+    vocab_size: int
+    embedding_dim: int
+    projection: str
+    kind: str
+    projection_params: dict = field(default_factory=dict)
+    centroid_window: int | None = None
+    centroid_decay: float = 1.0
+    kernel: str = "gaussian"
+    bandwidth: float = 1.0
+    stats: dict = field(default_factory=dict)
+    make_default: bool = False
+
+
+@dataclass
+class TokenRows:
+    """Every vocabulary token: id, decoded text, 3D position, optional full embedding."""
+
+    token_ids: np.ndarray
+    texts: list[str | None]
+    positions: np.ndarray
+    embeddings: np.ndarray | None = None
+
+
+@dataclass
+class AtomRows:
+    """The atoms: which token each votes for, where, with what weight, optional full-dim key."""
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    weights: np.ndarray | None = None
+    keys: np.ndarray | None = None
+
+
+@dataclass
+class LandmarkRows:
+    embeddings: np.ndarray
+    positions: np.ndarray | None = None
+
+
+@dataclass
+class IngestReport:
+    atom_set_id: int
+    atoms: int
+    copy_seconds: float
+    index_seconds: float
+    cluster_seconds: float
+    total_seconds: float
+
+    @property
+    def atoms_per_second(self) -> float:
+        return self.atoms / self.total_seconds if self.total_seconds > 0 else float("inf")
+
+
+def partition_name(atom_set_id: int) -> str:
+    return f"atoms_{int(atom_set_id)}"
+
+
+def write_atom_set(
+    conn: psycopg.Connection,
+    spec: AtomSetSpec,
+    tokens: TokenRows,
+    atoms: AtomRows,
+    landmarks: LandmarkRows | None = None,
+    *,
+    replace: bool = False,
+    cluster: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> IngestReport:
+    """Insert the whole atom set in one transaction and return timings; commits on success."""
+    say = progress or (lambda _msg: None)
+    _validate(spec, tokens, atoms)
+    start = time.perf_counter()
+    with conn.transaction():
+        existing = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE",
+                                (spec.name,)).fetchone()
+        if existing and not replace:
+            raise UserError(f"atom set '{spec.name}' already exists; drop it with "
+                            f"`hartonomous atom-sets drop {spec.name}` or pass --replace")
+        was_default = False
+        if existing:
+            was_default = bool(conn.execute("SELECT is_default FROM atom_sets WHERE id = %s",
+                                            existing).fetchone()[0])
+            _drop(conn, existing[0])
+        set_id = _insert_atom_set(conn, spec)
+        say(f"tokens: {len(tokens.token_ids)}")
+        _copy_tokens(conn, set_id, tokens)
+        if landmarks is not None:
+            _copy_landmarks(conn, set_id, landmarks)
+        table = partition_name(set_id)
+        conn.execute(f"CREATE TABLE {table} (LIKE atoms INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_set CHECK (atom_set_id = {set_id})")
+        t0 = time.perf_counter()
+        say(f"COPY {len(atoms.token_ids)} atoms (binary, Morton order)")
+        _copy_atoms(conn, table, set_id, atoms)
+        t1 = time.perf_counter()
+        say("building the GiST nd index")
+        conn.execute(f"CREATE INDEX {table}_position_idx ON {table} USING gist (position gist_geometry_ops_nd)")
+        conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (atom_set_id, atom_id)")
+        t2 = time.perf_counter()
+        if cluster:
+            say("CLUSTER on the GiST index")
+            conn.execute(f"CLUSTER {table} USING {table}_position_idx")
+        conn.execute(f"ANALYZE {table}")
+        t3 = time.perf_counter()
+        conn.execute(f"ALTER TABLE atoms ATTACH PARTITION {table} FOR VALUES IN ({set_id})")
+        conn.execute(f"ANALYZE tokens")
+        has_default = conn.execute("SELECT 1 FROM atom_sets WHERE is_default").fetchone()
+        if spec.make_default or was_default or not has_default:
+            _set_default(conn, set_id)
+    end = time.perf_counter()
+    return IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, end - start)
+
+
+def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
+    if spec.kind not in ("token", "context"):
+        raise UserError(f"kind must be 'token' or 'context', got {spec.kind!r}")
+    if len(atoms.token_ids) == 0:
+        raise UserError("an atom set needs at least one atom")
+    known = set(np.asarray(tokens.token_ids).tolist())
+    unknown = set(np.unique(atoms.token_ids).tolist()) - known
+    if unknown:
+        raise UserError(f"{len(unknown)} atom token ids are not in the token table (e.g. {min(unknown)})")
+    if atoms.weights is not None and not np.all(np.asarray(atoms.weights) > 0):
+        raise UserError("atom weights must be > 0")
+    for arr, what in ((tokens.positions, "token positions"), (atoms.positions, "atom positions")):
+        if np.asarray(arr).ndim != 2 or np.asarray(arr).shape[1] != 3 or not np.all(np.isfinite(arr)):
+            raise UserError(f"{what} must be finite (n, 3) arrays")
+
+
+def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec) -> int:
+    (set_id,) = conn.execute(
+        """INSERT INTO atom_sets (name, model, vocab_size, embedding_dim, projection, projection_params,
+                                  kind, centroid_window, centroid_decay, kernel, bandwidth, stats)
+           VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s::jsonb) RETURNING id""",
+        (spec.name, spec.model, spec.vocab_size, spec.embedding_dim, spec.projection,
+         json.dumps(spec.projection_params), spec.kind, spec.centroid_window, spec.centroid_decay,
+         spec.kernel, spec.bandwidth, json.dumps(spec.stats)),
+    ).fetchone()
+    return int(set_id)
+
+
+def _copy_tokens(conn: psycopg.Connection, set_id: int, tokens: TokenRows) -> None:
+    cols = "atom_set_id, token_id, text, position" + (", embedding" if tokens.embeddings is not None else "")
+    with conn.cursor().copy(f"COPY tokens ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+        buf = bytearray(HEADER)
+        nfields = 5 if tokens.embeddings is not None else 4
+        for i, token_id in enumerate(np.asarray(tokens.token_ids).tolist()):
+            buf += struct.pack(">hii", nfields, 4, set_id) + struct.pack(">ii", 4, token_id)
+            text = tokens.texts[i]
+            if text is None:
+                buf += struct.pack(">i", -1)
+            else:
+                raw = text.replace("\x00", "\ufffd").encode("utf-8", "surrogatepass")
+                buf += struct.pack(">i", len(raw)) + raw
+            point = ewkb_pointz(*map(float, tokens.positions[i]))
+            buf += struct.pack(">i", len(point)) + point
+            if tokens.embeddings is not None:
+                vec = vector_bytes(tokens.embeddings[i])
+                buf += struct.pack(">i", len(vec)) + vec
+            if len(buf) > 8 << 20:
+                copy.write(bytes(buf))
+                buf.clear()
+        buf += TRAILER
+        copy.write(bytes(buf))
+
+
+def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRows) -> None:
+    n = len(landmarks.embeddings)
+    columns = [("int4", np.full(n, set_id)), ("int4", np.arange(n)),
+               ("vector", np.asarray(landmarks.embeddings, dtype=np.float32))]
+    names = "atom_set_id, landmark_id, embedding"
+    if landmarks.positions is not None:
+        columns.append(("pointz", np.asarray(landmarks.positions, dtype=np.float64)))
+        names += ", position"
+    with conn.cursor().copy(f"COPY landmarks ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.write(fixed_width_payload(columns))
+
+
+def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows) -> None:
+    positions = np.asarray(atoms.positions, dtype=np.float64)
+    order = morton_order(positions)
+    n = len(order)
+    weights = np.ones(n) if atoms.weights is None else np.asarray(atoms.weights, dtype=np.float64)
+    names = "atom_set_id, atom_id, token_id, position, weight" + (", key" if atoms.keys is not None else "")
+    with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+        for lo in range(0, n, COPY_CHUNK_ROWS):
+            idx = order[lo:lo + COPY_CHUNK_ROWS]
+            columns = [("int4", np.full(len(idx), set_id)), ("int8", idx),
+                       ("int4", np.asarray(atoms.token_ids)[idx]), ("pointz", positions[idx]),
+                       ("float8", weights[idx])]
+            if atoms.keys is not None:
+                columns.append(("vector", np.asarray(atoms.keys, dtype=np.float32)[idx]))
+            copy.write(fixed_width_payload(columns, header=lo == 0, trailer=lo + COPY_CHUNK_ROWS >= n))
+
+
+def _set_default(conn: psycopg.Connection, set_id: int) -> None:
+    conn.execute("UPDATE atom_sets SET is_default = false WHERE is_default AND id <> %s", (set_id,))
+    conn.execute("UPDATE atom_sets SET is_default = true WHERE id = %s", (set_id,))
+
+
+def _drop(conn: psycopg.Connection, set_id: int) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {partition_name(set_id)}")
+    conn.execute("DELETE FROM atom_sets WHERE id = %s", (set_id,))
+
+
+def drop_atom_set(conn: psycopg.Connection, name: str) -> None:
+    """Remove an atom set, its partition, tokens and landmarks; commits."""
+    with conn.transaction():
+        row = conn.execute("SELECT id, is_default FROM atom_sets WHERE name = %s FOR UPDATE",
+                           (name,)).fetchone()
+        if row is None:
+            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
+        _drop(conn, row[0])
+
+
+def set_default_atom_set(conn: psycopg.Connection, name: str) -> None:
+    with conn.transaction():
+        row = conn.execute("SELECT id FROM atom_sets WHERE name = %s", (name,)).fetchone()
+        if row is None:
+            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
+        _set_default(conn, row[0])
