@@ -129,6 +129,15 @@ def migrate_cmd(
     console.print(f"database at revision {migrate.current_revision(url)}")
 
 
+from hartonomous.cli_generate import register as _register_generation  # noqa: E402
+
+_register_generation(app)  # generate, next-token
+
+from hartonomous.compare.cli import register as _register_compare  # noqa: E402
+
+_register_compare(app)  # compare
+
+
 def main() -> None:
     """Entry point: run the app, turning user-fixable errors into one line and exit 1."""
     import sqlalchemy.exc

@@ -21,6 +21,7 @@ from projection.morton import morton_order
 from projection.pgcopy import HEADER, TRAILER, ewkb_pointz, fixed_width_payload, vector_bytes
 
 COPY_CHUNK_ROWS = 200_000
+MAINTENANCE_WORK_MEM = "256MB"  # per build, for the GiST/PK index builds (SET LOCAL)
 
 
 @dataclass
@@ -125,12 +126,14 @@ def write_atom_set(
         _copy_atoms(conn, table, set_id, atoms)
         t1 = time.perf_counter()
         say("building the GiST nd index")
+        conn.execute(f"SET LOCAL maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
         conn.execute(f"CREATE INDEX {table}_position_idx ON {table} USING gist (position gist_geometry_ops_nd)")
-        conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (atom_set_id, atom_id)")
         t2 = time.perf_counter()
         if cluster:
             say("CLUSTER on the GiST index")
             conn.execute(f"CLUSTER {table} USING {table}_position_idx")
+        # The primary key comes after CLUSTER, which would otherwise rebuild it a second time.
+        conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (atom_set_id, atom_id)")
         conn.execute(f"ANALYZE {table}")
         t3 = time.perf_counter()
         conn.execute(f"ALTER TABLE atoms ATTACH PARTITION {table} FOR VALUES IN ({set_id})")

@@ -297,6 +297,7 @@ class EmbeddedCluster:
 
     def _ensure_database(self, state: ClusterState) -> None:
         import psycopg
+        from psycopg import sql
 
         port = self.running_port()
         admin = f"postgresql://{SUPERUSER}:{state.password}@127.0.0.1:{port}/postgres"
@@ -314,6 +315,13 @@ class EmbeddedCluster:
                     raise UserError(f"the embedded database is not accepting connections: {exc}") from exc
                 time.sleep(0.3)
         with psycopg.connect(self.url(), autocommit=True) as conn:
+            # The least-privilege login used for inference; migrations grant what it may do.
+            conn.execute(sql.SQL("""DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'hartonomous_reader') THEN
+                    CREATE ROLE hartonomous_reader NOLOGIN;
+                END IF; END $$"""))
+            conn.execute(sql.SQL("ALTER ROLE hartonomous_reader LOGIN PASSWORD {}").format(
+                sql.Literal(state.reader_password)))
             for ext in EXTENSIONS:
                 try:
                     conn.execute(f"CREATE EXTENSION IF NOT EXISTS {ext}")

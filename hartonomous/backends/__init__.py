@@ -1,0 +1,1 @@
+"""Generation backends: one small interface (base.Backend), two paths (exact, spatial)."""

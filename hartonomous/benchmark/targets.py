@@ -1,0 +1,68 @@
+"""The issue's performance targets, checked against measured values (a miss stays visible)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Target:
+    what: str
+    goal: str
+    measure: Callable[[dict], float | None]
+    ok: Callable[[float], bool]
+    unit: str = ""
+
+
+def _latency(results: dict, atoms: int, field: str) -> float | None:
+    for row in results.get("latency", []):
+        if row["atoms"] == atoms and row["atom_set"].startswith("bench-synthetic"):
+            return row.get(field)
+    return None
+
+
+def _ratio(results: dict) -> float | None:
+    hi, lo = _latency(results, 10**7, "in_db_p50_ms"), _latency(results, 10**5, "in_db_p50_ms")
+    return hi / lo if hi and lo else None
+
+
+def _throughput(results: dict, key: str) -> float | None:
+    return (results.get("throughput") or {}).get(key)
+
+
+def _speedup(results: dict) -> float | None:
+    t = results.get("throughput") or {}
+    spatial, exact = t.get("spatial_client_ms_per_token"), t.get("exact_cpu_ms_per_token")
+    return exact / spatial if spatial and exact else None
+
+
+TARGETS = [
+    Target("next_token at 10^6 atoms, in-database (p50)", "≤ 1 ms",
+           lambda r: _latency(r, 10**6, "in_db_p50_ms"), lambda v: v <= 1.0, " ms"),
+    Target("next_token at 10^7 atoms, in-database (p50)", "≤ 1.5 ms",
+           lambda r: _latency(r, 10**7, "in_db_p50_ms"), lambda v: v <= 1.5, " ms"),
+    Target("latency(10^7) / latency(10^5)", "≤ 2", _ratio, lambda v: v <= 2.0, "×"),
+    Target("index vs brute force at 10^6", "≥ 100× faster",
+           lambda r: _latency(r, 10**6, "index_speedup"), lambda v: v >= 100, "×"),
+    Target("shared buffers per call at 10^6 (p50)", "≤ 50",
+           lambda r: _latency(r, 10**6, "shared_buffers_p50"), lambda v: v <= 50, ""),
+    Target("spatial generation, Python client", "≥ 500 tokens/s",
+           lambda r: _throughput(r, "spatial_client_tokens_per_s"), lambda v: v >= 500, " tok/s"),
+    Target("spatial generation, in-database", "≥ 1000 tokens/s",
+           lambda r: _throughput(r, "spatial_in_db_tokens_per_s"), lambda v: v >= 1000, " tok/s"),
+    Target("spatial vs exact, per token on CPU", "≥ 25× faster", _speedup, lambda v: v >= 25, "×"),
+]
+
+
+def evaluate(results: dict) -> list[dict]:
+    rows = []
+    for target in TARGETS:
+        value = target.measure(results)
+        rows.append({
+            "what": target.what, "target": target.goal,
+            "measured": None if value is None else round(float(value), 3),
+            "unit": target.unit.strip(),
+            "met": None if value is None else bool(target.ok(float(value))),
+        })
+    return rows

@@ -1,0 +1,135 @@
+"""`hartonomous generate` and `hartonomous next-token` (registered on the app in cli.py).
+
+Options are validated by GenerationConfig / the backends, so bad input is one UserError line.
+Generated text goes to stdout; the statistics line goes to stderr, so output can be piped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
+
+
+def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, model, device, dtype):
+    from hartonomous.client import Client
+    from hartonomous.errors import UserError
+
+    if not prompt.strip():
+        raise UserError("the prompt is empty; pass some text, e.g. hartonomous generate \"The capital of France is\"")
+    if path not in ("spatial", "exact"):
+        raise UserError(f"--path must be spatial or exact, got '{path}'")
+    return Client(atom_set=atom_set, search_radius=search_radius, max_neighbors=max_neighbors,
+                  model=model, device=device, dtype=dtype)
+
+
+def _stats_line(result) -> str:
+    t = result.timings
+    rate = f"{t.tokens_per_second:.1f} tokens/s" if t.total_s > 0 else "n/a tokens/s"
+    return (f"[{result.path}] {len(result.token_ids)} tokens in {t.total_s:.2f} s, {rate}; "
+            f"{result.state.value} ({result.finish_reason}); seed {result.seed}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the generation commands to the CLI app."""
+
+    @app.command("generate")
+    def generate_cmd(
+        prompt: str = typer.Argument(..., help="Text to continue."),
+        path: str = typer.Option("spatial", "--path", help=PATH_HELP),
+        stream: bool = typer.Option(False, "--stream", help="Print tokens as they are made, then tokens/s."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most tokens to generate."),
+        temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
+        top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+        top_p: float = typer.Option(0.9, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
+        repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 0; 1 = off."),
+        stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+        stop_token_id: list[int] = typer.Option([], "--stop-token-id", help="Stop token id (repeatable)."),
+        ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the EOS token."),
+        atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
+        in_database: bool = typer.Option(False, "--in-database",
+                                         help="Spatial: run the whole loop in SQL generate_tokens."),
+        search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
+        max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
+        device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
+        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Continue PROMPT with the spatial or exact path."""
+        from hartonomous.client import make_config
+
+        config = make_config(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
+                             stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos)
+        with _client(prompt, path, atom_set, search_radius, max_neighbors, model, device, dtype) as client:
+            engine = client.engine(path, in_database=in_database)
+            session = engine.stream(prompt, config)
+            if stream and not as_json:
+                try:
+                    for piece in session:
+                        sys.stdout.write(piece)
+                        sys.stdout.flush()
+                except KeyboardInterrupt:
+                    session.cancel()
+                    raise
+                sys.stdout.write("\n")
+                result = session.result
+            else:
+                result = session.run()
+                if not as_json:
+                    print(result.text)
+        if as_json:
+            print(json.dumps(result_json(result), indent=2))
+        else:
+            print(_stats_line(result), file=sys.stderr)
+
+    @app.command("next-token")
+    def next_token_cmd(
+        prompt: str = typer.Argument(..., help="Context text."),
+        path: str = typer.Option("spatial", "--path", help=PATH_HELP),
+        temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
+        top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+        top_p: float = typer.Option(0.9, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
+        repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 0; 1 = off."),
+        atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
+        search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
+        max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
+        device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
+        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
+        limit: int = typer.Option(20, "--limit", help="Rows to show in the table (JSON has all)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Show the next-token distribution after PROMPT (after the sampler), as a table or JSON."""
+        from rich.console import Console
+        from rich.table import Table
+
+        with _client(prompt, path, atom_set, search_radius, max_neighbors, model, device, dtype) as client:
+            rows = client.next_token(prompt, path, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     repetition_penalty=repetition_penalty)
+        if as_json:
+            print(json.dumps([r.__dict__ for r in rows], indent=2))
+            return
+        table = Table(title=f"next token after {prompt!r} ({path})")
+        for column in ("rank", "token_id", "text", "probability", "cumulative"):
+            table.add_column(column, justify="left" if column == "text" else "right")
+        for rank, r in enumerate(rows[:max(limit, 0)], 1):
+            table.add_row(str(rank), str(r.token_id), repr(r.text), f"{r.probability:.4f}",
+                          f"{r.cumulative_probability:.4f}")
+        Console().print(table)
+        if len(rows) > limit:
+            print(f"({len(rows) - limit} more rows; use --limit or --json)", file=sys.stderr)
+
+
+def result_json(result) -> dict:
+    t = result.timings
+    return {"path": result.path, "text": result.text, "token_ids": result.token_ids, "state": result.state.value,
+            "finish_reason": result.finish_reason, "seed": result.seed, "prompt_ids": result.prompt_ids,
+            "timings": {"prefill_s": t.prefill_s, "total_s": t.total_s, "per_token_s": t.per_token_s,
+                        "tokens_per_second": t.tokens_per_second}}

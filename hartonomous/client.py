@@ -1,0 +1,145 @@
+"""The Python client: both paths behind one small object.
+
+    from hartonomous import Client
+    with Client() as client:
+        print(client.generate("The capital of France is", path="exact", seed=1).text)
+        for piece in client.stream("Once upon a time", path="spatial", seed=1):
+            print(piece, end="", flush=True)
+        client.next_token("The capital of France is", top_k=5)   # rows with token texts
+
+Models, tokenizers and the database connection are opened on first use and reused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session
+from hartonomous.errors import UserError
+
+PATHS = ("spatial", "exact")
+CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
+
+
+@dataclass(frozen=True)
+class TokenProbability:
+    """One row of a next-token distribution."""
+
+    token_id: int
+    text: str
+    probability: float
+    cumulative_probability: float
+
+
+class Client:
+    """Generate with the spatial (PostGIS) or exact (transformer) path; see the module docstring."""
+
+    def __init__(self, *, database_url: str | None = None, connection=None, atom_set: str | None = None,
+                 search_radius: float | None = None, max_neighbors: int = 100, spatial_tokenizer=None,
+                 model: str | None = None, device: str | None = None, dtype: str = "float32",
+                 exact_model=None):
+        self.database_url, self._conn = database_url, connection
+        self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
+        self.spatial_tokenizer = spatial_tokenizer
+        self.model, self.device, self.dtype = model, device, dtype
+        self._exact_model = exact_model
+        self._engines: dict[tuple[str, bool], Engine] = {}
+
+    # -- engines -------------------------------------------------------------------------
+
+    def engine(self, path: str = "spatial", *, in_database: bool = False) -> Engine:
+        """The engine of a path (built on first use)."""
+        if path not in PATHS:
+            raise UserError(f"path must be 'spatial' or 'exact', got '{path}'")
+        key = (path, in_database and path == "spatial")
+        if key not in self._engines:
+            self._engines[key] = Engine(self._spatial_backend(key[1]) if path == "spatial" else self._exact_backend())
+        return self._engines[key]
+
+    def _connection(self):
+        if self._conn is None:
+            from hartonomous.db.connection import connect, reader_url
+
+            self._conn = connect(self.database_url or reader_url(), autocommit=True)
+            self._owns_conn = True
+        return self._conn
+
+    def _spatial_backend(self, in_database: bool):
+        from hartonomous.backends.spatial import SpatialBackend
+
+        tokenizer = self.spatial_tokenizer
+        for (path, _), engine in self._engines.items():   # reuse the tokenizer of the other spatial mode
+            if path == "spatial":
+                tokenizer = tokenizer or engine.tokenizer
+        return SpatialBackend(self._connection(), self.atom_set, tokenizer=tokenizer, search_radius=self.search_radius,
+                              max_neighbors=self.max_neighbors, in_database=in_database)
+
+    def _exact_backend(self):
+        from hartonomous.backends.exact import ExactBackend
+        from hartonomous.config import get_settings
+        from hartonomous.exact import ExactModel
+
+        if self._exact_model is None:
+            settings = get_settings()
+            self._exact_model = ExactModel.load(self.model or settings.model, self.device or settings.device,
+                                                self.dtype)
+        return ExactBackend(self._exact_model)
+
+    # -- generation ----------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], path: str = "spatial", *, in_database: bool = False,
+                 cancel: threading.Event | None = None, **options: Any) -> GenerationResult:
+        """Blocking generation; options are GenerationConfig fields (max_new_tokens, seed, top_k, ...)."""
+        return self.engine(path, in_database=in_database).generate(prompt, make_config(**options), cancel)
+
+    def stream(self, prompt: str | Sequence[int], path: str = "spatial", *, in_database: bool = False,
+               cancel: threading.Event | None = None, **options: Any) -> Session:
+        """Iterate for text pieces as they are made; `.cancel()` stops it, `.result` holds the outcome."""
+        return self.engine(path, in_database=in_database).stream(prompt, make_config(**options), cancel)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], path: str = "spatial", *,
+                       in_database: bool = False, cancel: threading.Event | None = None,
+                       **options: Any) -> list[GenerationResult]:
+        return self.engine(path, in_database=in_database).generate_batch(prompts, make_config(**options), cancel)
+
+    def next_token(self, prompt_or_ids: str | Sequence[int], path: str = "spatial", *, temperature: float = 1.0,
+                   top_k: int | None = 40, top_p: float = 0.9,
+                   repetition_penalty: float = 1.0) -> list[TokenProbability]:
+        """The next-token distribution after the sampler, most likely first, with token texts."""
+        from hartonomous.textstream import decode
+
+        engine = self.engine(path)
+        config = make_config(temperature=temperature, top_k=top_k, top_p=top_p,
+                             repetition_penalty=repetition_penalty)
+        backend = engine.backend
+        dist = backend.distribution(backend.start(engine.encode(prompt_or_ids)), config.sampler)
+        rows, total = [], 0.0
+        for token_id, p in zip(dist.token_ids, dist.probabilities):
+            total += p
+            rows.append(TokenProbability(token_id, decode(engine.tokenizer, [token_id]), p, total))
+        return rows
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.close()
+        self._engines.clear()
+        if getattr(self, "_owns_conn", False) and self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_config(**options: Any) -> GenerationConfig:
+    """GenerationConfig from keyword options, with a clear error for unknown ones."""
+    unknown = sorted(set(options) - set(CONFIG_OPTIONS))
+    if unknown:
+        raise UserError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(CONFIG_OPTIONS)}")
+    return GenerationConfig(**options)

@@ -1,0 +1,86 @@
+"""`hartonomous compare`: the side-by-side report, with a progress bar and the headline table."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+class RichProgress:
+    """runner.Progress on a rich progress bar: one task per stage."""
+
+    def __init__(self, bar: Progress):
+        self.bar, self.task = bar, None
+
+    def stage(self, description: str, total: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=self.bar.tasks[self.task].total)
+        self.task = self.bar.add_task(description, total=max(total, 1))
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.bar.advance(self.task, n)
+
+
+def headline_table(report: dict) -> Table:
+    from hartonomous.compare.render import f
+
+    table = Table(title=f"{report['atom_set']['name']}: spatial vs exact "
+                        f"({report['fidelity']['positions']} positions)")
+    for column in ("metric", "spatial", "exact", "best baseline", "claimed"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for r in report["headline"]:
+        table.add_row(r["metric"], f(r["spatial"]), f(r["exact"]),
+                      f"{f(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else "—",
+                      f(r["claimed"]) if r["claimed"] is not None else "—")
+    return table
+
+
+def compare(
+    atom_set: str = typer.Option(..., "--atom-set", help="Atom set to compare (see `hartonomous atom-sets`)."),
+    text: list[Path] = typer.Option([], "--text", help="Evaluation text file (repeatable). Default: the "
+                                    "atom set's held-out slice."),
+    prompts: Path = typer.Option(None, "--prompts", help="Prompts for free generation, one per line."),
+    max_positions: int = typer.Option(256, "--max-positions", help="Teacher-forced positions in all."),
+    max_neighbors: int = typer.Option(100, "--max-neighbors", help="K of next_token (and of the KNN baseline)."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens per free generation."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampled generations."),
+    distill_tokens: int = typer.Option(20_000, "--distill-tokens",
+                                       help="Corpus tokens the n-gram baselines are distilled from (0 = skip)."),
+    no_generation: bool = typer.Option(False, "--no-generation", help="Skip free generation."),
+    device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
+                               "(default HARTONOMOUS_DEVICE, else auto)."),
+    out: Path = typer.Option(None, "--out", help="Output folder (default reports/<atom set>/)."),
+) -> None:
+    """Compare the spatial path with exact inference: report.html, report.md, report.json."""
+    from hartonomous.compare import CompareOptions, run_compare, write_report
+    from hartonomous.config import get_settings
+    from hartonomous.db.connection import connect, reader_url
+
+    options = CompareOptions(
+        atom_set=atom_set, texts=list(text), prompts=prompts, max_positions=max_positions,
+        max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
+        generation=not no_generation, distill_tokens=distill_tokens,
+        cache_dir=get_settings().home / "cache" / "compare",
+        command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
+    options.validate()
+    out = out or Path("reports") / atom_set
+    with connect(reader_url(), autocommit=True) as conn:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as bar:
+            result = run_compare(conn, options, progress=RichProgress(bar))
+    paths = write_report(result.report, result.figures, out)
+    Console().print(headline_table(result.report))
+    Console().print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)

@@ -1,0 +1,318 @@
+"""`hartonomous compare`: run every section against one atom set and assemble the report dict."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import psycopg
+
+from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots, teacher
+from hartonomous.compare.atomset import AtomSetInfo, Text, holdout_text, load_atom_set, read_prompts, read_texts
+from hartonomous.errors import UserError
+
+SCHEMA_VERSION = "1.0"
+
+
+class Progress(Protocol):
+    def stage(self, description: str, total: int) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+
+
+class NoProgress:
+    def stage(self, description: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+@dataclass
+class CompareOptions:
+    atom_set: str
+    texts: list[Path] = field(default_factory=list)
+    prompts: Path | None = None
+    max_positions: int = 256
+    max_neighbors: int = 100
+    max_new_tokens: int = 32
+    seed: int = 0
+    device: str = "cpu"
+    generation: bool = True
+    distill_tokens: int = 20_000
+    query_samples: int = 30
+    cache_dir: Path | None = None
+    command: str = ""
+
+    def validate(self) -> None:
+        if self.max_positions < 1:
+            raise UserError(f"--max-positions must be >= 1, got {self.max_positions}")
+        if not 1 <= self.max_neighbors <= 100_000:
+            raise UserError(f"--max-neighbors must be between 1 and 100000, got {self.max_neighbors}")
+        if self.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.distill_tokens < 0:
+            raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
+
+
+def model_name_for(info: AtomSetInfo) -> str:
+    """The load_model name of the set's model: 'smollm2' or a local model folder."""
+    from hartonomous.model import SMOLLM2
+
+    if "smollm2" in info.model.lower():
+        return SMOLLM2
+    if Path(info.model).expanduser().is_dir():
+        return info.model
+    raise UserError(f"atom set '{info.name}' was built from model '{info.model}', which is not available here; "
+                    "install it or rebuild the set from 'smollm2' or a local model folder")
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def budget(lengths: list[int], max_positions: int, limit: int) -> list[int]:
+    """Tokens to keep per text: max_positions positions split evenly, each text within `limit` tokens.
+
+    A text of n kept tokens gives n - 1 positions; 0 means the text is not used.
+    """
+    caps = [max(min(n, limit) - 1, 0) for n in lengths]
+    alloc, left = [0] * len(caps), max_positions
+    while left > 0:
+        open_ = [i for i, cap in enumerate(caps) if alloc[i] < cap]
+        if not open_:
+            break
+        share = max(1, left // len(open_))
+        for i in open_:
+            take = min(share, caps[i] - alloc[i], left)
+            alloc[i] += take
+            left -= take
+            if left == 0:
+                break
+    return [a + 1 if a else 0 for a in alloc]
+
+
+@dataclass
+class CompareResult:
+    report: dict                                   # JSON-able, hartonomous/schemas/report.schema.json
+    figures: dict[str, tuple[str, bytes]]          # name -> (caption, PNG)
+
+
+def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None, tokenizer=None,
+                model_name: str | None = None, progress: Progress | None = None) -> CompareResult:
+    """Run every section against one atom set; `render.write_report` turns the result into files."""
+    options.validate()
+    progress = progress or NoProgress()
+    info = load_atom_set(conn, options.atom_set)
+    texts = read_texts(options.texts) if options.texts else [holdout_text(info)]
+    prompts = read_prompts(options.prompts) if options.prompts else default_prompts(texts)
+    if model is None or tokenizer is None:
+        from hartonomous.model import load_model, load_tokenizer
+
+        model_name = model_name_for(info)
+        progress.stage(f"loading {model_name}", 1)
+        model, tokenizer = load_model(model_name, options.device), load_tokenizer(model_name)
+        progress.advance()
+    model_name = model_name or info.model
+    vocab = int(model.config.vocab_size)
+    if vocab < info.vocab_size:
+        raise UserError(f"the model has {vocab} tokens but atom set '{info.name}' has {info.vocab_size}; "
+                        "use the model the set was built from")
+
+    # --- baselines' predictors -------------------------------------------------------
+    predictors, distill, knn_note = _baselines(conn, info, model, model_name, tokenizer, options, progress)
+
+    # --- teacher-forced fidelity -------------------------------------------------------
+    encoded = [encode(tokenizer, t.text) for t in texts]
+    keep = budget([len(e) for e in encoded], options.max_positions, teacher.max_context(model))
+    if sum(max(k - 1, 0) for k in keep) == 0:
+        raise UserError("the evaluation text has fewer than 2 tokens; pass a longer --text")
+    fid = fid_mod.Fidelity()
+    total = sum(max(k - 1, 0) for k in keep)
+    progress.stage("teacher-forced fidelity", total)
+    paths = {"spatial": lambda ctx: _spatial(conn, ctx, info.name, options.max_neighbors), **predictors}
+    for index, (ids, k) in enumerate(zip(encoded, keep)):
+        if k < 2:
+            continue
+        ids = ids[:k]
+        log_probs = teacher.log_probs(model, ids)
+        fid_mod.evaluate_text(fid, index, ids, log_probs, paths, on_position=progress.advance)
+
+    # --- queries: buffers and in-database time -----------------------------------------
+    contexts = _sample_contexts(encoded, keep, options.query_samples)
+    progress.stage("shared buffers per next_token call", 1)
+    queries = claims.measure_queries(conn, info.name, info.id, contexts, options.max_neighbors)
+    progress.advance()
+
+    # --- free generation ---------------------------------------------------------------
+    gen = None
+    if options.generation:
+        gen = _generation(conn, info, model, tokenizer, prompts, options, progress)
+
+    report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
+                       claims.describe_machine(conn, str(next(model.parameters()).device)))
+    return CompareResult(report, plots.all_figures(fid))
+
+
+def default_prompts(texts: list[Text]) -> list[str]:
+    """The first words of the evaluation text plus two general prompts."""
+    words = texts[0].text.split()
+    own = " ".join(words[:8]) if words else None
+    return ([own] if own else []) + list(generation.DEFAULT_PROMPTS[:2])
+
+
+def _spatial(conn, ctx, name, k):
+    from hartonomous.compare.spatial import spatial_distribution
+
+    return spatial_distribution(conn, ctx, name, k)
+
+
+def _baselines(conn, info, model, model_name, tokenizer, options, progress):
+    predictors: dict = {}
+    corpus = baselines.build_corpus(info)
+    if corpus is None:
+        distill = baselines.Distillation(False, note="the atom set records no build corpus (stats['corpus']); "
+                                                     "n-gram baselines skipped")
+    elif options.distill_tokens == 0:
+        distill = baselines.Distillation(False, corpus[0], note="--distill-tokens 0: n-gram baselines skipped")
+    else:
+        ids = encode(tokenizer, corpus[1])[: options.distill_tokens]
+        progress.stage("exact labels for the n-gram baselines", len(ids))
+        labels = baselines.cached_labels(model, model_name, ids, options.cache_dir, progress.advance)
+        predictors.update(baselines.ngram_predictors(ids, labels))
+        distill = baselines.Distillation(True, corpus[0], len(ids),
+                                         "labels: the exact model's argmax at every corpus position "
+                                         "(teacher forcing in windows of 512 tokens)")
+    knn_note = "the atom set has no full-dimensional keys"
+    if info.has_keys:
+        emb = model.get_input_embeddings().weight.detach().float().cpu().numpy()
+        if info.key_dim != emb.shape[1]:
+            knn_note = (f"keys have {info.key_dim} dimensions, the embeddings {emb.shape[1]}; "
+                        "full-dimensional KNN skipped")
+        else:
+            predictors["knn"] = baselines.knn_predictor(conn, info, emb, options.max_neighbors)
+            knn_note = (f"exact L2 KNN (pgvector) over {info.atoms} atom keys, K = {options.max_neighbors}, "
+                        "query = full-dimensional context centroid, Gaussian kernel with h = "
+                        + ("stats['key_bandwidth']" if info.stats.get("key_bandwidth") else
+                           "the median neighbour distance"))
+    return predictors, distill, knn_note
+
+
+def _sample_contexts(encoded, keep, n) -> list[list[int]]:
+    pool = [ids[: t + 1] for ids, k in zip(encoded, keep) for t in range(max(k - 1, 0))]
+    if not pool:
+        return []
+    pick = np.unique(np.linspace(0, len(pool) - 1, num=min(n, len(pool))).round().astype(int))
+    return [pool[i] for i in pick]
+
+
+def _generation(conn, info, model, tokenizer, prompts, options, progress) -> dict:
+    from hartonomous.client import Client
+    from hartonomous.exact import ExactModel
+
+    progress.stage("free generation (both paths)", generation.steps(prompts))
+    client = Client(connection=conn, atom_set=info.name, spatial_tokenizer=tokenizer,
+                    max_neighbors=options.max_neighbors, exact_model=ExactModel(model, tokenizer))
+    try:
+        out = generation.side_by_side(client, prompts, max_new_tokens=options.max_new_tokens,
+                                      seed=options.seed, on_step=progress.advance)
+    finally:
+        client.close()
+    out["exact_device"] = str(next(model.parameters()).device)
+    return out
+
+
+def _clean(value):
+    """JSON-safe: NaN/inf -> None, NumPy scalars -> Python."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
+    sp, ex, sig = fid.paths["spatial"], fid.exact, fid.spatial_signals
+    rows = []
+    for i in range(fid.n):
+        rows.append({
+            "text": fid.text_index[i], "position": fid.position[i], "target": fid.target[i],
+            "exact_argmax": fid.exact_argmax[i], "spatial_argmax": fid.spatial_argmax[i],
+            **{k: sp.values[k][i] for k in fid_mod.METRICS if k != "nll"},
+            "nll_exact": ex.values["nll"][i], "nll_spatial": sp.values["nll"][i],
+            "H_exact": ex.values["H"][i], "H_spatial": sig.values["H"][i],
+        })
+    return rows
+
+
+def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine):
+    spatial = fid_mod.summarise_path(fid.paths["spatial"])
+    base = {name: fid_mod.summarise_path(fid.paths[name]) for name in predictors}
+    exact = {"perplexity": metrics.perplexity(fid.exact.array("nll")),
+             "signals": fid_mod.summarise_signals(fid.exact)}
+    spatial_signals = fid_mod.summarise_signals(fid.spatial_signals)
+    pearson = spatial["pearson"]
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": options.command,
+        "atom_set": info.as_dict(),
+        "machine": machine,
+        "settings": {
+            "max_positions": options.max_positions, "max_neighbors": options.max_neighbors,
+            "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+            "smoothing_epsilon": metrics.SMOOTHING_EPSILON, "pearson_nucleus": metrics.PEARSON_NUCLEUS,
+            "top_k_overlap": metrics.TOP_K_OVERLAP, "log_base": "e", "js_unit": "nats",
+            "seed": options.seed, "max_new_tokens": options.max_new_tokens,
+        },
+        "texts": [{"source": t.source, "held_out": t.held_out, "tokens": len(e), "tokens_used": k,
+                   "positions": max(k - 1, 0)} for t, e, k in zip(texts, encoded, keep)],
+        "fidelity": {
+            "positions": fid.n,
+            "exact": exact,
+            "spatial": {**spatial, "signals": spatial_signals},
+            "by_position": fid_mod.by_position(fid),
+            "per_position": _per_position(fid),
+        },
+        "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note, "paths": base},
+        "generation": gen if gen is not None else {"skipped": True},
+        "queries": queries,
+        "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms),
+    }
+    report["headline"] = headline(report)
+    return _clean(report)
+
+
+def headline(report: dict) -> list[dict]:
+    """The few numbers printed at the end of a run."""
+    fid = report["fidelity"]
+    sp = fid["spatial"]
+    base = report["baselines"]["paths"]
+    best = max(base.items(), key=lambda kv: kv[1]["top1"]["mean"] or 0, default=(None, None))
+    gen = report["generation"] if not report["generation"].get("skipped") else {}
+    rows = [
+        {"metric": "top-1 agreement", "spatial": sp["top1"]["mean"], "exact": 1.0,
+         "baseline": best[1]["top1"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": None},
+        {"metric": "Pearson, union of supports (mean)", "spatial": sp["pearson"]["mean"], "exact": 1.0,
+         "baseline": best[1]["pearson"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": 0.89},
+        {"metric": "JS divergence to exact (mean, nats)", "spatial": sp["js"]["mean"], "exact": 0.0,
+         "baseline": best[1]["js"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": None},
+        {"metric": "exact mass covered by candidates (mean)", "spatial": sp["mass_covered"]["mean"], "exact": 1.0,
+         "baseline": best[1]["mass_covered"]["mean"] if best[1] else None, "baseline_name": best[0],
+         "claimed": None},
+        {"metric": f"perplexity (spatial smoothed, eps={metrics.SMOOTHING_EPSILON:g})", "spatial": sp["perplexity"],
+         "exact": fid["exact"]["perplexity"], "baseline": best[1]["perplexity"] if best[1] else None,
+         "baseline_name": best[0], "claimed": None},
+        {"metric": "ms/token p50 (free generation)", "spatial": (gen.get("spatial") or {}).get("p50_ms"),
+         "exact": (gen.get("exact") or {}).get("p50_ms"), "baseline": None, "baseline_name": None, "claimed": 15.0},
+        {"metric": "shared buffers per KNN (p50)", "spatial": report["queries"].get("knn_buffers_p50"),
+         "exact": None, "baseline": None, "baseline_name": None, "claimed": 6},
+    ]
+    return rows

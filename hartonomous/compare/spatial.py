@@ -1,0 +1,59 @@
+"""Distributions from the database: the spatial path, and full-dimensional KNN on atom keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import psycopg
+
+from hartonomous.compare.metrics import Sparse
+
+NEXT_TOKEN_FULL = (
+    "SELECT token_id, probability FROM next_token(%s::integer[], temperature => 1.0, top_k => 0, "
+    "top_p => 1.0, max_neighbors => %s, atom_set => %s)"
+)
+
+KNN_KEYS = (
+    "SELECT token_id, weight, key <-> %s::vector AS distance FROM atoms "
+    "WHERE atom_set_id = %s AND key IS NOT NULL ORDER BY key <-> %s::vector LIMIT %s"
+)
+
+
+def spatial_distribution(conn: psycopg.Connection, context: Sequence[int], atom_set: str,
+                         max_neighbors: int = 100) -> Sparse:
+    """next_token's full candidate distribution (top-k and top-p off, T = 1)."""
+    rows = conn.execute(NEXT_TOKEN_FULL, ([int(t) for t in context], max_neighbors, atom_set),
+                        prepare=True).fetchall()
+    if not rows:
+        return Sparse.empty()
+    arr = np.asarray(rows, dtype=np.float64)
+    return Sparse(arr[:, 0].astype(np.int64), arr[:, 1])
+
+
+def vector_literal(values: np.ndarray) -> str:
+    return "[" + ",".join(f"{float(v):.7g}" for v in values) + "]"
+
+
+def knn_distribution(conn: psycopg.Connection, query: np.ndarray, atom_set_id: int, k: int = 100,
+                     bandwidth: float | None = None) -> tuple[Sparse, float]:
+    """Exact KNN (pgvector, L2) on the atoms' full-dimensional keys, Gaussian kernel per token.
+
+    Each neighbour a votes w_a * exp(-(d_a / h)^2) for its token; h is `bandwidth`, or the
+    median distance of the K neighbours when None (a per-query scale: full-dimensional
+    distances have no fixed unit). Returns the distribution and the h used.
+    """
+    literal = vector_literal(query)
+    rows = conn.execute(KNN_KEYS, (literal, atom_set_id, literal, k), prepare=True).fetchall()
+    if not rows:
+        return Sparse.empty(), float("nan")
+    arr = np.asarray(rows, dtype=np.float64)
+    tokens, weights, dist = arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2]
+    h = float(bandwidth) if bandwidth else float(np.median(dist))
+    if not h > 0:
+        h = 1.0  # every neighbour at distance 0: all kernels are 1
+    log_votes = np.log(weights) - (dist / h) ** 2
+    log_votes -= log_votes.max()
+    ids, inverse = np.unique(tokens, return_inverse=True)
+    mass = np.bincount(inverse, weights=np.exp(log_votes))
+    return Sparse(ids, mass / mass.sum()), h

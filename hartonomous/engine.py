@@ -1,0 +1,306 @@
+"""One generation engine for both paths (the InferenceSession of the original designs).
+
+`Engine(backend)` tokenizes a prompt and runs the loop: ask the backend for the next-token
+distribution (after the shared sampler), pick a token, check stop conditions, stream text.
+The token is picked the same way on both paths, by inverse CDF with
+`seeded_uniform(seed, step)`, which is also what the database's `generate_tokens` does; so a
+seed reproduces a run, and the same seed gives both paths the same random numbers.
+
+A `Session` is one generation: iterate it for text pieces (never half a character), or call
+`run()` for the result. Its state moves ready -> generating -> complete | stopped | cancelled
+(or failed if the backend raised). `cancel()` (or the `cancel` event) stops it within one step.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs
+from hartonomous.errors import UserError
+from hartonomous.sampling import pick_by_uniform, seeded_uniform, validate_sampler_args
+from hartonomous.textstream import TextStream, cut_at_stop, decode
+
+MAX_SEED = 2**63 - 1
+
+
+class State(str, Enum):
+    READY = "ready"
+    GENERATING = "generating"
+    COMPLETE = "complete"      # max_new_tokens reached or EOS
+    STOPPED = "stopped"        # a stop token id or stop string, or no candidates left
+    CANCELLED = "cancelled"
+    FAILED = "failed"          # the backend raised
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Options of one generation; the sampler defaults are SQL next_token's defaults."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int | None = 40
+    top_p: float = 0.9
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
+        object.__setattr__(self, "stop_strings", tuple(s for s in self.stop_strings or () if s))
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.seed is not None and not (-MAX_SEED - 1 <= int(self.seed) <= MAX_SEED):
+            raise UserError(f"seed must fit in a signed 64-bit integer, got {self.seed}")
+        try:
+            validate_sampler_args(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+        except (ValueError, TypeError) as exc:
+            raise UserError(str(exc)) from exc
+
+    @property
+    def sampler(self) -> SamplerArgs:
+        return SamplerArgs(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+
+    def with_options(self, **options: Any) -> "GenerationConfig":
+        return replace(self, **options)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: the text piece it released ('' while a character is incomplete)."""
+
+    step: int
+    token_id: int
+    probability: float
+    text: str
+    seconds: float | None
+
+
+@dataclass
+class Timings:
+    """Compute time only (time the caller spends between pieces is not counted)."""
+
+    prefill_s: float = 0.0                       # prompt processing (KV-cache prefill)
+    per_token_s: list[float] = field(default_factory=list)   # first entry includes the prefill
+    total_s: float = 0.0
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return self.per_token_s[0] if self.per_token_s else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = len(self.per_token_s)
+        return n / self.total_s if n and self.total_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Steady-state rate, excluding the first token (which pays for the prefill)."""
+        rest = self.per_token_s[1:]
+        return len(rest) / sum(rest) if rest and sum(rest) > 0 else None
+
+
+@dataclass
+class GenerationResult:
+    path: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    state: State
+    finish_reason: str          # length | eos | stop_token | stop_string | no_candidates | cancelled | error
+    seed: int
+    timings: Timings
+    probabilities: list[float] = field(default_factory=list)
+
+
+class Session:
+    """One generation; iterate for text pieces, `events()` for tokens, `run()` for the result."""
+
+    def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
+                 cancel: threading.Event | None = None):
+        self.engine, self.backend = engine, engine.backend
+        self.prompt_ids = list(prompt_ids)
+        self.config = config
+        self.seed = int(config.seed) if config.seed is not None else secrets.randbits(63)
+        self.cancel_event = cancel or threading.Event()
+        self.state = State.READY
+        self.result: GenerationResult | None = None
+        self.stop_ids = set(config.stop_token_ids)
+        self.eos_ids = self.backend.eos_token_ids() if config.stop_at_eos else set()
+        self._stream = TextStream(self.backend.tokenizer, config.stop_strings)
+        self._tokens: list[int] = []
+        self._probs: list[float] = []
+        self._timings = Timings()
+        self._tail = ""
+        self._events: Iterator[TokenEvent] | None = None
+
+    def cancel(self) -> None:
+        """Stop the generation; takes effect within one step."""
+        self.cancel_event.set()
+
+    def __iter__(self) -> Iterator[str]:
+        """Non-empty text pieces as they are made; they join to `result.text`."""
+        for event in self.events():
+            if event.text:
+                yield event.text
+        if self._tail:
+            yield self._tail
+
+    def run(self) -> GenerationResult:
+        for _ in self.events():
+            pass
+        assert self.result is not None
+        return self.result
+
+    def events(self) -> Iterator[TokenEvent]:
+        if self._events is not None:
+            raise RuntimeError("a session runs once; start a new session to generate again")
+        self._events = self._run()
+        return self._events
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> Iterator[TokenEvent]:
+        self.state = State.GENERATING
+        try:
+            whole = getattr(self.backend, "whole_loop", False)
+            yield from (self._run_whole() if whole else self._run_steps())
+        except GeneratorExit:
+            if self.result is None:
+                self._finish(State.CANCELLED, "cancelled")
+            raise
+        except Cancelled:
+            self._finish(State.CANCELLED, "cancelled")
+        except BaseException:
+            if self.result is None:
+                self._finish(State.FAILED, "error")
+            raise
+
+    def _run_steps(self) -> Iterator[TokenEvent]:
+        cfg, sampler = self.config, self.config.sampler
+        t0 = time.perf_counter()
+        state = self.backend.start(self.prompt_ids)
+        self._timings.prefill_s = time.perf_counter() - t0
+        for step in range(cfg.max_new_tokens):
+            if self.cancel_event.is_set():
+                return self._finish(State.CANCELLED, "cancelled")
+            if step > 0:
+                t0 = time.perf_counter()
+                self.backend.advance(state, self._tokens[-1])
+            dist = self.backend.distribution(state, sampler)
+            if self.cancel_event.is_set():
+                return self._finish(State.CANCELLED, "cancelled")
+            if len(dist) == 0:
+                return self._finish(State.STOPPED, "no_candidates")
+            token, prob = pick(dist, self.seed, step)
+            seconds = time.perf_counter() - t0
+            self._timings.per_token_s.append(seconds)
+            self._timings.total_s += seconds
+            event, reason = self._accept(step, token, prob, seconds)
+            if reason:
+                self._finish(State.COMPLETE if reason == "eos" else State.STOPPED, reason)
+            yield event
+            if reason:
+                return
+        self._finish(State.COMPLETE, "length")
+
+    def _run_whole(self) -> Iterator[TokenEvent]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        ids = self.backend.generate_all(self.prompt_ids, cfg.max_new_tokens, cfg.sampler, self.seed,
+                                        sorted(self.stop_ids | self.eos_ids), self.cancel_event)
+        self._timings.total_s = time.perf_counter() - t0
+        for step, token in enumerate(ids[:cfg.max_new_tokens]):
+            event, reason = self._accept(step, int(token), None, None)
+            if reason:
+                self._finish(State.COMPLETE if reason == "eos" else State.STOPPED, reason)
+            yield event
+            if reason:
+                return
+        if len(ids) < cfg.max_new_tokens:
+            return self._finish(State.STOPPED, "no_candidates")
+        self._finish(State.COMPLETE, "length")
+
+    def _accept(self, step: int, token: int, prob: float | None, seconds: float | None):
+        """Record a token; return its event and the finish reason it causes (or None)."""
+        self._tokens.append(token)
+        self._probs.append(prob if prob is not None else float("nan"))
+        if token in self.stop_ids:
+            return TokenEvent(step, token, prob, "", seconds), "stop_token"
+        if token in self.eos_ids:
+            return TokenEvent(step, token, prob, "", seconds), "eos"
+        piece = self._stream.push(token)
+        return TokenEvent(step, token, prob, piece, seconds), "stop_string" if self._stream.stopped else None
+
+    def _finish(self, state: State, reason: str) -> None:
+        self._tail = self._stream.finish()
+        self.state = state
+        self.result = GenerationResult(
+            path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
+            text=self._final_text(reason), state=state, finish_reason=reason, seed=self.seed,
+            timings=self._timings, probabilities=list(self._probs))
+
+    def _final_text(self, reason: str) -> str:
+        """decode(generated ids), without a final stop/EOS token, cut at the first stop string."""
+        ids = self._tokens[:-1] if reason in ("stop_token", "eos") else self._tokens
+        text, _ = cut_at_stop(decode(self.backend.tokenizer, ids), self.config.stop_strings)
+        return text
+
+
+def pick(dist: Distribution, seed: int, step: int) -> tuple[int, float]:
+    """The token at `seeded_uniform(seed, step)` on the distribution's CDF, and its probability."""
+    token = int(pick_by_uniform(dist.token_ids, dist.probabilities, seeded_uniform(seed, step)))
+    return token, dist.probabilities[dist.token_ids.index(token)]
+
+
+class Engine:
+    """Prompt in, text out, over any backend (exact or spatial)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    @property
+    def tokenizer(self):
+        return self.backend.tokenizer
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (text, or ids passed through)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise UserError("the prompt is empty; pass some text to continue")
+            return list(self.tokenizer.encode(prompt))
+        ids = [int(i) for i in prompt]
+        if not ids:
+            raise UserError("the prompt is empty; pass at least one token id")
+        return ids
+
+    def session(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
+                cancel: threading.Event | None = None) -> Session:
+        return Session(self, self.encode(prompt), config or GenerationConfig(), cancel)
+
+    def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
+                 cancel: threading.Event | None = None) -> GenerationResult:
+        """Blocking: the whole result."""
+        return self.session(prompt, config, cancel).run()
+
+    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
+               cancel: threading.Event | None = None) -> Session:
+        """A session to iterate for text pieces; `.result` is set once it is exhausted."""
+        return self.session(prompt, config, cancel)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
+                       cancel: threading.Event | None = None) -> list[GenerationResult]:
+        """Every prompt with the same config (and seed), one after another; equal to one-by-one calls."""
+        sessions = [self.session(p, config, cancel) for p in prompts]   # validate all prompts first
+        return [s.run() for s in sessions]
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,99 @@
+"""The exact path: the transformer itself, prefilled once, then fed one token per step.
+
+gpt-fast's split: `prefill` runs the prompt through the model and fills the KV cache,
+`decode_one_token` feeds one token against the cache. Both return the float32 logits of the
+last position only (`logits_to_keep=1`, as transformers' `generate` does), so greedy output
+matches `generate(do_sample=False)` token for token. The sampling itself is not here: the
+engine sends these logits through `hartonomous.sampling`, the one sampler of both paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hartonomous.errors import UserError
+
+
+class KVCache:
+    """Keys and values of every layer for one sequence (transformers' DynamicCache underneath)."""
+
+    def __init__(self, config):
+        from transformers import DynamicCache
+
+        self._config = config
+        self.layers = DynamicCache(config=config)
+
+    @property
+    def length(self) -> int:
+        """Number of tokens whose keys/values are cached."""
+        return self.layers.get_seq_length()
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.layers = DynamicCache(config=self._config)
+
+
+class ExactModel:
+    """A causal LM and its tokenizer on one device, stepped with a KV cache."""
+
+    def __init__(self, model, tokenizer, *, use_cache: bool = True):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.use_cache = use_cache
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.config.vocab_size)
+
+    @classmethod
+    def load(cls, name_or_path: str = "smollm2", device: str = "auto", dtype: str = "float32") -> "ExactModel":
+        """Load a model by name ('smollm2') or local folder onto `device` (auto | cpu | cuda)."""
+        from hartonomous.model import load_model, load_tokenizer, pick_device
+
+        device = pick_device(device)
+        return cls(load_model(name_or_path, device, dtype), load_tokenizer(name_or_path))
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.model.config)
+
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            ids.update([eos] if isinstance(eos, int) else list(eos or []))
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    def _check(self, ids: Sequence[int]) -> None:
+        if len(ids) == 0:
+            raise UserError("the prompt is empty; give at least one token of text")
+        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise UserError(f"token id {bad[0]} is outside the model's vocabulary (0..{self.vocab_size - 1})")
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], cache: KVCache) -> torch.Tensor:
+        """Run the prompt through the model, filling `cache`; logits (V,) for the next token."""
+        self._check(ids)
+        cache.reset()
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def decode_one_token(self, token_id: int, cache: KVCache) -> torch.Tensor:
+        """Feed one token against the cache; logits (V,) for the token after it."""
+        self._check([token_id])
+        input_ids = torch.tensor([[int(token_id)]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def full_logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Next-token logits recomputed from scratch (no cache): the reference the cache must match."""
+        self._check(ids)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+        return out.logits[0, -1].float()

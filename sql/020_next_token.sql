@@ -1,0 +1,275 @@
+-- next_token: geometric next-token prediction, the port of sp_SpatialNextToken.
+--
+--   next_token(context integer[], temperature float8 = 1.0, top_k int = 40, top_p float8 = 0.9,
+--              search_radius float8 = NULL, max_neighbors int = 100, atom_set text = NULL,
+--              repetition_penalty float8 = 1.0)
+--   RETURNS TABLE(token_id int, probability float8, cumulative_probability float8)
+--
+-- Semantics (docs/sql.md has examples; hartonomous/sampling.py is the same sampler in torch):
+--  1. Atom set: atom_set names one; NULL means the default one (atom_sets.is_default).
+--  2. Centroid: c = context_centroid(context, atom_set), the decayed, windowed mean of the
+--     context tokens' positions (sql/010_context_centroid.sql, hartonomous/centroid.py).
+--  3. KNN: the max_neighbors atoms of that set nearest to c in 3D, found with
+--     ORDER BY position <<->> c LIMIT max_neighbors on the set's own GiST nd index. With
+--     search_radius, only those at distance d <= search_radius count.
+--  4. Kernel: an atom of weight w at distance d contributes w * exp(-d^2 / h^2) (gaussian,
+--     h = atom_sets.bandwidth; h = 1 is the original's exp(-d^2)) or w * exp(-d / h)
+--     (exponential, the original's exp(-d) score). A token's logit is the log of the sum of its
+--     atoms' contributions, computed with log-sum-exp (hartonomous/kernel.py). Tokens without a
+--     neighbouring atom have probability 0 and are not returned.
+--  5. Sampler, in Hugging Face transformers' order and rules:
+--     a. repetition penalty over each distinct token id in the context: logit < 0 -> logit *
+--        penalty, else logit / penalty (1 = off);
+--     b. temperature: logit / T for T > 0; T = 0 is greedy: one row, the highest logit (lowest
+--        token id among equals), probability 1 (transformers rejects T = 0);
+--     c. top-k: keep every token whose logit is >= the k-th largest (ties at the boundary are
+--        kept, as in transformers); 0 or NULL = off;
+--     d. top-p: softmax over the survivors, in the output order (below) keep a token while the
+--        probability mass before it is < p; the first token is always kept; 1 or NULL = off;
+--     e. renormalise: probability = softmax over what is left.
+--     Temperature comes before top-k/top-p (as in transformers; llama.cpp applies it last).
+--  6. Rows are ordered by probability descending, then token_id ascending;
+--     cumulative_probability is the running sum in that order (the last one is 1 within 1e-9).
+--  7. No candidates (search_radius excludes every atom): zero rows and a NOTICE.
+--  8. Bad input raises SQLSTATE 22023 naming the argument: NULL/empty context or NULL
+--     elements, a token id not in the atom set, temperature < 0/NaN/Inf, top_p outside (0, 1]
+--     or NaN, top_k < 0, max_neighbors outside 1..100000, repetition_penalty <= 0/NaN/Inf,
+--     search_radius < 0/NaN, an unknown atom set or no default one.
+-- Floating point: everything is float8; exp() of arguments below -744 counts as 0.
+--
+-- next_token_batch(contexts jsonb, <the same 7 arguments>) answers many contexts in one call:
+-- contexts is a JSON array of arrays of token ids, e.g. '[[1, 2, 3], [4, 5]]'; the rows are
+-- next_token's rows for each context, prefixed with context_index (0-based, the JSON index).
+
+CREATE OR REPLACE FUNCTION ht_check_sampler_args(
+    p_temperature double precision, p_top_k integer, p_top_p double precision,
+    p_search_radius double precision, p_max_neighbors integer,
+    p_repetition_penalty double precision)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Raises 22023 naming the first bad argument; the messages match hartonomous/sampling.py.
+BEGIN
+    IF p_temperature IS NULL OR p_temperature = 'NaN' OR p_temperature < 0
+       OR p_temperature = 'Infinity' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('temperature must be a finite number >= 0, got %s',
+                             coalesce(p_temperature::text, 'NULL')),
+            HINT = 'Use 0 for greedy decoding, 1 for the model''s distribution.';
+    END IF;
+    IF p_top_k < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('top_k must be >= 0, got %s', p_top_k),
+            HINT = 'Use 0 or NULL to turn top-k off.';
+    END IF;
+    IF p_top_p = 'NaN' OR p_top_p <= 0 OR p_top_p > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('top_p must be in (0, 1], got %s', p_top_p),
+            HINT = 'Use 1 or NULL to turn top-p off.';
+    END IF;
+    IF p_search_radius = 'NaN' OR p_search_radius < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('search_radius must be >= 0, got %s', p_search_radius),
+            HINT = 'Use NULL for no radius limit.';
+    END IF;
+    IF p_max_neighbors IS NULL OR p_max_neighbors < 1 OR p_max_neighbors > 100000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('max_neighbors must be between 1 and 100000, got %s',
+                             coalesce(p_max_neighbors::text, 'NULL')),
+            HINT = 'The default is 100.';
+    END IF;
+    IF p_repetition_penalty IS NULL OR p_repetition_penalty = 'NaN' OR p_repetition_penalty <= 0
+       OR p_repetition_penalty = 'Infinity' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('repetition_penalty must be a finite number > 0, got %s',
+                             coalesce(p_repetition_penalty::text, 'NULL')),
+            HINT = 'Use 1 for no penalty; values above 1 discourage repeating context tokens.';
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_next_token(
+    p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
+    p_context integer[], p_temperature double precision, p_top_k integer,
+    p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
+    p_repetition_penalty double precision)
+RETURNS TABLE(token_id integer, probability double precision,
+              cumulative_probability double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- Steps 3-6 of the semantics above for checked arguments and a computed centroid. Static SQL:
+-- the plan is cached per session, and the atoms partition is pruned at executor start-up.
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH nearest AS (
+        SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
+          FROM atoms a
+         WHERE a.atom_set_id = p_set_id
+         ORDER BY a.position <<->> p_center
+         LIMIT p_max_neighbors
+    ), contribution AS (
+        SELECT n.tid,
+               ln(n.w) - CASE WHEN p_kernel = 'gaussian' THEN (n.d / p_bandwidth) ^ 2
+                              ELSE n.d / p_bandwidth END AS c
+          FROM nearest n
+         WHERE p_search_radius IS NULL OR n.d <= p_search_radius
+    ), logit AS (
+        SELECT g.tid,
+               g.m + ln(sum(CASE WHEN g.c - g.m < -744 THEN 0 ELSE exp(g.c - g.m) END)) AS x
+          FROM (SELECT c.tid, c.c, max(c.c) OVER (PARTITION BY c.tid) AS m
+                  FROM contribution c) g
+         GROUP BY g.tid, g.m
+    ), scaled AS (
+        SELECT l.tid,
+               CASE WHEN p_repetition_penalty <> 1 AND l.tid IN (SELECT unnest(p_context))
+                    THEN CASE WHEN l.x < 0 THEN l.x * p_repetition_penalty
+                              ELSE l.x / p_repetition_penalty END
+                    ELSE l.x END
+               / CASE WHEN p_temperature > 0 THEN p_temperature ELSE 1 END AS z
+          FROM logit l
+    ), top_k AS (
+        SELECT r.tid, r.z, r.z - max(r.z) OVER () AS dz
+          FROM (SELECT s.tid, s.z, rank() OVER (ORDER BY s.z DESC) AS k,
+                       row_number() OVER (ORDER BY s.z DESC, s.tid) AS i
+                  FROM scaled s) r
+         WHERE (p_temperature > 0 OR r.i = 1)
+           AND (p_top_k IS NULL OR p_top_k = 0 OR r.k <= p_top_k)
+    ), softmax_k AS (
+        SELECT e.tid, e.z, e.e / sum(e.e) OVER () AS q
+          FROM (SELECT t.tid, t.z, CASE WHEN t.dz < -744 THEN 0 ELSE exp(t.dz) END AS e
+                  FROM top_k t) e
+    ), top_p AS (
+        SELECT b.tid, b.z - max(b.z) OVER () AS dz
+          FROM (SELECT s.tid, s.z,
+                       coalesce(sum(s.q) OVER (ORDER BY s.q DESC, s.tid
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                0) AS before
+                  FROM softmax_k s) b
+         WHERE p_top_p IS NULL OR p_top_p >= 1 OR b.before < p_top_p
+    ), renormalised AS (
+        SELECT e.tid, e.e / sum(e.e) OVER () AS p
+          FROM (SELECT t.tid, CASE WHEN t.dz < -744 THEN 0 ELSE exp(t.dz) END AS e
+                  FROM top_p t) e
+    )
+    SELECT r.tid, r.p, sum(r.p) OVER (ORDER BY r.p DESC, r.tid ROWS UNBOUNDED PRECEDING)
+      FROM renormalised r
+     ORDER BY r.p DESC, r.tid;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION next_token(
+    context integer[],
+    temperature double precision DEFAULT 1.0,
+    top_k integer DEFAULT 40,
+    top_p double precision DEFAULT 0.9,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0)
+RETURNS TABLE(token_id integer, probability double precision,
+              cumulative_probability double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- The next-token distribution of one context; semantics at the top of this file.
+DECLARE
+    s record;
+BEGIN
+    PERFORM ht_check_context(context);
+    PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
+                                  repetition_penalty);
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    RETURN QUERY
+        SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth,
+                                    ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
+                                    context, temperature, top_k, top_p, search_radius,
+                                    max_neighbors, repetition_penalty);
+    IF NOT FOUND THEN
+        RAISE NOTICE 'next_token: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
+            quote_literal(s.name), search_radius
+            USING HINT = 'Increase search_radius, or pass NULL for no limit.';
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION next_token_batch(
+    contexts jsonb,
+    temperature double precision DEFAULT 1.0,
+    top_k integer DEFAULT 40,
+    top_p double precision DEFAULT 0.9,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0)
+RETURNS TABLE(context_index integer, token_id integer, probability double precision,
+              cumulative_probability double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- next_token for each context of a JSON array of arrays; every context is checked first.
+DECLARE
+    s       record;
+    ctxs    integer[] := '{}';
+    lens    integer[] := '{}';
+    elem    jsonb;
+    j       integer := 0;
+    ctx     integer[];
+    offs    integer := 0;
+    bad     boolean;
+BEGIN
+    PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
+                                  repetition_penalty);
+    IF contexts IS NULL OR jsonb_typeof(contexts) <> 'array' OR jsonb_array_length(contexts) = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('contexts must be a non-empty JSON array of arrays of token ids, got %s',
+                             coalesce(left(contexts::text, 80), 'NULL')),
+            HINT = 'For example ''[[504, 3458], [314]]''::jsonb.';
+    END IF;
+    FOR elem IN SELECT e FROM jsonb_array_elements(contexts) AS e LOOP
+        IF jsonb_typeof(elem) <> 'array' THEN
+            bad := true;
+        ELSE
+            bad := EXISTS (
+                SELECT 1 FROM jsonb_array_elements(elem) AS x
+                 WHERE CASE WHEN jsonb_typeof(x) <> 'number' THEN true
+                            ELSE x::numeric <> trunc(x::numeric)
+                                 OR x::numeric NOT BETWEEN -2147483648 AND 2147483647 END);
+        END IF;
+        IF bad THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('contexts[%s] must be an array of integer token ids, got %s',
+                                 j, left(elem::text, 80));
+        END IF;
+        ctx := ARRAY(SELECT x::integer FROM jsonb_array_elements(elem) WITH ORDINALITY AS t(x, i)
+                     ORDER BY t.i);
+        PERFORM ht_check_context(ctx, format('contexts[%s]', j));
+        ctxs := ctxs || ctx;
+        lens := lens || cardinality(ctx);
+        j := j + 1;
+    END LOOP;
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    FOR j IN 1 .. cardinality(lens) LOOP
+        ctx := ctxs[offs + 1 : offs + lens[j]];
+        offs := offs + lens[j];
+        RETURN QUERY
+            SELECT j - 1, n.token_id, n.probability, n.cumulative_probability
+              FROM ht_next_token(s.id, s.kernel, s.bandwidth,
+                                 ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx),
+                                 ctx, temperature, top_k, top_p, search_radius, max_neighbors,
+                                 repetition_penalty) AS n;
+        IF NOT FOUND THEN
+            RAISE NOTICE 'next_token_batch: contexts[%]: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
+                j - 1, quote_literal(s.name), search_radius;
+        END IF;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,155 @@
+-- Sampling in the database: seeded_uniform, sample_next_token, generate_tokens.
+--
+-- seeded_uniform(seed, step) is a documented hash, bit-identical to
+-- hartonomous.sampling.seeded_uniform:
+--     h = SHA-256(seed as 8-byte big-endian two's complement || step as 4-byte big-endian)
+--     u = (first 8 bytes of h as an unsigned big-endian integer >> 11) / 2^53,  in [0, 1).
+-- sample_next_token draws one token from next_token's rows by the inverse CDF: walking the
+-- rows in their order (probability descending, token_id ascending), it returns the first whose
+-- cumulative_probability > u (u = seeded_uniform(seed, step), or random() when seed is NULL);
+-- if rounding leaves none, the last row with probability > 0. T = 0 returns the argmax row.
+-- generate_tokens runs the whole autoregressive loop (the original sp_BatchInference loop):
+-- step s (0-based) draws with seeded_uniform(seed, s) from next_token(context || generated), so
+-- it equals calling sample_next_token(context || generated, ..., seed, s) step by step. It stops
+-- after emitting a stop token (which is included), at max_new_tokens, or when no atom is
+-- within search_radius (with a NOTICE); it returns the generated ids only.
+
+CREATE OR REPLACE FUNCTION seeded_uniform(seed bigint, step integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+    SELECT ((('x' || encode(substr(sha256(int8send(seed) || int4send(step)), 1, 8), 'hex'))::bit(64)
+             >> 11)::bigint)::double precision / 9007199254740992::double precision
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_sample(
+    p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
+    p_context integer[], p_temperature double precision, p_top_k integer,
+    p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
+    p_repetition_penalty double precision, p_u double precision)
+RETURNS integer
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- The inverse-CDF pick over ht_next_token's rows for a uniform p_u; NULL when no candidates.
+DECLARE
+    picked integer;
+BEGIN
+    SELECT n.tid INTO picked
+      FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, p_center, p_context, p_temperature,
+                         p_top_k, p_top_p, p_search_radius, p_max_neighbors,
+                         p_repetition_penalty) WITH ORDINALITY AS n(tid, p, cum, i)
+     ORDER BY CASE WHEN n.cum > p_u THEN n.i END NULLS LAST, (n.p > 0) DESC, n.i DESC
+     LIMIT 1;
+    RETURN picked;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION sample_next_token(
+    context integer[],
+    temperature double precision DEFAULT 1.0,
+    top_k integer DEFAULT 40,
+    top_p double precision DEFAULT 0.9,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0,
+    seed bigint DEFAULT NULL,
+    step integer DEFAULT 0)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- One token drawn from next_token's distribution; deterministic for a given (seed, step).
+DECLARE
+    s      record;
+    picked integer;
+BEGIN
+    PERFORM ht_check_context(context);
+    PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
+                                  repetition_penalty);
+    IF seed IS NOT NULL AND step IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'step must not be NULL when seed is given',
+            HINT = 'Use 0 for the first draw of a seed, 1 for the next, ...';
+    END IF;
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    picked := ht_sample(s.id, s.kernel, s.bandwidth,
+                        ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
+                        context, temperature, top_k, top_p, search_radius, max_neighbors,
+                        repetition_penalty,
+                        CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
+    IF picked IS NULL THEN
+        RAISE NOTICE 'sample_next_token: no atom of atom set % lies within search_radius % of the context centroid; returning NULL',
+            quote_literal(s.name), search_radius
+            USING HINT = 'Increase search_radius, or pass NULL for no limit.';
+    END IF;
+    RETURN picked;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION generate_tokens(
+    context integer[],
+    max_new_tokens integer,
+    temperature double precision DEFAULT 1.0,
+    top_k integer DEFAULT 40,
+    top_p double precision DEFAULT 0.9,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0,
+    seed bigint DEFAULT NULL,
+    stop_tokens integer[] DEFAULT NULL)
+RETURNS integer[]
+LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
+SET search_path = public, pg_temp
+SET jit = off
+AS $$
+-- The autoregressive loop in one call; returns the generated token ids (not the prompt).
+DECLARE
+    s         record;
+    ctx       integer[] := context;
+    generated integer[] := '{}';
+    picked    integer;
+    n         integer;
+    center    geometry;
+BEGIN
+    PERFORM ht_check_context(context);
+    PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
+                                  repetition_penalty);
+    IF max_new_tokens IS NULL OR max_new_tokens < 0 OR max_new_tokens > 100000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('max_new_tokens must be between 0 and 100000, got %s',
+                             coalesce(max_new_tokens::text, 'NULL'));
+    END IF;
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    -- Step 0 checks every prompt token; later steps only need the centroid's window.
+    center := ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx);
+    FOR step IN 0 .. max_new_tokens - 1 LOOP
+        IF step > 0 THEN
+            n := cardinality(ctx);
+            center := ht_context_centroid(
+                s.id, s.centroid_window, s.centroid_decay,
+                CASE WHEN s.centroid_window IS NULL OR s.centroid_window >= n THEN ctx
+                     ELSE ctx[n - s.centroid_window + 1 : n] END);
+        END IF;
+        picked := ht_sample(s.id, s.kernel, s.bandwidth, center, ctx, temperature, top_k, top_p,
+                            search_radius, max_neighbors, repetition_penalty,
+                            CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
+        IF picked IS NULL THEN
+            RAISE NOTICE 'generate_tokens: step %: no atom of atom set % lies within search_radius % of the context centroid; stopping',
+                step, quote_literal(s.name), search_radius;
+            EXIT;
+        END IF;
+        generated := generated || picked;
+        ctx := ctx || picked;
+        EXIT WHEN picked = ANY (stop_tokens);
+    END LOOP;
+    RETURN generated;
+END
+$$;

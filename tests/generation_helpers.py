@@ -1,0 +1,51 @@
+"""Shared set-up for the generation tests: the tiny model saved to disk and a hand-made atom set.
+
+The atom set covers the tiny tokenizer's 320 tokens at seeded random 3D positions, plus a few
+extra atoms per token, so KNN around a context centroid finds a varied distribution.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import psycopg
+
+from tiny_model import tiny_model
+
+
+def save_tiny_model(directory: Path) -> Path:
+    """Write the tiny model and tokenizer as a local Hugging Face folder (usable as --model)."""
+    model, tokenizer = tiny_model(0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_tiny_atom_set(url: str, model: str, seed: int = 0) -> str:
+    """A committed token atom set over the tiny vocabulary; returns its (unique) name."""
+    from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+
+    _, tokenizer = tiny_model(0)
+    vocab = len(tokenizer)
+    rng = np.random.default_rng(seed)
+    positions = rng.normal(size=(vocab, 3))
+    extra = 3
+    atom_tokens = np.concatenate([np.arange(vocab), rng.integers(0, vocab, size=vocab * extra)])
+    atom_positions = np.concatenate([positions, rng.normal(size=(vocab * extra, 3))])
+    weights = rng.uniform(0.5, 2.0, size=len(atom_tokens))
+    name = f"tiny_{uuid.uuid4().hex[:8]}"
+    spec = AtomSetSpec(name=name, model=model, vocab_size=vocab, embedding_dim=32, projection="random",
+                       kind="token")
+    tokens = TokenRows(np.arange(vocab), [tokenizer.decode([i]) for i in range(vocab)], positions)
+    with psycopg.connect(url) as conn:
+        write_atom_set(conn, spec, tokens, AtomRows(atom_tokens, atom_positions, weights))
+    return name
+
+
+def drop_atom_set(url: str, name: str) -> None:
+    from projection.ingest import drop_atom_set as drop
+
+    with psycopg.connect(url) as conn:
+        drop(conn, name)

@@ -1,0 +1,145 @@
+"""The Python client and the `generate` / `next-token` commands, on the tiny model and a real database."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import psycopg
+import pytest
+
+from generation_helpers import drop_atom_set, save_tiny_model, write_tiny_atom_set
+from hartonomous.client import Client
+from hartonomous.config import reload_settings
+from hartonomous.errors import UserError
+from hartonomous.textstream import decode
+from tiny_model import tiny_tokenizer
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def atom_set(server_url, tiny_dir):
+    name = write_tiny_atom_set(server_url, model=str(tiny_dir), seed=4)
+    yield name
+    drop_atom_set(server_url, name)
+
+
+@pytest.fixture
+def database_env(server_url, monkeypatch):
+    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", server_url)
+    reload_settings()
+    yield server_url
+    monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
+    reload_settings()
+
+
+@pytest.fixture
+def client(server_url, atom_set, tiny_dir):
+    with Client(database_url=server_url, atom_set=atom_set, model=str(tiny_dir), device="cpu") as c:
+        yield c
+
+
+def test_import_hartonomous_is_light():
+    import subprocess
+
+    code = "import sys, hartonomous; assert 'torch' not in sys.modules; from hartonomous import Client; print(Client)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "hartonomous.client.Client" in out.stdout
+
+
+def test_next_token_spatial_equals_sql_rows_with_texts(client, server_url, atom_set):
+    rows = client.next_token(PROMPT, top_k=10)
+    ids = tiny_tokenizer().encode(PROMPT)
+    with psycopg.connect(server_url) as conn:
+        sql = conn.execute("SELECT token_id, probability, cumulative_probability FROM "
+                           "next_token(%s, 1.0, 10, 0.9, NULL, 100, %s)", (ids, atom_set)).fetchall()
+    assert [(r.token_id, r.probability) for r in rows] == [(t, p) for t, p, _ in sql]
+    assert [r.cumulative_probability for r in rows] == pytest.approx([c for _, _, c in sql], abs=1e-12)
+    assert [r.text for r in rows] == [tiny_tokenizer().decode([t]) for t, _, _ in sql]
+
+
+def test_next_token_exact_greedy_is_the_argmax(client):
+    rows = client.next_token(PROMPT, path="exact", temperature=0.0)
+    exact = client.engine("exact").backend.model
+    logits = exact.full_logits(tiny_tokenizer().encode(PROMPT))
+    assert [(r.token_id, r.probability, r.cumulative_probability) for r in rows] == [(int(logits.argmax()), 1.0, 1.0)]
+
+
+def test_client_generate_stream_and_in_database(client):
+    for path in ("spatial", "exact"):
+        result = client.generate(PROMPT, path=path, seed=3, max_new_tokens=8, stop_at_eos=False)
+        assert len(result.token_ids) == 8 and result.path == path
+        assert result.text == decode(tiny_tokenizer(), result.token_ids)
+        assert "".join(client.stream(PROMPT, path=path, seed=3, max_new_tokens=8, stop_at_eos=False)) == result.text
+    spatial = client.generate(PROMPT, seed=3, max_new_tokens=8, stop_at_eos=False)
+    assert client.generate(PROMPT, in_database=True, seed=3, max_new_tokens=8, stop_at_eos=False).token_ids \
+        == spatial.token_ids
+
+
+def test_client_rejects_unknown_paths_and_options(client):
+    with pytest.raises(UserError, match="path must be"):
+        client.generate(PROMPT, path="quantum")
+    with pytest.raises(UserError, match="unknown option"):
+        client.generate(PROMPT, temprature=0.5)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    from hartonomous import cli
+
+    argv = sys.argv
+    sys.argv = ["hartonomous", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", ""], "the prompt is empty"),
+    (["generate", "   ", "--path", "exact"], "the prompt is empty"),
+    (["generate", "hi", "--top-p", "1.5"], "top_p"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "hi", "--path", "quantum"], "--path must be spatial or exact"),
+    (["next-token", "hi", "--top-k", "-2"], "top_k"),
+])
+def test_cli_bad_input_is_one_line_and_nonzero(capsys, args, message):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+def test_cli_unknown_atom_set(capsys, database_env):
+    code, out, err = run_cli(capsys, "generate", "hi", "--atom-set", "no_such_set")
+    assert code == 1 and err == "error: no atom set named 'no_such_set'; list them with `hartonomous atom-sets`\n"
+
+
+def test_cli_generate_both_paths_stream_and_blocking(capsys, database_env, client, atom_set, tiny_dir):
+    for path in ("spatial", "exact"):
+        expected = client.generate(PROMPT, path=path, seed=5, max_new_tokens=6, stop_at_eos=False)
+        common = ["generate", PROMPT, "--path", path, "--seed", "5", "--max-new-tokens", "6", "--ignore-eos",
+                  "--atom-set", atom_set, "--model", str(tiny_dir), "--device", "cpu"]
+        code, out, err = run_cli(capsys, *common, "--stream")
+        assert code == 0 and out == expected.text + "\n"
+        assert "tokens/s" in err and f"[{path}] 6 tokens" in err
+        code, out, _ = run_cli(capsys, *common, "--json")
+        assert code == 0 and json.loads(out)["token_ids"] == expected.token_ids
+
+
+def test_cli_next_token_json_and_table(capsys, database_env, client, atom_set):
+    code, out, _ = run_cli(capsys, "next-token", PROMPT, "--json", "--atom-set", atom_set, "--top-k", "5")
+    assert code == 0
+    assert [r["token_id"] for r in json.loads(out)] == [r.token_id for r in client.next_token(PROMPT, top_k=5)]
+    code, out, _ = run_cli(capsys, "next-token", PROMPT, "--atom-set", atom_set, "--top-k", "5")
+    assert code == 0 and "probability" in out and "cumulative" in out

@@ -1,0 +1,126 @@
+"""The spatial backend against a real database: Python loop == in-database generate_tokens, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from generation_helpers import drop_atom_set, write_tiny_atom_set
+from hartonomous.backends.spatial import SpatialBackend
+from hartonomous.engine import Engine, GenerationConfig, State
+from hartonomous.errors import UserError
+from tiny_model import tiny_tokenizer
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def atom_set(server_url):
+    name = write_tiny_atom_set(server_url, model="tiny", seed=1)
+    yield name
+    drop_atom_set(server_url, name)
+
+
+@pytest.fixture
+def db(server_url):
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        yield conn
+
+
+def engines(db, atom_set):
+    tok = tiny_tokenizer()
+    return (Engine(SpatialBackend(db, atom_set, tokenizer=tok)),
+            Engine(SpatialBackend(db, atom_set, tokenizer=tok, in_database=True)))
+
+
+@pytest.mark.parametrize("options", [
+    dict(temperature=1.0, top_k=40, top_p=0.9, repetition_penalty=1.0, seed=1),
+    dict(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.3, seed=2),
+    dict(temperature=1.5, top_k=5, top_p=0.5, repetition_penalty=0.8, seed=-3),
+    dict(temperature=0.0, top_k=40, top_p=0.9, repetition_penalty=1.2, seed=4),
+])
+def test_python_loop_equals_in_database_generate_tokens(db, atom_set, options):
+    config = GenerationConfig(max_new_tokens=20, stop_at_eos=False, **options)
+    python_loop, in_database = engines(db, atom_set)
+    stepped = python_loop.generate(PROMPT, config)
+    whole = in_database.generate(PROMPT, config)
+    ids = tiny_tokenizer().encode(PROMPT)
+    (direct,) = db.execute(
+        "SELECT generate_tokens(%s, 20, %s, %s, %s, NULL, 100, %s, %s, %s, NULL)",
+        (ids, options["temperature"], options["top_k"], options["top_p"], atom_set,
+         options["repetition_penalty"], options["seed"])).fetchone()
+    assert stepped.token_ids == whole.token_ids == direct
+    assert stepped.text == whole.text
+    assert whole.state is State.COMPLETE and len(direct) == 20
+
+
+def test_stop_tokens_and_strings_agree_between_modes(db, atom_set):
+    python_loop, in_database = engines(db, atom_set)
+    base = GenerationConfig(max_new_tokens=20, stop_at_eos=False, seed=9)
+    ref = python_loop.generate(PROMPT, base)
+    i = next(i for i in range(3, 20) if ref.token_ids[i] not in ref.token_ids[:i])
+    by_id = base.with_options(stop_token_ids=(ref.token_ids[i],))
+    assert python_loop.generate(PROMPT, by_id).token_ids == in_database.generate(PROMPT, by_id).token_ids \
+        == ref.token_ids[:i + 1]
+    stop = ref.text[len(ref.text) // 2:len(ref.text) // 2 + 1]
+    by_text = base.with_options(stop_strings=(stop,))
+    a, b = python_loop.generate(PROMPT, by_text), in_database.generate(PROMPT, by_text)
+    assert a.token_ids == b.token_ids and a.text == b.text == ref.text[:ref.text.find(stop)]
+    assert b.state is State.STOPPED and b.finish_reason == "stop_string"
+
+
+def test_next_token_runs_as_a_prepared_statement(db, atom_set):
+    python_loop, _ = engines(db, atom_set)
+    python_loop.generate(PROMPT, GenerationConfig(max_new_tokens=3, seed=1))
+    prepared = db.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%next_token(%'"
+                          ).fetchone()[0]
+    assert prepared == 1
+
+
+def test_no_candidates_stops_the_generation(db, atom_set):
+    engine = Engine(SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer(), search_radius=1e-9))
+    result = engine.generate(PROMPT, GenerationConfig(max_new_tokens=5, seed=1))
+    assert result.token_ids == [] and result.state is State.STOPPED and result.finish_reason == "no_candidates"
+
+
+def test_unknown_atom_set_and_bad_ids_are_user_errors(db, atom_set):
+    with pytest.raises(UserError, match="no atom set named 'nope'"):
+        SpatialBackend(db, "nope", tokenizer=tiny_tokenizer())
+    with pytest.raises(UserError, match="max_neighbors"):
+        SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer(), max_neighbors=0)
+    engine = Engine(SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer()))
+    with pytest.raises(UserError, match="context"):            # 22023 from SQL: id 5000 is not in the set
+        engine.generate([1, 5000], GenerationConfig(max_new_tokens=2, seed=1))
+    assert engine.generate([1, 2], GenerationConfig(max_new_tokens=2, seed=1)).token_ids  # connection still usable
+
+
+def test_atom_set_tokenizer_comes_from_its_model(db, server_url, tmp_path):
+    from generation_helpers import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "tiny")
+    name = write_tiny_atom_set(server_url, model=str(folder), seed=2)
+    try:
+        backend = SpatialBackend(db, name)
+        assert backend.tokenizer.encode(PROMPT) == tiny_tokenizer().encode(PROMPT)
+    finally:
+        drop_atom_set(server_url, name)
+    with pytest.raises(UserError, match="tokenizer is not available"):
+        unknown = write_tiny_atom_set(server_url, model="some-model-we-do-not-have", seed=3)
+        try:
+            SpatialBackend(db, unknown)
+        finally:
+            drop_atom_set(server_url, unknown)
+
+
+def test_in_database_generation_can_be_cancelled_mid_query(db, atom_set):
+    _, in_database = engines(db, atom_set)
+    cancel = threading.Event()
+    timer = threading.Timer(0.5, cancel.set)
+    timer.start()
+    result = in_database.generate(PROMPT, GenerationConfig(max_new_tokens=100_000, stop_at_eos=False, seed=1),
+                                  cancel=cancel)
+    timer.join()
+    assert result.state is State.CANCELLED and result.token_ids == []
+    assert db.execute("SELECT 1").fetchone() == (1,)
