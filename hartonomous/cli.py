@@ -129,6 +129,165 @@ def migrate_cmd(
     console.print(f"database at revision {migrate.current_revision(url)}")
 
 
+def _parse_window(value: str | None) -> object:
+    """--window: an integer >= 1, or 'all' (every context token); None = the kind's default."""
+    from projection.build import KEEP
+
+    if value is None:
+        return KEEP
+    if value.strip().lower() in ("all", "none"):
+        return None
+    try:
+        window = int(value)
+    except ValueError:
+        raise UserError(f"--window must be a positive integer or 'all', got '{value}'") from None
+    if window < 1:
+        raise UserError(f"--window must be a positive integer or 'all', got '{value}'")
+    return window
+
+
+@app.command("build")
+def build_cmd(
+    name: str = typer.Option(..., "--name", help="Name of the new atom set."),
+    kind: str = typer.Option("context", "--kind", help="token (one atom per vocabulary token) or context "
+                             "(distilled: key = context centroid, value = the model's next token)."),
+    model: str = typer.Option(None, "--model", help="'smollm2' or a local Hugging Face model dir "
+                              "(default: HARTONOMOUS_MODEL or smollm2)."),
+    corpus: list[str] = typer.Option(None, "--corpus", help="UTF-8 text file(s) to distill; repeatable. "
+                                     "Default: the Python standard library's docstrings."),
+    max_tokens: int = typer.Option(100_000, "--max-tokens", help="Training tokens to distill (context sets)."),
+    projection: str = typer.Option("lmds", "--projection", help="lmds (Landmark MDS) or pca."),
+    landmarks: int = typer.Option(512, "--landmarks", help="Number of LMDS landmarks."),
+    landmark_method: str = typer.Option("kmeans++", "--landmark-method", help="kmeans++, fps or random."),
+    metric: str = typer.Option("euclidean", "--metric", help="Embedding distance: euclidean or cosine."),
+    window: str = typer.Option(None, "--window", help="Centroid window W (an integer, or 'all'); "
+                               "default 2 for context sets, all for token sets."),
+    decay: float = typer.Option(None, "--decay", help="Centroid decay in (0, 1]; default 0.5 for context "
+                                "sets, 1 for token sets."),
+    target: str = typer.Option("argmax", "--target", help="argmax (the exact model's next token) or corpus."),
+    merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
+                                       "3D distance into one weighted atom (0 = exact duplicates only)."),
+    full_keys: bool = typer.Option(False, "--full-keys", help="Also store full-dimensional keys (pgvector)."),
+    kernel: str = typer.Option("gaussian", "--kernel", help="gaussian or exponential."),
+    bandwidth: float = typer.Option(None, "--bandwidth", help="Kernel bandwidth h (default: calibrated)."),
+    max_neighbors: int = typer.Option(100, "--max-neighbors", help="K used for calibration (as next_token)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Try several window/decay pairs on the holdout "
+                               "and keep the best (overrides --window/--decay)."),
+    context_length: int = typer.Option(512, "--context-length", help="Tokens per teacher-forcing context."),
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per forward batch."),
+    holdout_chars: int = typer.Option(None, "--holdout-chars", help="Held-out characters (default: about "
+                                      "10% of --max-tokens, at most 50000)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for landmarks, the corpus shuffle and sampling."),
+    device: str = typer.Option(None, "--device", help="auto, cpu or cuda (default: HARTONOMOUS_DEVICE)."),
+    replace: bool = typer.Option(False, "--replace", help="Replace an atom set of the same name."),
+    default: bool = typer.Option(False, "--default", help="Make it the default atom set."),
+) -> None:
+    """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
+    from pathlib import Path
+
+    from hartonomous.db.connection import connect, owner_url
+    from projection.build import BuildOptions, build
+    from projection.progress import RichReporter
+
+    settings = get_settings()
+    options = BuildOptions(
+        name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
+        max_tokens=max_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
+        metric=metric, window=_parse_window(window), decay=decay, target=target, merge_radius=merge_radius,
+        full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, max_neighbors=max_neighbors, sweep=sweep,
+        context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
+        device=device or settings.device, replace=replace, make_default=default)
+    options.check()
+    with connect(owner_url()) as conn:
+        result = build(conn, options, reporter=RichReporter(console))
+    _print_build_summary(result)
+
+
+def _print_build_summary(result) -> None:
+    from rich.table import Table
+
+    s = result.stats
+    table = Table(title=f"atom set '{result.name}' (id {result.atom_set_id})", show_header=False)
+    rows = [
+        ("kind", result.kind),
+        ("atoms", f"{result.atoms:,} (before merging: {s['atoms']['before_merge']:,})"),
+        ("tokens", f"{result.tokens:,}"),
+        ("projection", f"trustworthiness {s['projection']['trustworthiness']:.3f}, "
+                       f"recall@10 {s['projection']['recall_at_10']:.3f}"),
+        ("centroid", f"window {result.window or 'all'}, decay {result.decay}"),
+        ("bandwidth", f"h = {result.bandwidth:.4g} ({s['bandwidth']['kernel']})"),
+        ("held-out top-1", f"{s['bandwidth']['top1']:.3f} vs the exact argmax "
+                           f"({s['holdout']['tokens']:,} held-out tokens)"),
+        ("forward pass", f"{s['distill']['tokens_per_second']:,.0f} tokens/s ({s['distill']['device']})"),
+        ("ingest", f"{s['ingest']['atoms_per_second']:,.0f} atoms/s ({s['ingest']['total_seconds']:.1f}s)"),
+        ("total", f"{result.seconds:.1f}s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+atom_sets_app = typer.Typer(help="List atom sets; drop one; choose the default.")
+app.add_typer(atom_sets_app, name="atom-sets")
+
+
+@atom_sets_app.callback(invoke_without_command=True)
+def atom_sets_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the atom sets with their key stats (default set marked *)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.table import Table
+
+    from hartonomous.db.connection import connect, owner_url
+    from projection.catalog import list_atom_sets
+
+    with connect(owner_url()) as conn:
+        rows = list_atom_sets(conn)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        console.print("no atom sets; build one with `hartonomous build --name NAME --kind context`")
+        return
+
+    def num(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    table = Table()
+    for column in ("name", "kind", "atoms", "projection", "trustworthiness", "recall@10", "window", "decay",
+                   "bandwidth", "held-out top-1", "model"):
+        table.add_column(column, justify="left" if column in ("name", "kind", "projection", "model") else "right")
+    for r in rows:
+        table.add_row(("* " if r["is_default"] else "") + r["name"], r["kind"], num(r["atoms"], ","),
+                      r["projection"], num(r["trustworthiness"], ".3f"), num(r["recall_at_10"], ".3f"),
+                      "all" if r["centroid_window"] is None else str(r["centroid_window"]),
+                      num(r["centroid_decay"], "g"), num(r["bandwidth"], ".4g"), num(r["holdout_top1"], ".3f"),
+                      r["model"])
+    console.print(table)
+
+
+@atom_sets_app.command("drop")
+def atom_sets_drop(name: str = typer.Argument(..., help="The atom set to remove.")) -> None:
+    """Remove an atom set with its atoms, tokens and landmarks."""
+    from hartonomous.db.connection import connect, owner_url
+    from projection.ingest import drop_atom_set
+
+    with connect(owner_url()) as conn:
+        drop_atom_set(conn, name)
+    console.print(f"dropped atom set '{name}'")
+
+
+@atom_sets_app.command("default")
+def atom_sets_default(name: str = typer.Argument(..., help="The atom set next_token uses by default.")) -> None:
+    """Make NAME the default atom set (next_token's atom_set => NULL)."""
+    from hartonomous.db.connection import connect, owner_url
+    from projection.ingest import set_default_atom_set
+
+    with connect(owner_url()) as conn:
+        set_default_atom_set(conn, name)
+    console.print(f"'{name}' is now the default atom set")
+
+
 from hartonomous.cli_generate import register as _register_generation  # noqa: E402
 
 _register_generation(app)  # generate, next-token
@@ -136,6 +295,10 @@ _register_generation(app)  # generate, next-token
 from hartonomous.compare.cli import register as _register_compare  # noqa: E402
 
 _register_compare(app)  # compare
+
+from hartonomous.server.cli import register as _register_serve  # noqa: E402
+
+_register_serve(app)  # serve
 
 
 def main() -> None:

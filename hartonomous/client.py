@@ -111,9 +111,9 @@ class Client:
         """The next-token distribution after the sampler, most likely first, with token texts."""
         from hartonomous.textstream import decode
 
-        engine = self.engine(path)
         config = make_config(temperature=temperature, top_k=top_k, top_p=top_p,
-                             repetition_penalty=repetition_penalty)
+                             repetition_penalty=repetition_penalty)      # validate before connecting
+        engine = self.engine(path)
         backend = engine.backend
         dist = backend.distribution(backend.start(engine.encode(prompt_or_ids)), config.sampler)
         rows, total = [], 0.0

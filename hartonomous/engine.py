@@ -21,12 +21,15 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+import torch
+
 from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs
 from hartonomous.errors import UserError
-from hartonomous.sampling import pick_by_uniform, seeded_uniform, validate_sampler_args
+from hartonomous.sampling import pick_by_uniform, pick_index, seeded_uniform, validate_sampler_args
 from hartonomous.textstream import TextStream, cut_at_stop, decode
 
 MAX_SEED = 2**63 - 1
+VECTOR_PICK_ABOVE = 1024
 
 
 class State(str, Enum):
@@ -79,7 +82,7 @@ class TokenEvent:
 
     step: int
     token_id: int
-    probability: float
+    probability: float | None    # None when the database ran the whole loop
     text: str
     seconds: float | None
 
@@ -89,8 +92,9 @@ class Timings:
     """Compute time only (time the caller spends between pieces is not counted)."""
 
     prefill_s: float = 0.0                       # prompt processing (KV-cache prefill)
-    per_token_s: list[float] = field(default_factory=list)   # first entry includes the prefill
-    total_s: float = 0.0
+    per_token_s: list[float] = field(default_factory=list)   # first entry includes the prefill;
+    total_s: float = 0.0                                      # empty for in-database generation
+    tokens: int = 0
 
     @property
     def time_to_first_token_s(self) -> float | None:
@@ -98,8 +102,7 @@ class Timings:
 
     @property
     def tokens_per_second(self) -> float:
-        n = len(self.per_token_s)
-        return n / self.total_s if n and self.total_s > 0 else 0.0
+        return self.tokens / self.total_s if self.tokens and self.total_s > 0 else 0.0
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -147,10 +150,17 @@ class Session:
         self.cancel_event.set()
 
     def __iter__(self) -> Iterator[str]:
-        """Non-empty text pieces as they are made; they join to `result.text`."""
-        for event in self.events():
-            if event.text:
-                yield event.text
+        """Non-empty text pieces as they are made; they join to `result.text`.
+
+        A consumer that stops iterating early cancels the generation.
+        """
+        events = self.events()
+        try:
+            for event in events:
+                if event.text:
+                    yield event.text
+        finally:
+            events.close()
         if self._tail:
             yield self._tail
 
@@ -179,6 +189,10 @@ class Session:
             raise
         except Cancelled:
             self._finish(State.CANCELLED, "cancelled")
+        except KeyboardInterrupt:
+            if self.result is None:
+                self._finish(State.CANCELLED, "cancelled")
+            raise
         except BaseException:
             if self.result is None:
                 self._finish(State.FAILED, "error")
@@ -242,6 +256,7 @@ class Session:
 
     def _finish(self, state: State, reason: str) -> None:
         self._tail = self._stream.finish()
+        self._timings.tokens = len(self._tokens)
         self.state = state
         self.result = GenerationResult(
             path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
@@ -256,8 +271,16 @@ class Session:
 
 
 def pick(dist: Distribution, seed: int, step: int) -> tuple[int, float]:
-    """The token at `seeded_uniform(seed, step)` on the distribution's CDF, and its probability."""
-    token = int(pick_by_uniform(dist.token_ids, dist.probabilities, seeded_uniform(seed, step)))
+    """The token at `seeded_uniform(seed, step)` on the distribution's CDF, and its probability.
+
+    Large distributions (no top-k) use the vectorised `pick_index`, the same rule in torch:
+    the rows are already in the documented order, so index order is token-id order for ties.
+    """
+    u = seeded_uniform(seed, step)
+    if len(dist) > VECTOR_PICK_ABOVE:
+        index = int(pick_index(torch.tensor(dist.probabilities, dtype=torch.float64), u))
+        return dist.token_ids[index], dist.probabilities[index]
+    token = int(pick_by_uniform(dist.token_ids, dist.probabilities, u))
     return token, dist.probabilities[dist.token_ids.index(token)]
 
 

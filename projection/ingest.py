@@ -82,6 +82,12 @@ class IngestReport:
     def atoms_per_second(self) -> float:
         return self.atoms / self.total_seconds if self.total_seconds > 0 else float("inf")
 
+    def as_dict(self) -> dict:
+        """Timings for atom_sets.stats['ingest'] (the commit itself is not included)."""
+        return {"atoms": self.atoms, "copy_seconds": self.copy_seconds, "index_seconds": self.index_seconds,
+                "cluster_seconds": self.cluster_seconds, "total_seconds": self.total_seconds,
+                "atoms_per_second": self.atoms_per_second}
+
 
 def partition_name(atom_set_id: int) -> str:
     return f"atoms_{int(atom_set_id)}"
@@ -141,8 +147,10 @@ def write_atom_set(
         has_default = conn.execute("SELECT 1 FROM atom_sets WHERE is_default").fetchone()
         if spec.make_default or was_default or not has_default:
             _set_default(conn, set_id)
-    end = time.perf_counter()
-    return IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, end - start)
+        report = IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - start)
+        conn.execute("UPDATE atom_sets SET stats = stats || %s::jsonb WHERE id = %s",
+                     (json.dumps({"ingest": report.as_dict()}), set_id))
+    return report
 
 
 def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:

@@ -17,6 +17,8 @@ CREATE OR REPLACE FUNCTION ht_atom_set(
     OUT centroid_decay double precision, OUT kernel text, OUT bandwidth double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 -- The atom set named p_atom_set, or the default one when it is NULL.
 #variable_conflict use_column
@@ -77,6 +79,8 @@ CREATE OR REPLACE FUNCTION ht_context_centroid(
 RETURNS geometry
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 -- The centroid of an already checked context; raises 22023 for a token id not in the set.
 DECLARE
@@ -118,6 +122,8 @@ CREATE OR REPLACE FUNCTION context_centroid(context integer[], atom_set text DEF
 RETURNS geometry
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 -- The POINT Z that next_token searches around for this context (see the top of this file).
 DECLARE

@@ -99,6 +99,7 @@ RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- Steps 3-6 of the semantics above for checked arguments and a computed centroid. Static SQL:
@@ -176,6 +177,7 @@ RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The next-token distribution of one context; semantics at the top of this file.
@@ -213,6 +215,7 @@ RETURNS TABLE(context_index integer, token_id integer, probability double precis
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- next_token for each context of a JSON array of arrays; every context is checked first.

@@ -32,6 +32,7 @@ CREATE OR REPLACE FUNCTION ht_sample(
 RETURNS integer
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The inverse-CDF pick over ht_next_token's rows for a uniform p_u; NULL when no candidates.
@@ -63,6 +64,7 @@ CREATE OR REPLACE FUNCTION sample_next_token(
 RETURNS integer
 LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- One token drawn from next_token's distribution; deterministic for a given (seed, step).
@@ -108,6 +110,7 @@ CREATE OR REPLACE FUNCTION generate_tokens(
 RETURNS integer[]
 LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
 SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The autoregressive loop in one call; returns the generated token ids (not the prompt).

@@ -82,3 +82,16 @@ def scratch_database(server_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def reader_url(server_url: str) -> str:
+    """URL of the least-privilege `hartonomous_reader` role on the session database."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    password = "reader-test-password"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f"ALTER ROLE hartonomous_reader LOGIN PASSWORD '{password}'")
+    params = conninfo_to_dict(server_url)
+    params.update(user="hartonomous_reader", password=password)
+    return make_conninfo(**params)

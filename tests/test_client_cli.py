@@ -114,8 +114,14 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     (["generate", "hi", "--path", "quantum"], "--path must be spatial or exact"),
     (["next-token", "hi", "--top-k", "-2"], "top_k"),
 ])
-def test_cli_bad_input_is_one_line_and_nonzero(capsys, args, message):
-    code, out, err = run_cli(capsys, *args)
+def test_cli_bad_input_is_one_line_and_nonzero(capsys, monkeypatch, args, message):
+    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")  # checked before use
+    reload_settings()
+    try:
+        code, out, err = run_cli(capsys, *args)
+    finally:
+        monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
+        reload_settings()
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
 

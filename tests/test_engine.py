@@ -111,10 +111,11 @@ def test_streamed_pieces_join_to_the_blocking_text(engine):
         config = SAMPLED.with_options(seed=seed, max_new_tokens=24)
         session = engine.stream(PROMPTS[2], config)
         assert session.state is State.READY
-        pieces = []
+        pieces, states = [], []
         for piece in session:
-            assert session.state is State.GENERATING
+            states.append(session.state)
             pieces.append(piece)
+        assert states[0] is State.GENERATING     # the last piece may come after the state moved on
         blocking = engine.generate(PROMPTS[2], config)
         assert "".join(pieces) == blocking.text == session.result.text
         assert all(pieces) and all(not p.endswith(REPLACEMENT) for p in pieces[:-1])
@@ -131,6 +132,15 @@ def test_cancel_from_the_consumer_stops_before_the_next_token(engine):
     assert seen == reference(engine).token_ids[:3]
     assert session.state is State.CANCELLED and session.result.finish_reason == "cancelled"
     assert session.result.token_ids == seen
+
+
+def test_a_consumer_that_stops_reading_cancels(engine):
+    session = engine.stream(PROMPTS[0], SAMPLED)
+    for n, _ in enumerate(session, 1):
+        if n == 2:
+            break
+    assert session.state is State.CANCELLED
+    assert 2 <= len(session.result.token_ids) < SAMPLED.max_new_tokens
 
 
 def test_cancel_during_a_step_discards_that_step(engine):
@@ -200,3 +210,48 @@ def test_out_of_range_options_are_user_errors(options, message):
 
     with pytest.raises(UserError, match=message):
         SAMPLED.with_options(**options)
+
+
+def test_vectorised_pick_for_large_distributions_equals_pick_by_uniform():
+    import random
+
+    from hartonomous.backends.base import Distribution
+    from hartonomous.engine import VECTOR_PICK_ABOVE, pick
+    from hartonomous.sampling import pick_by_uniform, seeded_uniform
+
+    rng = random.Random(0)
+    weights = sorted(((rng.random() ** 4, t) for t in range(3 * VECTOR_PICK_ABOVE)), key=lambda r: (-r[0], r[1]))
+    total = sum(w for w, _ in weights)
+    dist = Distribution([t for _, t in weights], [w / total for w, _ in weights])
+    for step in range(300):
+        token, prob = pick(dist, seed=7, step=step)
+        assert token == pick_by_uniform(dist.token_ids, dist.probabilities, seeded_uniform(7, step))
+        assert prob == dist.probabilities[dist.token_ids.index(token)]
+
+
+def test_tokens_are_picked_by_inverse_cdf_of_seeded_uniform():
+    from hartonomous.backends.base import Distribution
+    from hartonomous.sampling import seeded_uniform
+
+    class Fixed:                                   # the same hand-made distribution at every step
+        name, tokenizer = "fixed", tiny_model(0)[1]
+
+        def eos_token_ids(self):
+            return set()
+
+        def start(self, ids):
+            return None
+
+        def distribution(self, state, sampler):
+            return Distribution([50, 30, 90], [0.5, 0.3, 0.2])
+
+        def advance(self, state, token):
+            pass
+
+    result = Engine(Fixed()).generate([1], GenerationConfig(max_new_tokens=12, seed=42))
+    expected = []
+    for step in range(12):               # CDF: 50 below 0.5, 30 below 0.8, then 90
+        u = seeded_uniform(42, step)
+        expected.append(50 if u < 0.5 else 30 if u < 0.8 else 90)
+    assert result.token_ids == expected and len(set(expected)) > 1
+    assert result.probabilities == [{50: 0.5, 30: 0.3, 90: 0.2}[t] for t in expected]

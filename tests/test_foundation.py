@@ -82,6 +82,7 @@ def test_geometry_must_be_3d_and_not_null(conn: psycopg.Connection) -> None:
 def test_only_one_default_atom_set(conn: psycopg.Connection) -> None:
     _add_atom_set(conn, "d1")
     _add_atom_set(conn, "d2")
+    conn.execute("UPDATE atom_sets SET is_default = false")
     conn.execute("UPDATE atom_sets SET is_default = true WHERE name = 'd1'")
     with pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute("UPDATE atom_sets SET is_default = true WHERE name = 'd2'")

@@ -18,9 +18,18 @@ class ExactState:
     logits: torch.Tensor
 
 
+SMALL_SUPPORT = 4096
+
+
 def ordered_distribution(probs: torch.Tensor) -> Distribution:
     """The non-zero entries of a (V,) probability vector, by probability desc, then token id asc."""
-    probs = probs.detach().to("cpu", torch.float64)
+    probs = probs.detach().to(torch.float64)
+    support = int((probs > 0).sum())
+    if support <= SMALL_SUPPORT:       # top-k / greedy: gather the few candidates where they are
+        values, ids = torch.topk(probs, support)
+        rows = sorted(zip(ids.tolist(), values.tolist()), key=lambda r: (-r[1], r[0]))
+        return Distribution([r[0] for r in rows], [r[1] for r in rows])
+    probs = probs.cpu()
     ids = torch.nonzero(probs > 0).flatten()          # ascending ids
     kept = probs[ids]
     order = torch.sort(kept, descending=True, stable=True).indices  # stable keeps ties by id asc

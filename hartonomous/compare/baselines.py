@@ -35,38 +35,50 @@ class Distillation:
         return {"available": self.available, "source": self.source, "tokens": self.tokens, "note": self.note}
 
 
-def build_corpus(info: AtomSetInfo) -> tuple[str, str] | None:
-    """(source, text) of the corpus the set was built from, when the builder recorded it."""
-    for key in ("corpus", "build_corpus", "train"):
-        entry = info.stats.get(key)
-        if isinstance(entry, dict) and entry.get("text"):
-            return str(entry.get("source") or key), str(entry["text"])
-        if isinstance(entry, dict) and entry.get("path") and Path(entry["path"]).is_file():
-            return str(entry["path"]), Path(entry["path"]).read_text(encoding="utf-8")
-    return None
+class CorpusUnavailable(LookupError):
+    """The build corpus cannot be recovered; the message says why (shown in the report)."""
 
 
-def cached_labels(model, model_name: str, ids: list[int], cache_dir: Path | None,
-                  progress: Callable[[int], None] | None = None, window: int = 512) -> np.ndarray:
-    """The exact argmax after every prefix of the corpus, cached on disk by content hash."""
-    digest = hashlib.sha256(f"{model_name}|{window}|".encode() + np.asarray(ids, np.int64).tobytes()).hexdigest()[:20]
-    path = cache_dir / f"labels-{digest}.npy" if cache_dir else None
+CorpusLoader = Callable[[AtomSetInfo], tuple[str, str]]
+
+
+def build_corpus(info: AtomSetInfo) -> tuple[str, str]:
+    """(source, training text) when the build recorded the text itself in stats['corpus']['text']."""
+    entry = info.stats.get("corpus")
+    if isinstance(entry, dict) and entry.get("text"):
+        return str(entry.get("source") or entry.get("description") or "the build corpus"), str(entry["text"])
+    raise CorpusUnavailable("the atom set records no build corpus text (stats['corpus'])")
+
+
+def context_length(info: AtomSetInfo, default: int = 512) -> int:
+    """The chunk length the builder's teacher forcing used (stats['corpus']['context_length'])."""
+    entry = info.stats.get("corpus")
+    value = entry.get("context_length") if isinstance(entry, dict) else None
+    return int(value) if value else default
+
+
+def cached_labels(model, model_name: str, ids: list[int], chunk: int, cache_dir: Path | None,
+                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """The exact argmax after every prefix within each `chunk`-token window, cached by content hash."""
+    key = f"{model_name}|{chunk}|".encode() + np.asarray(ids, np.int64).tobytes()
+    path = cache_dir / f"labels-{hashlib.sha256(key).hexdigest()[:20]}.npy" if cache_dir else None
     if path is not None and path.is_file():
         labels = np.load(path)
         if len(labels) == len(ids):
             if progress:
                 progress(len(ids))
             return labels
-    labels = teacher.argmax_labels(model, ids, window=window, progress=progress)
+    labels = teacher.argmax_labels(model, ids, window=chunk, progress=progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.save(path, labels)
     return labels
 
 
-def ngram_predictors(ids: list[int], labels: np.ndarray) -> dict[str, Predictor]:
-    """Unigram, bigram, trigram, 4-gram (backoff) fitted on one corpus's (context, label) pairs."""
-    models = ngram.fit_all([ids], [labels])
+def ngram_predictors(ids: list[int], labels: np.ndarray, chunk: int) -> dict[str, Predictor]:
+    """Unigram, bigram, trigram, 4-gram (backoff) fitted per chunk (contexts restart at chunk starts)."""
+    starts = range(0, len(ids), chunk)
+    models = ngram.fit_all([ids[lo:lo + chunk] for lo in starts], [labels[lo:lo + chunk] for lo in starts])
     return {name: model.predict for name, model in models.items()}
 
 

@@ -44,6 +44,37 @@ def headline_table(report: dict) -> Table:
     return table
 
 
+def build_corpus_loader(info) -> tuple[str, str]:
+    """The build's training text: recorded in stats, or rebuilt with projection.corpus from the recorded
+    corpus settings and checked against the recorded holdout (the CLI is the composition root, so it
+    may import projection)."""
+    import platform
+
+    from hartonomous.compare.baselines import CorpusUnavailable, build_corpus
+
+    try:
+        return build_corpus(info)
+    except CorpusUnavailable:
+        pass
+    entry, holdout = info.stats.get("corpus"), info.stats.get("holdout") or {}
+    if not isinstance(entry, dict) or "max_tokens" not in entry:
+        raise CorpusUnavailable("the atom set records no build corpus (stats['corpus'])")
+    files = [Path(f) for f in entry.get("files") or []]
+    if not files and entry.get("python") not in (None, platform.python_version()):
+        raise CorpusUnavailable(f"the set was built from Python {entry['python']}'s stdlib docstrings, this is "
+                                f"Python {platform.python_version()}: the corpus cannot be rebuilt exactly")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise CorpusUnavailable(f"the build corpus file {missing[0]} is not there any more")
+    from projection.corpus import load_corpus
+
+    corpus = load_corpus(files or None, int(entry["max_tokens"]), None, int(entry.get("seed", 0)), train=True)
+    if holdout.get("text") and corpus.holdout_text != holdout["text"]:
+        raise CorpusUnavailable("the rebuilt corpus's holdout differs from the recorded one (was --holdout-chars "
+                                "given to the build?); cannot recover the training split")
+    return f"{entry.get('description', corpus.description)}, training split", corpus.train_text
+
+
 def compare(
     atom_set: str = typer.Option(..., "--atom-set", help="Atom set to compare (see `hartonomous atom-sets`)."),
     text: list[Path] = typer.Option([], "--text", help="Evaluation text file (repeatable). Default: the "
@@ -76,7 +107,7 @@ def compare(
     with connect(reader_url(), autocommit=True) as conn:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as bar:
-            result = run_compare(conn, options, progress=RichProgress(bar))
+            result = run_compare(conn, options, progress=RichProgress(bar), corpus_loader=build_corpus_loader)
     paths = write_report(result.report, result.figures, out)
     Console().print(headline_table(result.report))
     Console().print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name})")

@@ -102,8 +102,13 @@ class CompareResult:
 
 
 def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None, tokenizer=None,
-                model_name: str | None = None, progress: Progress | None = None) -> CompareResult:
-    """Run every section against one atom set; `render.write_report` turns the result into files."""
+                model_name: str | None = None, progress: Progress | None = None,
+                corpus_loader: baselines.CorpusLoader | None = None) -> CompareResult:
+    """Run every section against one atom set; `render.write_report` turns the result into files.
+
+    `corpus_loader(info) -> (source, training text)` recovers the build corpus for the n-gram
+    baselines (default: stats['corpus']['text']); it raises baselines.CorpusUnavailable to skip.
+    """
     options.validate()
     progress = progress or NoProgress()
     info = load_atom_set(conn, options.atom_set)
@@ -123,7 +128,8 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
                         "use the model the set was built from")
 
     # --- baselines' predictors -------------------------------------------------------
-    predictors, distill, knn_note = _baselines(conn, info, model, model_name, tokenizer, options, progress)
+    predictors, distill, knn_note = _baselines(conn, info, model, model_name, tokenizer, options, progress,
+                                               corpus_loader or baselines.build_corpus)
 
     # --- teacher-forced fidelity -------------------------------------------------------
     encoded = [encode(tokenizer, t.text) for t in texts]
@@ -170,22 +176,23 @@ def _spatial(conn, ctx, name, k):
     return spatial_distribution(conn, ctx, name, k)
 
 
-def _baselines(conn, info, model, model_name, tokenizer, options, progress):
+def _baselines(conn, info, model, model_name, tokenizer, options, progress, corpus_loader):
     predictors: dict = {}
-    corpus = baselines.build_corpus(info)
-    if corpus is None:
-        distill = baselines.Distillation(False, note="the atom set records no build corpus (stats['corpus']); "
-                                                     "n-gram baselines skipped")
-    elif options.distill_tokens == 0:
+    try:
+        corpus = corpus_loader(info)
+    except baselines.CorpusUnavailable as exc:
+        corpus, distill = None, baselines.Distillation(False, note=f"{exc}; n-gram baselines skipped")
+    if corpus is not None and options.distill_tokens == 0:
         distill = baselines.Distillation(False, corpus[0], note="--distill-tokens 0: n-gram baselines skipped")
-    else:
+    elif corpus is not None:
+        chunk = min(baselines.context_length(info), teacher.max_context(model))
         ids = encode(tokenizer, corpus[1])[: options.distill_tokens]
         progress.stage("exact labels for the n-gram baselines", len(ids))
-        labels = baselines.cached_labels(model, model_name, ids, options.cache_dir, progress.advance)
-        predictors.update(baselines.ngram_predictors(ids, labels))
+        labels = baselines.cached_labels(model, model_name, ids, chunk, options.cache_dir, progress.advance)
+        predictors.update(baselines.ngram_predictors(ids, labels, chunk))
         distill = baselines.Distillation(True, corpus[0], len(ids),
-                                         "labels: the exact model's argmax at every corpus position "
-                                         "(teacher forcing in windows of 512 tokens)")
+                                         f"labels: the exact model's argmax at every position, teacher forcing in "
+                                         f"chunks of {chunk} tokens as the build did")
     knn_note = "the atom set has no full-dimensional keys"
     if info.has_keys:
         emb = model.get_input_embeddings().weight.detach().float().cpu().numpy()

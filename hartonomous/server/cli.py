@@ -1,0 +1,62 @@
+"""`hartonomous serve` (registered on the app in hartonomous/cli.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import Optional
+
+import typer
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to the CLI app."""
+
+    @app.command("serve")
+    def serve_cmd(
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+        port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
+        atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Default atom set (else the database's)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
+        device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
+        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
+        preload: bool = typer.Option(True, "--preload/--no-preload",
+                                     help="Load the exact model in the background at start-up."),
+        log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
+    ) -> None:
+        """Run the HTTP API (SSE streaming) and the playground page at http://HOST:PORT/."""
+        import uvicorn
+
+        from hartonomous.backends.spatial import find_atom_set
+        from hartonomous.db.connection import connect, reader_url, redact
+        from hartonomous.errors import UserError
+        from hartonomous.server import ServerConfig, create_app
+
+        url = reader_url()
+        with connect(url, autocommit=True) as conn:          # fail now, in one line, if unreachable
+            try:
+                info = find_atom_set(conn, atom_set)
+                default_set = f"atom set '{info.name}'"
+            except UserError as exc:
+                if atom_set is not None:
+                    raise
+                default_set = f"no atom set ({exc}); the exact path still works"
+        config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
+                              preload_exact=preload)
+        if not _is_loopback(host):
+            print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
+                  "address can use it", file=sys.stderr)
+        shown = f"[{host}]" if ":" in host else host
+        print(f"hartonomous: http://{shown}:{port}/ (playground), /docs (API); database {redact(url)}; "
+              f"{default_set}", file=sys.stderr)
+        uvicorn.run(create_app(config=config), host=host, port=port, log_level=log_level.lower(),
+                    timeout_graceful_shutdown=10)

@@ -1,0 +1,102 @@
+"""The endpoints: /api/next_token, /api/generate(/stream|/batch), /api/atom_sets, /healthz, /."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse
+from sse_starlette import EventSourceResponse
+
+from hartonomous.server import generation
+from hartonomous.server.runtime import Runtime
+from hartonomous.server.schemas import (AtomSetsResponse, BatchRequest, BatchResponse, ErrorResponse,
+                                        GenerateRequest, GenerateResponse, NextTokenRequest, NextTokenResponse,
+                                        StreamRequest)
+from hartonomous.server.streaming import WorkerStream, run_blocking, sse_events
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}, 500: {"model": ErrorResponse}}
+ATOM_SETS_SQL = (
+    "SELECT name, model, kind, vocab_size, embedding_dim, projection, kernel, bandwidth, centroid_window, "
+    "centroid_decay, is_default, stats, created_at FROM atom_sets ORDER BY is_default DESC, name")
+
+router = APIRouter()
+
+
+def _runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+@router.post("/api/next_token", response_model=NextTokenResponse, responses=ERRORS, tags=["inference"])
+async def next_token(body: NextTokenRequest, request: Request) -> dict:
+    """The next-token distribution after the sampler, most likely first, with token texts."""
+    runtime = _runtime(request)
+    return await run_blocking(request, runtime.executor, lambda cancel: generation.next_token(runtime, body))
+
+
+@router.post("/api/generate", response_model=GenerateResponse, responses=ERRORS, tags=["inference"])
+async def generate(body: GenerateRequest, request: Request) -> dict:
+    """Blocking generation on one path; a client disconnect cancels it."""
+    runtime = _runtime(request)
+    return await run_blocking(request, runtime.executor, partial(generation.generate, runtime, body))
+
+
+@router.post("/api/generate/batch", response_model=BatchResponse, responses=ERRORS, tags=["inference"])
+async def generate_batch(body: BatchRequest, request: Request) -> dict:
+    """Every prompt with the same options (and seed), one after another, on one path."""
+    runtime = _runtime(request)
+    return await run_blocking(request, runtime.executor, partial(generation.generate_batch, runtime, body))
+
+
+@router.post("/api/generate/stream", responses={
+    200: {"content": {"text/event-stream": {}},
+          "description": 'SSE: `data: {"token": "..."}` per token, then `data: [DONE]`.'}, **ERRORS},
+    tags=["inference"])
+async def generate_stream(body: StreamRequest, request: Request) -> EventSourceResponse:
+    """Server-Sent Events, one per token; closing the connection cancels the generation."""
+    runtime = _runtime(request)
+    stream = WorkerStream(runtime.executor, partial(generation.produce_stream, runtime, body))
+    try:
+        await stream.get()          # READY; set-up errors (unknown atom set, ...) become HTTP errors here
+    except BaseException:
+        stream.cancel.set()
+        raise
+    return EventSourceResponse(sse_events(stream), ping=runtime.config.ping_seconds, sep="\n",
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/api/atom_sets", response_model=AtomSetsResponse, responses=ERRORS, tags=["database"])
+def atom_sets(request: Request) -> dict:
+    """The atom sets in the database, the default one first."""
+    with _runtime(request).connection() as conn:
+        rows = conn.execute(ATOM_SETS_SQL).fetchall()
+    columns = ("name", "model", "kind", "vocab_size", "embedding_dim", "projection", "kernel", "bandwidth",
+               "centroid_window", "centroid_decay", "is_default", "stats", "created_at")
+    sets = [dict(zip(columns, row)) for row in rows]
+    for s in sets:
+        s["created_at"] = s["created_at"].isoformat()
+        s["stats"] = s["stats"] or {}
+    return {"atom_sets": sets, "default": next((s["name"] for s in sets if s["is_default"]), None)}
+
+
+@router.get("/healthz", tags=["service"])
+def healthz(request: Request) -> JSONResponse:
+    """200 when the database answers (with the atom set count), else 503 saying what is wrong."""
+    runtime = _runtime(request)
+    info = {"status": "ok", "database": "ok", "exact_model": runtime.exact_status()}
+    try:
+        with runtime.connection(timeout=min(5.0, runtime.config.pool_timeout_s)) as conn:
+            info["atom_sets"] = conn.execute("SELECT count(*) FROM atom_sets").fetchone()[0]
+    except Exception as exc:     # any failure here is reported, not raised
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        info.update(status="error", database=f"unavailable: {first}")
+        return JSONResponse(status_code=503, content=info)
+    return JSONResponse(info)
+
+
+@router.get("/", include_in_schema=False)
+def playground() -> FileResponse:
+    """The playground page."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")

@@ -1,0 +1,214 @@
+"""What the server shares between requests: the connection pool, the exact model, the workers.
+
+psycopg connections are not shared between threads: every spatial request borrows its own
+connection from a pool for as long as it generates. The exact model is loaded once (on first
+use, or in the background at start-up) and shared; its forward passes are serialised by a lock,
+so concurrent generations interleave step by step instead of fighting over the CPU cores.
+Generations run in a bounded thread pool; the event loop never blocks on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from hartonomous.errors import UserError
+
+log = logging.getLogger("hartonomous.server")
+
+
+class ServiceUnavailable(UserError):
+    """The server cannot answer now (database busy or down, model not loadable): HTTP 503."""
+
+
+@dataclass
+class ServerConfig:
+    """Server settings; `database_url` defaults to the least-privilege reader role."""
+
+    database_url: str | None = None
+    atom_set: str | None = None           # default atom set (the database's default if None)
+    model: str | None = None              # exact model: 'smollm2' or a local folder (settings if None)
+    device: str | None = None             # auto | cpu | cuda (settings if None)
+    dtype: str = "float32"
+    pool_size: int = 4                    # database connections at most
+    pool_timeout_s: float = 30.0          # wait this long for a free connection, then 503
+    max_concurrent: int = 8               # generations running at once (more wait in line)
+    ping_seconds: float = 15.0            # SSE keep-alive comment interval
+    preload_exact: bool = False           # load the exact model in the background at start-up
+
+
+class SharedModel:
+    """An ExactModel whose forward passes take a lock; everything else is passed through."""
+
+    def __init__(self, model: Any):
+        self._model = model
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def prefill(self, *args, **kwargs):
+        with self._lock:
+            return self._model.prefill(*args, **kwargs)
+
+    def decode_one_token(self, *args, **kwargs):
+        with self._lock:
+            return self._model.decode_one_token(*args, **kwargs)
+
+    def full_logits(self, *args, **kwargs):
+        with self._lock:
+            return self._model.full_logits(*args, **kwargs)
+
+
+class ObservedBackend:
+    """A backend wrapper that remembers the last distribution it returned (for the playground)."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+        self.last = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def distribution(self, state, sampler):
+        self.last = self._backend.distribution(state, sampler)
+        return self.last
+
+
+class Runtime:
+    """Shared resources of one server; `open()` before use, `close()` at shutdown."""
+
+    def __init__(self, config: ServerConfig | None = None, *, exact_model: Any = None,
+                 spatial_tokenizer: Any = None):
+        self.config = config or ServerConfig()
+        self.spatial_tokenizer = spatial_tokenizer
+        self._exact = SharedModel(exact_model) if exact_model is not None else None
+        self._exact_error: str | None = None
+        self._exact_lock = threading.Lock()
+        self.pool = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.active: dict[int, Any] = {}                    # id(session) -> running Session
+        self.finished: deque = deque(maxlen=100)            # recent GenerationResults
+        self._registry_lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the pool (connecting in the background) and the worker threads."""
+        from psycopg_pool import ConnectionPool
+
+        url = self.config.database_url
+        if url is None:
+            from hartonomous.db.connection import reader_url
+
+            url = reader_url()
+        self.pool = ConnectionPool(url, min_size=1, max_size=max(1, self.config.pool_size), open=False,
+                                   kwargs={"autocommit": True, "connect_timeout": 10},
+                                   check=ConnectionPool.check_connection, name="hartonomous-server")
+        self.pool.open(wait=False)
+        self.executor = ThreadPoolExecutor(max_workers=max(1, self.config.max_concurrent),
+                                           thread_name_prefix="hartonomous-generate")
+        if self.config.preload_exact and self._exact is None:
+            self.executor.submit(self._preload)
+
+    def close(self) -> None:
+        for session in list(self.active.values()):
+            session.cancel()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.close()
+
+    # -- resources -----------------------------------------------------------------------
+
+    @contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[Any]:
+        """A pooled connection for this thread only; 503 when none frees up in time."""
+        from psycopg_pool import PoolTimeout
+
+        if self.pool is None:
+            raise RuntimeError("Runtime.open() was not called")
+        try:
+            conn = self.pool.getconn(timeout=self.config.pool_timeout_s if timeout is None else timeout)
+        except PoolTimeout as exc:
+            raise ServiceUnavailable("the database is busy or unreachable; try again shortly, and check "
+                                     "GET /healthz") from exc
+        try:
+            yield conn
+        finally:
+            self.pool.putconn(conn)
+
+    def exact_model(self) -> SharedModel:
+        """The exact model, loaded once (callers wait while another thread loads it)."""
+        if self._exact is not None:
+            return self._exact
+        with self._exact_lock:
+            if self._exact is None:
+                from hartonomous.config import get_settings
+                from hartonomous.exact import ExactModel
+
+                settings = get_settings()
+                name = self.config.model or settings.model
+                log.info("loading the exact model %s", name)
+                try:
+                    self._exact = SharedModel(ExactModel.load(name, self.config.device or settings.device,
+                                                              self.config.dtype))
+                except Exception as exc:
+                    self._exact_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise ServiceUnavailable(f"the exact model '{name}' could not be loaded "
+                                             f"({self._exact_error}); the spatial path still works") from exc
+                self._exact_error = None
+                log.info("exact model loaded")
+        return self._exact
+
+    def exact_status(self) -> str:
+        if self._exact is not None:
+            return "loaded"
+        if self._exact_lock.locked():
+            return "loading"
+        return f"failed: {self._exact_error}" if self._exact_error else "not loaded (loads on first use)"
+
+    def _preload(self) -> None:
+        try:
+            self.exact_model()
+        except Exception:
+            log.warning("could not preload the exact model: %s", self._exact_error)
+
+    @contextmanager
+    def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
+               max_neighbors: int = 100) -> Iterator[Any]:
+        """A Client for one request: its own pooled connection (spatial) or the shared model (exact)."""
+        from hartonomous.client import Client
+
+        if path == "exact":
+            with Client(exact_model=self.exact_model()) as client:
+                yield client
+            return
+        with self.connection() as conn:
+            with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
+                        max_neighbors=max_neighbors, spatial_tokenizer=self.spatial_tokenizer) as client:
+                yield client
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    @contextmanager
+    def tracking(self, session: Any) -> Iterator[None]:
+        """Register a running session; log and remember its result when it ends."""
+        with self._registry_lock:
+            self.active[id(session)] = session
+        try:
+            yield
+        finally:
+            with self._registry_lock:
+                self.active.pop(id(session), None)
+            result = session.result
+            if result is not None:
+                self.finished.append(result)
+                log.info("generation path=%s tokens=%d state=%s reason=%s", result.path, len(result.token_ids),
+                         result.state.value, result.finish_reason)

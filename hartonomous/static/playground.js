@@ -1,0 +1,207 @@
+// Hartonomous playground: streams both paths side by side over SSE (fetch + POST, parsed here,
+// since EventSource cannot POST) and draws the spatial distribution of the latest step.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const NUMBER_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty"];
+const TOP_N = 12;
+let running = [];   // AbortControllers of the streams in flight
+
+// ---- SSE over fetch --------------------------------------------------------------------
+
+function parseEvent(block) {
+  let event = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (!line || line.startsWith(":")) continue;          // comments are keep-alive pings
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "event") event = value;
+    else if (field === "data") data.push(value);
+  }
+  return data.length ? { event, data: data.join("\n") } : null;
+}
+
+async function streamEvents(body, signal, onEvent) {
+  const response = await fetch("/api/generate/stream", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
+  });
+  if (!response.ok) {
+    const err = await response.json().catch(() => ({ error: response.statusText }));
+    throw new Error(`${response.status}: ${err.error || response.statusText}`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer = (buffer + value).replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const parsed = parseEvent(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+      if (parsed && onEvent(parsed) === false) { reader.cancel(); return; }
+    }
+  }
+}
+
+// ---- panes -----------------------------------------------------------------------------
+
+function pane(path) {
+  const root = $(`pane-${path}`);
+  const q = (sel) => root.querySelector(sel);
+  let tokens = 0, seconds = 0, started = 0;
+  const show = () => {
+    q(".count").textContent = `${tokens} token${tokens === 1 ? "" : "s"}`;
+    const rate = seconds > 0 ? tokens / seconds : (tokens && started ? tokens / ((performance.now() - started) / 1000) : 0);
+    q(".rate").textContent = rate ? `${rate.toFixed(1)} tokens/s` : "– tokens/s";
+    root.dataset.tokens = String(tokens);
+  };
+  return {
+    reset(prompt) {
+      tokens = 0; seconds = 0; started = performance.now();
+      q(".prompt-echo").textContent = prompt;
+      q(".generated").textContent = "";
+      this.state("starting");
+      show();
+    },
+    state(text, kind) {
+      root.dataset.state = kind || text;
+      q(".state").textContent = text;
+    },
+    token(event) {
+      tokens += 1;
+      if (typeof event.seconds === "number") seconds += event.seconds;
+      q(".generated").textContent += event.token;
+      const out = q(".output");
+      out.scrollTop = out.scrollHeight;
+      show();
+    },
+    result(result) {
+      if (result.timings && result.timings.tokens_per_second) {
+        q(".rate").textContent = `${result.timings.tokens_per_second.toFixed(1)} tokens/s`;
+      }
+      this.state(`${result.state} (${result.finish_reason}) · seed ${result.seed}`, "done");
+    },
+  };
+}
+
+// ---- the distribution chart ------------------------------------------------------------
+
+function visible(text) {
+  return JSON.stringify(text).slice(1, -1).replace(/ /g, "\u2423");
+}
+
+function drawChart(rows, chosenId, step) {
+  const svg = $("chart");
+  const ns = "http://www.w3.org/2000/svg";
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const width = svg.clientWidth || 900, rowH = 22, labelW = 190, valueW = 70;
+  const add = (tag, attrs, text) => {
+    const el = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    svg.appendChild(el);
+    return el;
+  };
+  if (!rows || !rows.length) {
+    svg.setAttribute("height", 40);
+    add("text", { x: 8, y: 24, class: "empty" }, "no distribution yet: generate on the spatial path");
+    return;
+  }
+  svg.setAttribute("height", rows.length * rowH + 8);
+  const max = Math.max(...rows.map((r) => r.probability));
+  const barW = Math.max(40, width - labelW - valueW - 16);
+  rows.forEach((r, i) => {
+    const y = 4 + i * rowH;
+    const label = add("text", { x: labelW - 8, y: y + 15, "text-anchor": "end" }, `${visible(r.text)}  #${r.token_id}`);
+    label.appendChild(document.createElementNS(ns, "title")).textContent = `token ${r.token_id}: ${JSON.stringify(r.text)}`;
+    add("rect", { x: labelW, y: y + 3, height: rowH - 6, width: Math.max(1, (r.probability / max) * barW),
+                  class: r.token_id === chosenId ? "bar chosen" : "bar" });
+    add("text", { x: labelW + barW + 8, y: y + 15 }, r.probability.toFixed(3));
+  });
+  $("chart-caption").textContent = `step ${step}: the ${rows.length} most likely tokens; the picked one is dark`;
+}
+
+// ---- controls --------------------------------------------------------------------------
+
+function requestBody() {
+  const body = { prompt: $("prompt").value, details: true, top_n: TOP_N };
+  for (const name of NUMBER_FIELDS) body[name] = Number($(name).value);
+  if ($("seed").value !== "") body.seed = Number($("seed").value);
+  if ($("atom_set").value) body.atom_set = $("atom_set").value;
+  return body;
+}
+
+async function run(path, body) {
+  const p = pane(path);
+  const controller = new AbortController();
+  running.push(controller);
+  p.reset(body.prompt);
+  try {
+    p.state("streaming");
+    await streamEvents({ ...body, path }, controller.signal, ({ event, data }) => {
+      if (event === "message" && data === "[DONE]") return false;
+      const payload = JSON.parse(data);
+      if (event === "error") throw new Error(payload.error);
+      if (event === "result") { p.result(payload); return true; }
+      p.token(payload);
+      if (path === "spatial" && payload.distribution) drawChart(payload.distribution, payload.token_id, payload.step);
+      return true;
+    });
+    if ($(`pane-${path}`).dataset.state !== "done") p.state("done");
+  } catch (err) {
+    if (err.name === "AbortError") p.state("stopped", "done");
+    else p.state(`error: ${err.message}`, "error");
+  } finally {
+    running = running.filter((c) => c !== controller);
+  }
+}
+
+async function generate(ev) {
+  if (ev) ev.preventDefault();
+  stop();
+  const body = requestBody();
+  const paths = ["spatial", "exact"].filter((p) => $(`use-${p}`).checked);
+  $("generate").disabled = true;
+  $("stop").disabled = false;
+  await Promise.all(paths.map((p) => run(p, body)));
+  $("generate").disabled = false;
+  $("stop").disabled = true;
+}
+
+function stop() {
+  for (const c of running) c.abort();
+  running = [];
+}
+
+async function loadInfo() {
+  try {
+    const health = await (await fetch("/healthz")).json();
+    const badge = $("health");
+    badge.textContent = health.status === "ok"
+      ? `database ok · ${health.atom_sets} atom set(s) · exact model ${health.exact_model}`
+      : `database ${health.database}`;
+    badge.className = `badge ${health.status === "ok" ? "ok" : "bad"}`;
+    const sets = await (await fetch("/api/atom_sets")).json();
+    for (const s of sets.atom_sets || []) {
+      const option = document.createElement("option");
+      option.value = s.name;
+      option.textContent = `${s.name} (${s.kind}${s.is_default ? ", default" : ""})`;
+      $("atom_set").appendChild(option);
+    }
+  } catch (err) {
+    $("health").textContent = `server unreachable: ${err.message}`;
+    $("health").className = "badge bad";
+  }
+}
+
+$("controls").addEventListener("submit", generate);
+$("stop").addEventListener("click", stop);
+$("prompt").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) generate(ev);
+});
+drawChart([], null, 0);
+loadInfo();

@@ -1,0 +1,286 @@
+"""Builds end to end into the real database with the tiny model: token and context sets, the
+SQL centroid against the Python one, interrupted ingests, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from hartonomous.centroid import context_centroid as py_centroid
+from hartonomous.errors import UserError
+from projection import ingest
+from projection.build import BuildOptions, build
+from projection.corpus import load_corpus
+from projection.distill import chunk_ids, distill, tokenize
+from projection.project import load_projector
+from tiny_model import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = [
+    "The capital of France is Paris.", "The capital of Italy is Rome.", "Return the sum of the numbers.",
+    "Raise ValueError if the list is empty.", "def add(a, b): return a + b", "héllo wörld, 東京 🙂",
+    "Return a new list with the items sorted.", "The value of the flag is True.",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    """80 short paragraphs of mixed sentences, deterministic."""
+    rng = np.random.default_rng(0)
+    paragraphs = [" ".join(rng.choice(SENTENCES, size=4)) for _ in range(80)]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(paragraphs), encoding="utf-8")
+    return path
+
+
+def options(name: str, kind: str, corpus: Path, **extra) -> BuildOptions:
+    base = dict(name=name, kind=kind, model="tiny", corpus=[corpus], max_tokens=3000, landmarks=32,
+                holdout_chars=1500, context_length=64, batch_tokens=512)
+    return BuildOptions(**{**base, **extra})
+
+
+def run_build(url: str, opts: BuildOptions):
+    model, tokenizer = tiny_model(0)
+    with psycopg.connect(url) as conn:
+        return build(conn, opts, model=model, tokenizer=tokenizer)
+
+
+def one(url: str, sql: str, *params):
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql, params).fetchone()
+
+
+def atom_tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT relname FROM pg_class WHERE relname ~ '^atoms_[0-9]+$' AND relkind = 'r'").fetchall()}
+
+
+@pytest.fixture(scope="module")
+def token_set(server_url: str, corpus_file: Path):
+    return run_build(server_url, options("tiny-token", "token", corpus_file, replace=True))
+
+
+@pytest.fixture(scope="module")
+def context_set(server_url: str, corpus_file: Path):
+    return run_build(server_url, options("tiny-context", "context", corpus_file, window=3, decay=0.5,
+                                         full_keys=True, replace=True))
+
+
+def test_token_build_writes_every_token_as_an_atom(server_url: str, token_set) -> None:
+    model, _ = tiny_model(0)
+    vocab = model.config.vocab_size
+    assert token_set.atoms == vocab and token_set.tokens == vocab
+    count, tokens, landmarks, window, decay, h, kind = one(
+        server_url, """SELECT (SELECT count(*) FROM atoms WHERE atom_set_id = s.id),
+                              (SELECT count(*) FROM tokens WHERE atom_set_id = s.id),
+                              (SELECT count(*) FROM landmarks WHERE atom_set_id = s.id),
+                              centroid_window, centroid_decay, bandwidth, kind
+                         FROM atom_sets s WHERE name = 'tiny-token'""")
+    assert (count, tokens, landmarks, window, decay, kind) == (vocab, vocab, 32, None, 1.0, "token")
+    assert h == pytest.approx(token_set.stats["bandwidth"]["h"]) and h > 0
+    stats = one(server_url, "SELECT stats FROM atom_sets WHERE name = 'tiny-token'")[0]
+    assert 0 <= stats["projection"]["trustworthiness"] <= 1 and 0 <= stats["projection"]["recall_at_10"] <= 1
+    assert len(stats["bandwidth"]["curve"]) > 20
+    assert stats["holdout"]["text"] and stats["holdout"]["source"]
+    assert stats["ingest"]["atoms"] == vocab
+
+
+def test_context_build_keeps_every_position_as_weight(server_url: str, context_set, corpus_file: Path) -> None:
+    stats = context_set.stats
+    positions = stats["atoms"]["before_merge"]
+    total_weight, count, keyed, dim = one(
+        server_url, """SELECT sum(weight), count(*), count(key), max(vector_dims(key)) FROM atoms a
+                        JOIN atom_sets s ON s.id = a.atom_set_id WHERE s.name = 'tiny-context'""")
+    assert total_weight == pytest.approx(positions)
+    assert count == context_set.atoms < positions  # window 3 over a small vocabulary repeats (key, value)
+    assert keyed == count and dim == tiny_model(0)[0].config.hidden_size
+    holdout = stats["holdout"]["text"]
+    assert holdout and holdout not in stats["corpus"]["text"]
+    assert all(p not in stats["corpus"]["text"] for p in holdout.split("\n\n"))
+
+
+def test_context_atoms_sit_where_sql_puts_their_context(server_url: str, context_set, corpus_file: Path) -> None:
+    """The key of a training position is SQL context_centroid of its context, value = the exact argmax."""
+    model, tokenizer = tiny_model(0)
+    opts = options("tiny-context", "context", corpus_file)
+    corpus = load_corpus(opts.corpus, opts.max_tokens, opts.holdout_chars, opts.seed)
+    chunks = chunk_ids(tokenize(tokenizer, corpus.train_text, opts.max_tokens), opts.context_length)
+    labels = distill(model, chunks[:2])
+    with psycopg.connect(server_url) as conn:
+        set_id = conn.execute("SELECT id FROM atom_sets WHERE name = 'tiny-context'").fetchone()[0]
+        for c, chunk in enumerate(chunks[:2]):
+            for t in (0, 1, 5, 40):
+                context = chunk[: t + 1].tolist()
+                rows = conn.execute(
+                    """SELECT a.token_id, a.position <<->> c.p FROM atoms a,
+                              (SELECT context_centroid(%s, 'tiny-context') AS p) c
+                        WHERE a.atom_set_id = %s AND a.position <<->> c.p < 1e-9""",
+                    (context, set_id)).fetchall()
+                assert int(labels.argmax[c][t]) in {r[0] for r in rows}
+
+
+def test_python_centroid_equals_sql_context_centroid(server_url: str, token_set, context_set) -> None:
+    rng = np.random.default_rng(1)
+    with psycopg.connect(server_url) as conn:
+        for name, window, decay in (("tiny-token", None, 1.0), ("tiny-context", 3, 0.5)):
+            positions = np.array(conn.execute(
+                """SELECT ST_X(position), ST_Y(position), ST_Z(position) FROM tokens t
+                     JOIN atom_sets s ON s.id = t.atom_set_id WHERE s.name = %s ORDER BY token_id""",
+                (name,)).fetchall())
+            for length in (1, 2, 3, 7, 40):
+                context = rng.integers(0, len(positions), length).tolist()
+                sql = conn.execute("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM context_centroid(%s, %s) c",
+                                   (context, name)).fetchone()
+                assert np.array(sql) == pytest.approx(py_centroid(positions[context], window, decay),
+                                                      rel=1e-12, abs=1e-12)
+
+
+def test_next_token_answers_from_both_sets(server_url: str, token_set, context_set) -> None:
+    with psycopg.connect(server_url) as conn:
+        for name in ("tiny-token", "tiny-context"):
+            rows = conn.execute("SELECT token_id, probability, cumulative_probability "
+                                "FROM next_token(ARRAY[5, 17, 42], top_k => 0, top_p => 1, atom_set => %s)",
+                                (name,)).fetchall()
+            assert rows and rows[-1][2] == pytest.approx(1.0)
+            assert sum(r[1] for r in rows) == pytest.approx(1.0)
+
+
+def test_stored_landmarks_project_new_vectors_like_the_build(server_url: str, token_set) -> None:
+    with psycopg.connect(server_url) as conn:
+        set_id, params = conn.execute(
+            "SELECT id, projection_params FROM atom_sets WHERE name = 'tiny-token'").fetchone()
+        marks = np.array([json.loads(r[0]) for r in conn.execute(
+            "SELECT embedding::text FROM landmarks WHERE atom_set_id = %s ORDER BY landmark_id", (set_id,))])
+        rows = conn.execute("SELECT embedding::text, ST_X(position), ST_Y(position), ST_Z(position) "
+                            "FROM tokens WHERE atom_set_id = %s ORDER BY token_id LIMIT 50", (set_id,)).fetchall()
+    projector = load_projector(params, marks)
+    embeddings = np.array([json.loads(r[0]) for r in rows])
+    assert projector.transform(embeddings) == pytest.approx(np.array([r[1:] for r in rows]), abs=1e-9)
+
+
+def test_bad_options_are_user_errors_before_any_work(server_url: str, corpus_file: Path) -> None:
+    for bad, match in ((dict(kind="bogus"), "--kind"), (dict(decay=0.0), "--decay"), (dict(window=0), "window"),
+                       (dict(name="has space"), "--name"), (dict(max_neighbors=0), "--max-neighbors")):
+        with pytest.raises(UserError, match=match):
+            run_build(server_url, options("bad", "context", corpus_file, **bad))
+
+
+def test_existing_name_needs_replace(server_url: str, token_set, corpus_file: Path) -> None:
+    with pytest.raises(UserError, match="already exists"):
+        run_build(server_url, options("tiny-token", "token", corpus_file))
+
+
+def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str, corpus_file: Path,
+                                                                  monkeypatch) -> None:
+    first = run_build(server_url, options("tiny-interrupted", "context", corpus_file, replace=True))
+    before_tables = atom_tables(server_url)
+    real = ingest.fixed_width_payload
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the landmarks COPY is call 1; atom chunks follow
+            raise RuntimeError("injected failure in the middle of COPY")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ingest, "COPY_CHUNK_ROWS", 100)
+    monkeypatch.setattr(ingest, "fixed_width_payload", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        run_build(server_url, options("tiny-interrupted", "context", corpus_file, replace=True, window=2))
+    assert calls["n"] == 3
+    monkeypatch.undo()
+    set_id, atoms, window = one(server_url, """SELECT s.id, (SELECT count(*) FROM atoms WHERE atom_set_id = s.id),
+                                                      centroid_window FROM atom_sets s
+                                                WHERE name = 'tiny-interrupted'""")
+    assert (set_id, atoms, window) == (first.atom_set_id, first.atoms, 3)  # the old set, untouched
+    assert atom_tables(server_url) == before_tables
+    again = run_build(server_url, options("tiny-interrupted", "context", corpus_file, replace=True, window=2))
+    assert one(server_url, "SELECT centroid_window FROM atom_sets WHERE name = 'tiny-interrupted'")[0] == 2
+    assert f"atoms_{first.atom_set_id}" not in atom_tables(server_url)
+    assert f"atoms_{again.atom_set_id}" in atom_tables(server_url)
+
+
+KILLED_BUILD = """
+import sys, numpy as np, psycopg
+from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+rng = np.random.default_rng(0)
+n, vocab = 400_000, 1000
+tokens = TokenRows(np.arange(vocab), [None] * vocab, rng.normal(size=(vocab, 3)))
+atoms = AtomRows(rng.integers(0, vocab, n), rng.normal(size=(n, 3)))
+with psycopg.connect(sys.argv[1], application_name="ht-test-killed-build") as conn:
+    write_atom_set(conn, AtomSetSpec("killed", "synthetic", vocab, 3, "none", "context"), tokens, atoms,
+                   progress=lambda m: print(m, flush=True))
+print("finished", flush=True)
+"""
+
+
+def test_a_killed_build_leaves_nothing_and_the_next_build_succeeds(server_url: str, corpus_file: Path) -> None:
+    before_tables = atom_tables(server_url)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, server_url], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        for line in proc.stdout:
+            if line.startswith("building the GiST"):
+                break
+        else:
+            pytest.fail("the build subprocess ended before building its index")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'killed'")[0] == 0
+    deadline = time.monotonic() + 180  # the server aborts the transaction once it sees the client gone
+    while one(server_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ht-test-killed-build'")[0]:
+        assert time.monotonic() < deadline, "the killed build's transaction is still open"
+        time.sleep(0.5)
+    assert atom_tables(server_url) == before_tables
+    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'killed'")[0] == 0
+    result = run_build(server_url, options("killed", "token", corpus_file))
+    assert one(server_url, "SELECT count(*) FROM atoms WHERE atom_set_id = %s", result.atom_set_id)[0] == result.atoms
+
+
+def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hartonomous.cli", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=600, env={**os.environ, "HARTONOMOUS_DATABASE_URL": url,
+                                                      "COLUMNS": "200"})
+
+
+def test_cli_build_list_default_drop(server_url: str, corpus_file: Path, tmp_path: Path) -> None:
+    model, tokenizer = tiny_model(0)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    done = cli("build", "--name", "cli-tiny", "--kind", "context", "--model", str(tmp_path / "tiny"),
+               "--corpus", str(corpus_file), "--landmarks", "32", "--max-tokens", "2000",
+               "--holdout-chars", "1500", "--context-length", "64", "--device", "cpu", url=server_url)
+    assert done.returncode == 0, done.stderr
+    assert "held-out top-1" in done.stdout and "teacher forcing" in done.stdout
+    listed = json.loads(cli("atom-sets", "--json", url=server_url).stdout)
+    row = {r["name"]: r for r in listed}["cli-tiny"]
+    assert row["kind"] == "context" and row["atoms"] > 0 and row["bandwidth"] > 0
+    assert 0 <= row["trustworthiness"] <= 1 and 0 <= row["recall_at_10"] <= 1
+    table = cli("atom-sets", url=server_url).stdout
+    assert "cli-tiny" in table and "trustworthiness" in table
+    assert cli("atom-sets", "default", "cli-tiny", url=server_url).returncode == 0
+    assert one(server_url, "SELECT is_default FROM atom_sets WHERE name = 'cli-tiny'")[0] is True
+    again = cli("build", "--name", "cli-tiny", "--kind", "token", "--model", str(tmp_path / "tiny"),
+                "--corpus", str(corpus_file), url=server_url)
+    assert again.returncode == 1 and again.stderr.startswith("error: atom set 'cli-tiny' already exists")
+    assert cli("atom-sets", "drop", "cli-tiny", url=server_url).returncode == 0
+    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'cli-tiny'")[0] == 0
+    for args, message in ((("atom-sets", "drop", "cli-tiny"), "error: no atom set named 'cli-tiny'"),
+                          (("build", "--name", "x", "--kind", "bogus"), "error: --kind must be"),
+                          (("build", "--name", "x", "--window", "-2"), "error: --window must be"),
+                          (("build", "--name", "x", "--corpus", "/nonexistent.txt", "--model", str(tmp_path / "tiny")),
+                           "error: corpus file '/nonexistent.txt' does not exist")):
+        bad = cli(*args, url=server_url)
+        assert bad.returncode == 1 and bad.stderr.startswith(message), bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
