@@ -1,11 +1,11 @@
 """Per-token latency of the exact path (hartonomous engine + exact.py) vs transformers `generate`.
 
 Both decode greedily (and optionally with sampling) from the same prompt on the same model,
-device and threads, in one process. Per-token decode latency is
-    (time for N new tokens - time for 1 new token) / (N - 1),
-which removes the prefill; each value is the median over repeats, and the two sides are
-interleaved so that drifting machine load hits both alike. The ratio is ours / transformers
-(below 1 means the exact path is faster).
+device and threads, in one process. Per-token latency is the wall time between consecutive
+tokens after the first (the first pays for the prefill): for the engine, between its token
+events; for transformers, between its streamer's `put` calls. We report the median and the
+mean over all tokens of all repeats; the two sides alternate repeat by repeat so drifting
+machine load hits both alike. The ratio is ours / transformers (below 1: the exact path is faster).
 
     python benchmarks/exact_vs_transformers.py --tokens 64 --repeats 5
 """
@@ -31,6 +31,11 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def gaps(stamps: list[float]) -> list[float]:
+    """Time between consecutive tokens, from the second token on."""
+    return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 def main() -> None:
@@ -64,47 +69,64 @@ def main() -> None:
     if args.sampled:
         modes["sampled"] = dict(temperature=1.0, top_k=40, top_p=0.9)
 
-    def ours(n: int, sampler: dict) -> tuple[float, list[int]]:
+    def ours(n: int, sampler: dict) -> tuple[list[float], list[int]]:
         config = GenerationConfig(max_new_tokens=n, stop_at_eos=False, seed=0, **sampler)
-        start = time.perf_counter()
-        result = engine.generate(ids, config)
-        return time.perf_counter() - start, result.token_ids
+        stamps, tokens = [], []
+        for event in engine.stream(ids, config).events():
+            stamps.append(time.perf_counter())
+            tokens.append(event.token_id)
+        return gaps(stamps), tokens
 
-    def theirs(n: int, sampler: dict) -> tuple[float, list[int]]:
+    def theirs(n: int, sampler: dict) -> tuple[list[float], list[int]]:
+        from transformers.generation.streamers import BaseStreamer
+
+        class Stamps(BaseStreamer):
+            def __init__(self):
+                self.stamps, self.prompt_seen = [], False
+
+            def put(self, value):                 # first call: the prompt; then one call per token
+                if self.prompt_seen:
+                    self.stamps.append(time.perf_counter())
+                self.prompt_seen = True
+
+            def end(self):
+                pass
+
         kw = (dict(do_sample=True, temperature=sampler["temperature"], top_k=sampler["top_k"],
                    top_p=sampler["top_p"]) if sampler["temperature"] > 0 else dict(do_sample=False))
-        start = time.perf_counter()
+        streamer = Stamps()
         with torch.inference_mode():
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
-                                 min_new_tokens=n, pad_token_id=tokenizer.eos_token_id, **kw)
-        return time.perf_counter() - start, out[0, len(ids):].tolist()
+                                 min_new_tokens=n, pad_token_id=tokenizer.eos_token_id, streamer=streamer, **kw)
+        return gaps(streamer.stamps), out[0, len(ids):].tolist()
 
     report = {"model": args.model, "device": str(exact.device), "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "cpu": cpu_name(), "cores": os.cpu_count(), "tokens": args.tokens,
-              "repeats": args.repeats, "load_s": round(load_s, 1), "modes": {}}
+              "torch": torch.__version__, "cpu": cpu_name(), "cores": os.cpu_count(),
+              "load_average_before": os.getloadavg(), "tokens": args.tokens, "repeats": args.repeats,
+              "load_s": round(load_s, 1), "modes": {}}
     for mode, sampler in modes.items():
         ours(4, sampler), theirs(4, sampler)          # warm-up
-        per_token = {"exact": [], "transformers": []}
+        per_token: dict[str, list[float]] = {"exact": [], "transformers": []}
         same_tokens = True
         for _ in range(args.repeats):
-            for name, run in (("exact", ours), ("transformers", theirs)):
-                t_one, _ = run(1, sampler)
-                t_n, toks = run(args.tokens, sampler)
-                per_token[name].append((t_n - t_one) / (args.tokens - 1))
-                if mode == "greedy":
-                    if name == "exact":
-                        ours_tokens = toks
-                    else:
-                        same_tokens &= toks == ours_tokens
+            mine, our_tokens = ours(args.tokens, sampler)
+            other, their_tokens = theirs(args.tokens, sampler)
+            per_token["exact"] += mine
+            per_token["transformers"] += other
+            same_tokens &= our_tokens == their_tokens
         med = {k: statistics.median(v) for k, v in per_token.items()}
+        mean = {k: statistics.fmean(v) for k, v in per_token.items()}
         report["modes"][mode] = {
-            "exact_ms_per_token": round(med["exact"] * 1e3, 2),
-            "transformers_ms_per_token": round(med["transformers"] * 1e3, 2),
-            "ratio_exact_over_transformers": round(med["exact"] / med["transformers"], 3),
-            "all_ms_exact": [round(x * 1e3, 2) for x in per_token["exact"]],
-            "all_ms_transformers": [round(x * 1e3, 2) for x in per_token["transformers"]],
+            "exact_median_ms": round(med["exact"] * 1e3, 2),
+            "transformers_median_ms": round(med["transformers"] * 1e3, 2),
+            "ratio_median": round(med["exact"] / med["transformers"], 3),
+            "exact_mean_ms": round(mean["exact"] * 1e3, 2),
+            "transformers_mean_ms": round(mean["transformers"] * 1e3, 2),
+            "ratio_mean": round(mean["exact"] / mean["transformers"], 3),
+            "tokens_measured_per_side": len(per_token["exact"]),
             **({"greedy_tokens_identical": same_tokens} if mode == "greedy" else {}),
         }
+    report["load_average_after"] = os.getloadavg()
     print(json.dumps(report, indent=2))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -17,8 +17,8 @@ import numpy as np
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.atoms import context_atoms, context_keys, context_values, merge_atoms, token_atoms
-from projection.calibrate import score
-from projection.corpus import load_corpus
+from projection.calibrate import calibrate_bandwidth, nearest_atoms, score
+from projection.corpus import Corpus, load_corpus
 from projection.distill import chunk_ids, distill, tokenize
 from projection.ingest import AtomRows, AtomSetSpec, LandmarkRows, TokenRows, write_atom_set
 from projection.progress import Reporter
@@ -34,6 +34,7 @@ DEFAULT_TOKEN_WINDOW: int | None = None
 DEFAULT_TOKEN_DECAY = 1.0
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 KEEP = object()
+KEY_CALIBRATION_QUERIES = 1000
 
 
 @dataclass
@@ -127,6 +128,41 @@ def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
     return texts + [None] * (vocab_size - known)
 
 
+@dataclass
+class Texts:
+    """The tokenized corpus of a build: training chunks (context sets only) and held-out chunks."""
+
+    corpus: Corpus
+    train_ids: np.ndarray
+    train_text: str
+    train_chunks: list[np.ndarray]
+    holdout_chunks: list[np.ndarray]
+
+
+def load_texts(options: BuildOptions, tokenizer) -> Texts:
+    is_context = options.kind == "context"
+    corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context)
+    holdout_chunks = chunk_ids(tokenize(tokenizer, corpus.holdout_text)[0], options.context_length)
+    train_ids, train_text = tokenize(tokenizer, corpus.train_text, options.max_tokens)
+    train_chunks = chunk_ids(train_ids, options.context_length)
+    if is_context and not train_chunks:
+        raise UserError("the corpus left no training text after the holdout; pass more text with --corpus")
+    if not holdout_chunks:
+        raise UserError("the holdout is empty; pass more text with --corpus or raise --holdout-chars")
+    return Texts(corpus, train_ids, train_text, train_chunks, holdout_chunks)
+
+
+def key_bandwidth(atoms: AtomRows, texts: Texts, embeddings: np.ndarray, window: int | None, decay: float,
+                  targets: np.ndarray, options: BuildOptions) -> dict:
+    """Calibrate h for KNN on the full-dimensional keys (the pgvector baseline), on a seeded
+    sample of at most KEY_CALIBRATION_QUERIES held-out positions."""
+    queries = context_keys(texts.holdout_chunks, embeddings, window, decay, np.float32)
+    rng = np.random.default_rng(options.seed)
+    pick = np.sort(rng.choice(len(queries), size=min(KEY_CALIBRATION_QUERIES, len(queries)), replace=False))
+    nb = nearest_atoms(atoms.keys, atoms.token_ids, atoms.weights, queries[pick], options.max_neighbors)
+    return calibrate_bandwidth(nb, targets[pick], options.kernel, len(embeddings))
+
+
 def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Reporter | None = None) -> BuildResult:
     """Run a whole build; `model`/`tokenizer` default to loading `options.model`."""
     ui = reporter or Reporter()
@@ -135,18 +171,19 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     if not options.replace and conn.execute("SELECT 1 FROM atom_sets WHERE name = %s", (options.name,)).fetchone():
         raise UserError(f"atom set '{options.name}' already exists; pass --replace or run "
                         f"`hartonomous atom-sets drop {options.name}`")
-    conn.rollback()
-    model_name = options.model
+    conn.rollback()  # write_atom_set needs an idle connection: it runs its own transaction
     if model is None or tokenizer is None:
         from hartonomous.model import load_model, load_tokenizer, pick_device
 
         ui.step(f"loading model {options.model}")
         model = load_model(options.model, pick_device(options.device))
         tokenizer = load_tokenizer(options.model)
-    model_name = getattr(model.config, "name_or_path", None) or model_name
+    model_name = getattr(model.config, "name_or_path", None) or options.model
     embeddings = model.get_input_embeddings().weight.detach().float().cpu().numpy()
     vocab_size, dim = embeddings.shape
+    is_context = options.kind == "context"
 
+    texts = load_texts(options, tokenizer)  # before the slow steps: bad --corpus fails fast
     ui.step(f"projecting {vocab_size} x {dim} embeddings to 3D ({options.projection}"
             + (f", {options.landmarks} {options.landmark_method} landmarks" if options.projection == "lmds" else "")
             + f", {options.metric})")
@@ -157,23 +194,15 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     ui.step(f"projection: trustworthiness {quality['trustworthiness']:.3f}, "
             f"recall@10 {quality['recall_at_10']:.3f} ({fitted.seconds:.1f}s)")
 
-    is_context = options.kind == "context"
-    corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context)
-    holdout_chunks = chunk_ids(tokenize(tokenizer, corpus.holdout_text), options.context_length)
-    train_ids = tokenize(tokenizer, corpus.train_text, options.max_tokens) if is_context else np.zeros(0, np.int64)
-    train_chunks = chunk_ids(train_ids, options.context_length) if is_context else []
-    if is_context and not train_chunks:
-        raise UserError("the corpus left no training text after the holdout; pass more text with --corpus")
-    if not holdout_chunks:
-        raise UserError("the holdout is empty; pass more text with --corpus or raise --holdout-chars")
-    label_chunks = (train_chunks if is_context and options.target == "argmax" else []) + holdout_chunks
-    ui.step(f"corpus: {corpus.description}; {len(train_ids)} training tokens, "
-            f"{sum(map(len, holdout_chunks))} held-out tokens")
-    total = int(sum(map(len, label_chunks)))
-    with ui.bar("teacher forcing", total, "tok") as advance:
+    train_chunks = texts.train_chunks if is_context else []
+    label_chunks = (train_chunks if options.target == "argmax" else []) + texts.holdout_chunks
+    ui.step(f"corpus: {texts.corpus.description}; {sum(map(len, train_chunks))} training tokens, "
+            f"{sum(map(len, texts.holdout_chunks))} held-out tokens")
+    with ui.bar("teacher forcing", int(sum(map(len, label_chunks))), "tok") as advance:
         labels = distill(model, label_chunks, options.batch_tokens, advance)
-    ui.step(f"forward pass: {labels.tokens} tokens in {labels.seconds:.1f}s ({labels.tokens_per_second:,.0f} tokens/s)")
-    holdout_argmax = labels.argmax[len(label_chunks) - len(holdout_chunks):]
+    ui.step(f"forward pass: {labels.tokens} tokens in {labels.seconds:.1f}s "
+            f"({labels.tokens_per_second:,.0f} tokens/s)")
+    holdout_argmax = labels.argmax[len(label_chunks) - len(texts.holdout_chunks):]
     train_argmax = labels.argmax[:len(train_chunks)] if options.target == "argmax" else None
 
     positions = fitted.positions
@@ -186,9 +215,9 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
         return merge_atoms(raw, options.merge_radius)
 
     def make_queries(window: int | None, decay: float) -> np.ndarray:
-        return context_keys(holdout_chunks, positions, window, decay)
+        return context_keys(texts.holdout_chunks, positions, window, decay)
 
-    targets = context_values(holdout_chunks, holdout_argmax, "argmax")
+    targets = context_values(texts.holdout_chunks, holdout_argmax, "argmax")
     sweep_rows = None
     if options.sweep:
         with ui.bar("centroid sweep", len(CANDIDATES), "cand") as advance:
@@ -209,26 +238,30 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     bandwidth = float(calibration["h"])
     ui.step(f"bandwidth h={bandwidth:.4g}: held-out top-1 {calibration['top1']:.3f}, "
             f"log-likelihood {calibration['log_likelihood']:.3f}, coverage {calibration['coverage']:.3f}")
-
-    raw_count = int(sum(len(c) - 1 for c in train_chunks)) if is_context else vocab_size
     stats = {
         "projection": quality,
         "bandwidth": calibration,
         "centroid_sweep": sweep_rows,
-        "corpus": {"description": corpus.description, "files": [str(p) for p in options.corpus],
-                   "train_tokens": int(len(train_ids)), "train_segments": corpus.train_segments,
-                   "max_tokens": options.max_tokens, "context_length": options.context_length,
-                   "seed": options.seed, "python": platform.python_version()},
-        "holdout": {"source": f"{corpus.description}: seeded holdout ({corpus.holdout_segments} segments, "
-                              f"seed {options.seed}), never used for atoms",
-                    "text": corpus.holdout_text, "chars": len(corpus.holdout_text),
-                    "tokens": int(sum(map(len, holdout_chunks))), "context_length": options.context_length},
+        "corpus": {"source": texts.corpus.description, "text": texts.train_text if is_context else None,
+                   "files": [str(p) for p in options.corpus], "train_tokens": int(sum(map(len, train_chunks))),
+                   "train_segments": texts.corpus.train_segments, "max_tokens": options.max_tokens,
+                   "context_length": options.context_length, "seed": options.seed,
+                   "python": platform.python_version()},
+        "holdout": {"source": f"{texts.corpus.description}: seeded holdout ({texts.corpus.holdout_segments} "
+                              f"segments, seed {options.seed}), never used for atoms",
+                    "text": texts.corpus.holdout_text, "chars": len(texts.corpus.holdout_text),
+                    "tokens": int(sum(map(len, texts.holdout_chunks))), "context_length": options.context_length},
         "distill": {"target": options.target if is_context else None, "tokens": labels.tokens,
                     "seconds": labels.seconds, "tokens_per_second": labels.tokens_per_second,
                     "device": str(next(model.parameters()).device), "batch_tokens": options.batch_tokens},
-        "atoms": {"count": int(len(atoms.token_ids)), "before_merge": raw_count,
+        "atoms": {"count": int(len(atoms.token_ids)),
+                  "before_merge": int(sum(len(c) - 1 for c in train_chunks)) if is_context else vocab_size,
                   "merge_radius": options.merge_radius if is_context else None, "full_keys": options.full_keys},
     }
+    if options.full_keys:
+        ui.step("calibrating the bandwidth of the full-dimensional keys (pgvector baseline)")
+        keys = key_bandwidth(atoms, texts, embeddings, window, decay, targets, options)
+        stats["key_bandwidth"], stats["key_calibration"] = keys["h"], keys
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
                            landmark_token_ids=None if fitted.landmark_idx is None else fitted.landmark_idx.tolist())

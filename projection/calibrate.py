@@ -44,15 +44,35 @@ class Neighbours:
         return self.distances.shape[0]
 
 
+def knn(points: np.ndarray, queries: np.ndarray, k: int, tree: cKDTree | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact Euclidean KNN: (distances, indices), each Q x k. A k-d tree in low dimensions,
+    brute force (the same L2 as pgvector's <->) in high ones."""
+    k = min(k, len(points))
+    if tree is not None or points.shape[1] <= 8:
+        dist, idx = (tree or cKDTree(points)).query(queries, k=k)
+        return dist.reshape(len(queries), k), idx.reshape(len(queries), k)
+    points = np.asarray(points, dtype=np.float32)
+    norms = (points.astype(np.float64) ** 2).sum(1)
+    dist = np.empty((len(queries), k))
+    idx = np.empty((len(queries), k), dtype=np.int64)
+    for lo in range(0, len(queries), 256):
+        q = np.asarray(queries[lo:lo + 256], dtype=np.float32)
+        d2 = np.maximum(norms[None, :] - 2.0 * (q @ points.T) + (q.astype(np.float64) ** 2).sum(1)[:, None], 0.0)
+        part = np.argpartition(d2, k - 1, axis=1)[:, :k] if k < len(points) else np.tile(np.arange(k), (len(q), 1))
+        d2k = np.take_along_axis(d2, part, axis=1)
+        order = np.argsort(d2k, axis=1)
+        idx[lo:lo + 256] = np.take_along_axis(part, order, axis=1)
+        dist[lo:lo + 256] = np.sqrt(np.take_along_axis(d2k, order, axis=1))
+    return dist, idx
+
+
 def nearest_atoms(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weights: np.ndarray | None,
                   queries: np.ndarray, k: int = 100, tree: cKDTree | None = None) -> Neighbours:
-    """KNN of every query among the atoms (k capped at the number of atoms)."""
+    """KNN of every query among the atoms (k capped at the number of atoms), grouped by token."""
     if len(atom_positions) == 0 or len(queries) == 0:
         raise UserError("bandwidth calibration needs atoms and held-out positions")
-    tree = tree or cKDTree(atom_positions)
-    k = min(k, len(atom_positions))
-    dist, idx = tree.query(queries, k=k)
-    dist, idx = dist.reshape(len(queries), k), idx.reshape(len(queries), k)
+    dist, idx = knn(np.asarray(atom_positions), np.asarray(queries), k, tree)
+    k = dist.shape[1]
     tokens = np.asarray(atom_tokens, dtype=np.int64)[idx]
     weights = np.ones(len(atom_positions)) if atom_weights is None else np.asarray(atom_weights, dtype=np.float64)
     q = np.repeat(np.arange(len(queries)), k)

@@ -36,12 +36,16 @@ class Distilled:
         return self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
-def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> np.ndarray:
-    """Token ids of text (no special tokens), cut at max_tokens."""
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    return np.asarray(ids, dtype=np.int64)
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> tuple[np.ndarray, str]:
+    """(token ids of text without special tokens, cut at max_tokens; the text those ids cover)."""
+    if max_tokens is None or not getattr(tokenizer, "is_fast", False):
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens]
+        covered = text if max_tokens is None or len(ids) < max_tokens else tokenizer.decode(ids)
+        return np.asarray(ids, dtype=np.int64), covered
+    enc = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+    ids = enc["input_ids"][:max_tokens]
+    end = enc["offset_mapping"][len(ids) - 1][1] if ids else 0
+    return np.asarray(ids, dtype=np.int64), text[:end]
 
 
 def chunk_ids(ids: np.ndarray, context_length: int) -> list[np.ndarray]:

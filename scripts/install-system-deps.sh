@@ -16,6 +16,15 @@ have_postgis()  { [ -f "${SHAREDIR}/postgis.control" ]; }
 have_pgvector() { [ -f "${SHAREDIR}/vector.control" ]; }
 have_devel()    { [ -x "${PG_CONFIG}" ] && [ -f "$("${PG_CONFIG}" --includedir-server 2>/dev/null || echo /nonexistent)/postgres.h" ]; }
 
+# Headless Chromium for the playground's browser test: Debian's package, never a downloaded browser.
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing chromium (headless browser for tests/test_playground_e2e.py)"
+  as_root=""; [ "$(id -u)" -ne 0 ] && as_root="sudo"
+  { $as_root apt-get update -qq \
+      && $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+    || say "warning: could not install chromium; the playground browser test is skipped locally and fails under CI"
+fi
+
 if have_postgres && have_postgis && have_pgvector; then
   say "PostgreSQL ${PG_MAJOR}, PostGIS and pgvector are already installed"
   exit 0

@@ -121,10 +121,10 @@ BEGIN
          WHERE p_search_radius IS NULL OR n.d <= p_search_radius
     ), logit AS (
         SELECT g.tid,
-               g.m + ln(sum(CASE WHEN g.c - g.m < -744 THEN 0 ELSE exp(g.c - g.m) END)) AS x
+               max(g.m) + ln(sum(CASE WHEN g.c - g.m < -744 THEN 0 ELSE exp(g.c - g.m) END)) AS x
           FROM (SELECT c.tid, c.c, max(c.c) OVER (PARTITION BY c.tid) AS m
                   FROM contribution c) g
-         GROUP BY g.tid, g.m
+         GROUP BY g.tid
     ), scaled AS (
         SELECT l.tid,
                CASE WHEN p_repetition_penalty <> 1 AND l.tid IN (SELECT unnest(p_context))

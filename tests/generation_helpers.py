@@ -23,7 +23,7 @@ def save_tiny_model(directory: Path) -> Path:
     return directory
 
 
-def write_tiny_atom_set(url: str, model: str, seed: int = 0) -> str:
+def write_tiny_atom_set(url: str, model: str, seed: int = 0, window: int | None = None, decay: float = 1.0) -> str:
     """A committed token atom set over the tiny vocabulary; returns its (unique) name."""
     from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 
@@ -37,7 +37,7 @@ def write_tiny_atom_set(url: str, model: str, seed: int = 0) -> str:
     weights = rng.uniform(0.5, 2.0, size=len(atom_tokens))
     name = f"tiny_{uuid.uuid4().hex[:8]}"
     spec = AtomSetSpec(name=name, model=model, vocab_size=vocab, embedding_dim=32, projection="random",
-                       kind="token")
+                       kind="token", centroid_window=window, centroid_decay=decay)
     tokens = TokenRows(np.arange(vocab), [tokenizer.decode([i]) for i in range(vocab)], positions)
     with psycopg.connect(url) as conn:
         write_atom_set(conn, spec, tokens, AtomRows(atom_tokens, atom_positions, weights))

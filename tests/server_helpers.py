@@ -11,6 +11,8 @@ from hartonomous.exact import ExactModel
 from hartonomous.server import Runtime, ServerConfig, create_app
 from tiny_model import tiny_model, tiny_tokenizer
 
+WAIT_S = 30          # generous deadlines for things that must happen; never asserted as timings
+
 
 class LiveServer:
     """`with LiveServer(app) as url:` serves `app` on 127.0.0.1 (the OS picks the port)."""
@@ -51,3 +53,21 @@ def tiny_runtime(database_url: str, atom_set: str, exact_model=None, **config) -
 def live_app(database_url: str, atom_set: str, exact_model=None, **config) -> tuple[LiveServer, Runtime]:
     runtime = tiny_runtime(database_url, atom_set, exact_model, **config)
     return LiveServer(create_app(runtime)), runtime
+
+
+class GatedModel:
+    """The tiny exact model, but each decode step waits for a permit from the test."""
+
+    def __init__(self):
+        self._model = tiny_exact_model()
+        self.permits = threading.Semaphore(0)
+        self.decoded = 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decode_one_token(self, *args, **kwargs):
+        if not self.permits.acquire(timeout=WAIT_S):
+            raise RuntimeError("the test never released this step")
+        self.decoded += 1
+        return self._model.decode_one_token(*args, **kwargs)

@@ -114,7 +114,7 @@ def test_context_atoms_sit_where_sql_puts_their_context(server_url: str, context
     model, tokenizer = tiny_model(0)
     opts = options("tiny-context", "context", corpus_file)
     corpus = load_corpus(opts.corpus, opts.max_tokens, opts.holdout_chars, opts.seed)
-    chunks = chunk_ids(tokenize(tokenizer, corpus.train_text, opts.max_tokens), opts.context_length)
+    chunks = chunk_ids(tokenize(tokenizer, corpus.train_text, opts.max_tokens)[0], opts.context_length)
     labels = distill(model, chunks[:2])
     with psycopg.connect(server_url) as conn:
         set_id = conn.execute("SELECT id FROM atom_sets WHERE name = 'tiny-context'").fetchone()[0]
@@ -159,12 +159,12 @@ def test_stored_landmarks_project_new_vectors_like_the_build(server_url: str, to
     with psycopg.connect(server_url) as conn:
         set_id, params = conn.execute(
             "SELECT id, projection_params FROM atom_sets WHERE name = 'tiny-token'").fetchone()
-        marks = np.array([json.loads(r[0]) for r in conn.execute(
-            "SELECT embedding::text FROM landmarks WHERE atom_set_id = %s ORDER BY landmark_id", (set_id,))])
+        marks = np.array([json.loads(r[0]) for r in conn.execute(  # float4 text -> float32 is exact
+            "SELECT embedding::text FROM landmarks WHERE atom_set_id = %s ORDER BY landmark_id", (set_id,))], dtype=np.float32)
         rows = conn.execute("SELECT embedding::text, ST_X(position), ST_Y(position), ST_Z(position) "
                             "FROM tokens WHERE atom_set_id = %s ORDER BY token_id LIMIT 50", (set_id,)).fetchall()
     projector = load_projector(params, marks)
-    embeddings = np.array([json.loads(r[0]) for r in rows])
+    embeddings = np.array([json.loads(r[0]) for r in rows], dtype=np.float32)
     assert projector.transform(embeddings) == pytest.approx(np.array([r[1:] for r in rows]), abs=1e-9)
 
 
@@ -172,7 +172,7 @@ def test_bad_options_are_user_errors_before_any_work(server_url: str, corpus_fil
     for bad, match in ((dict(kind="bogus"), "--kind"), (dict(decay=0.0), "--decay"), (dict(window=0), "window"),
                        (dict(name="has space"), "--name"), (dict(max_neighbors=0), "--max-neighbors")):
         with pytest.raises(UserError, match=match):
-            run_build(server_url, options("bad", "context", corpus_file, **bad))
+            run_build(server_url, options(bad.pop("name", "bad"), bad.pop("kind", "context"), corpus_file, **bad))
 
 
 def test_existing_name_needs_replace(server_url: str, token_set, corpus_file: Path) -> None:
@@ -182,7 +182,7 @@ def test_existing_name_needs_replace(server_url: str, token_set, corpus_file: Pa
 
 def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str, corpus_file: Path,
                                                                   monkeypatch) -> None:
-    first = run_build(server_url, options("tiny-interrupted", "context", corpus_file, replace=True))
+    first = run_build(server_url, options("tiny-interrupted", "context", corpus_file, replace=True, window=3))
     before_tables = atom_tables(server_url)
     real = ingest.fixed_width_payload
     calls = {"n": 0}

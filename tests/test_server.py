@@ -19,11 +19,10 @@ import pytest
 from generation_helpers import drop_atom_set, write_tiny_atom_set
 from hartonomous.client import Client
 from hartonomous.engine import State
-from server_helpers import LiveServer, live_app, tiny_exact_model
+from server_helpers import WAIT_S, GatedModel, live_app, tiny_exact_model
 from tiny_model import tiny_model, tiny_tokenizer
 
 PROMPT = "The capital of France is"
-WAIT_S = 30          # generous deadlines for things that must happen; never asserted as timings
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +79,12 @@ def stream(http: httpx.Client, body: dict) -> tuple[httpx.Response, list[tuple[s
             response.read()
             return response, []
         return response, list(parse_sse(response.iter_lines()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(condition, what: str):
@@ -329,24 +334,6 @@ def test_a_server_error_is_500_json_without_a_traceback(reader_url, atom_set, ca
 # -- cancellation --------------------------------------------------------------------------
 
 
-class GatedModel:
-    """The tiny exact model, but each decode step waits for a permit from the test."""
-
-    def __init__(self):
-        self._model = tiny_exact_model()
-        self.permits = threading.Semaphore(0)
-        self.decoded = 0
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def decode_one_token(self, *args, **kwargs):
-        if not self.permits.acquire(timeout=WAIT_S):
-            raise RuntimeError("the test never released this step")
-        self.decoded += 1
-        return self._model.decode_one_token(*args, **kwargs)
-
-
 def _cancelled_within_one_step(runtime, model: GatedModel, steps_seen: int):
     session = wait_for(lambda: next(iter(runtime.active.values()), None), "the running session")
     wait_for(session.cancel_event.is_set, "the server to notice the disconnect")
@@ -405,12 +392,6 @@ def test_spatial_disconnect_returns_the_connection_to_the_pool(reader_url, atom_
 
 
 # -- the command -------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_hartonomous_serve_connects_as_the_reader(server_url, reader_url, atom_set, tmp_path):

@@ -56,6 +56,19 @@ def test_python_loop_equals_in_database_generate_tokens(db, atom_set, options):
     assert whole.state is State.COMPLETE and len(direct) == 20
 
 
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.4])
+def test_windowed_atom_set_python_loop_equals_in_database(db, server_url, repetition_penalty):
+    name = write_tiny_atom_set(server_url, model="tiny", seed=5, window=2, decay=0.5)
+    try:
+        python_loop, in_database = engines(db, name)
+        config = GenerationConfig(max_new_tokens=25, stop_at_eos=False, seed=8, repetition_penalty=repetition_penalty)
+        stepped = python_loop.generate(PROMPT, config)
+        assert stepped.token_ids == in_database.generate(PROMPT, config).token_ids
+        assert len(set(stepped.token_ids)) > 1
+    finally:
+        drop_atom_set(server_url, name)
+
+
 def test_stop_tokens_and_strings_agree_between_modes(db, atom_set):
     python_loop, in_database = engines(db, atom_set)
     base = GenerationConfig(max_new_tokens=20, stop_at_eos=False, seed=9)

@@ -3,8 +3,9 @@
 Per step, `next_token` runs as a prepared statement (psycopg `prepare=True`) and returns the
 distribution after the shared sampler; the engine picks the token with
 `seeded_uniform(seed, step)`, exactly as the database's `generate_tokens` does, so the two modes
-give the same ids for the same seed. The context centroid is computed by the database from
-the context array (next_token's contract takes ids, not a centroid).
+give the same ids for the same seed. next_token takes ids, not a centroid, so the context sent
+each step is cut to the atom set's centroid window when no repetition penalty needs the rest:
+the work per step then stays constant as the text grows, with identical results.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class AtomSetInfo:
     name: str
     model: str
     vocab_size: int
+    centroid_window: int | None = None
 
 
 @dataclass
@@ -46,16 +48,16 @@ def find_atom_set(conn: psycopg.Connection, name: str | None) -> AtomSetInfo:
     """The named atom set, or the default one; a UserError that says what to do otherwise."""
     try:
         if name is None:
-            row = conn.execute("SELECT name, model, vocab_size FROM atom_sets WHERE is_default").fetchone()
+            row = conn.execute("SELECT name, model, vocab_size, centroid_window FROM atom_sets WHERE is_default").fetchone()
         else:
-            row = conn.execute("SELECT name, model, vocab_size FROM atom_sets WHERE name = %s", (name,)).fetchone()
+            row = conn.execute("SELECT name, model, vocab_size, centroid_window FROM atom_sets WHERE name = %s", (name,)).fetchone()
     except pg_errors.UndefinedTable as exc:
         raise UserError("the database has no hartonomous schema; run `hartonomous migrate`") from exc
     if row is None and name is None:
         raise UserError("there is no atom set yet; build one with `hartonomous build`")
     if row is None:
         raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
-    return AtomSetInfo(row[0], row[1], int(row[2]))
+    return AtomSetInfo(row[0], row[1], int(row[2]), row[3])
 
 
 def tokenizer_for(info: AtomSetInfo):
@@ -112,7 +114,8 @@ class SpatialBackend:
         return SpatialState([int(i) for i in prompt_ids])
 
     def distribution(self, state: SpatialState, sampler: SamplerArgs) -> Distribution:
-        rows = self._execute(NEXT_TOKEN_SQL, (state.ids, *self._sampler_params(sampler)), prepare=True).fetchall()
+        rows = self._execute(NEXT_TOKEN_SQL, (self._context(state, sampler), *self._sampler_params(sampler)),
+                             prepare=True).fetchall()
         return Distribution([int(r[0]) for r in rows], [float(r[1]) for r in rows])
 
     def advance(self, state: SpatialState, token_id: int) -> None:
@@ -145,6 +148,13 @@ class SpatialBackend:
             self.conn.close()
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _context(self, state: SpatialState, sampler: SamplerArgs) -> list[int]:
+        """The ids next_token needs: only the centroid's window when no repetition penalty reads the rest."""
+        window = self.atom_set.centroid_window
+        if window and sampler.repetition_penalty == 1 and len(state.ids) > window:
+            return state.ids[-window:]
+        return state.ids
 
     def _sampler_params(self, s: SamplerArgs) -> tuple:
         return (s.temperature, s.top_k, s.top_p, self.search_radius, self.max_neighbors, self.atom_set.name,

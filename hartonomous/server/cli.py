@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
 
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -16,6 +18,19 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _log_to_stderr(level: str) -> None:
+    """Show the server's own log lines (generations, errors with their ids) next to uvicorn's."""
+    import logging
+
+    logger = logging.getLogger("hartonomous")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
 
 
 def register(app: typer.Typer) -> None:
@@ -41,6 +56,8 @@ def register(app: typer.Typer) -> None:
         from hartonomous.errors import UserError
         from hartonomous.server import ServerConfig, create_app
 
+        if log_level.lower() not in LOG_LEVELS:
+            raise UserError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got '{log_level}'")
         url = reader_url()
         with connect(url, autocommit=True) as conn:          # fail now, in one line, if unreachable
             try:
@@ -50,6 +67,7 @@ def register(app: typer.Typer) -> None:
                 if atom_set is not None:
                     raise
                 default_set = f"no atom set ({exc}); the exact path still works"
+        _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
                               preload_exact=preload)
         if not _is_loopback(host):

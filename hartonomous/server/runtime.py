@@ -103,6 +103,8 @@ class Runtime:
         """Create the pool (connecting in the background) and the worker threads."""
         from psycopg_pool import ConnectionPool
 
+        _warm_imports()
+
         url = self.config.database_url
         if url is None:
             from hartonomous.db.connection import reader_url
@@ -118,7 +120,9 @@ class Runtime:
             self.executor.submit(self._preload)
 
     def close(self) -> None:
-        for session in list(self.active.values()):
+        with self._registry_lock:
+            running = list(self.active.values())
+        for session in running:
             session.cancel()
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
@@ -212,3 +216,12 @@ class Runtime:
                 self.finished.append(result)
                 log.info("generation path=%s tokens=%d state=%s reason=%s", result.path, len(result.token_ids),
                          result.state.value, result.finish_reason)
+
+
+def _warm_imports() -> None:
+    """Resolve transformers' lazy attributes once, on this thread, before the workers start.
+
+    Two threads touching `transformers.AutoTokenizer` for the first time at once (a request and
+    the model preload) can make one of them fail with ImportError.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerFast  # noqa: F401

@@ -95,7 +95,7 @@ async def run_blocking(request: Request, executor: Executor, fn: Callable[[threa
                 return future.result()
             if not cancel.is_set() and await request.is_disconnected():
                 log.info("client disconnected; cancelling %s", request.url.path)
-                pass
+                cancel.set()
     except asyncio.CancelledError:
         cancel.set()
         raise
@@ -116,7 +116,7 @@ async def sse_events(stream: WorkerStream) -> AsyncIterator[dict]:
         log.exception("stream failed (error id %s)", error_id)
         yield {"event": "error", "data": _json({"error": internal_error_message(error_id)})}
     finally:
-        pass
+        stream.cancel.set()
     yield {"data": DONE}
 
 

@@ -72,7 +72,7 @@ function pane(path) {
       q(".state").textContent = text;
     },
     token(event) {
-      tokens += 1;
+      if ("token_id" in event) tokens += 1;        // a final text-only event flushes held-back text
       if (typeof event.seconds === "number") seconds += event.seconds;
       q(".generated").textContent += event.token;
       const out = q(".output");
@@ -94,7 +94,8 @@ function visible(text) {
   return JSON.stringify(text).slice(1, -1).replace(/ /g, "\u2423");
 }
 
-function drawChart(rows, chosenId, step) {
+function drawChart(rows, chosen, step) {
+  const chosenId = chosen ? chosen.token_id : null;
   const svg = $("chart");
   const ns = "http://www.w3.org/2000/svg";
   while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -122,7 +123,9 @@ function drawChart(rows, chosenId, step) {
                   class: r.token_id === chosenId ? "bar chosen" : "bar" });
     add("text", { x: labelW + barW + 8, y: y + 15 }, r.probability.toFixed(3));
   });
-  $("chart-caption").textContent = `step ${step}: the ${rows.length} most likely tokens; the picked one is dark`;
+  const picked = chosen ? `picked #${chosen.token_id} (p = ${(chosen.probability ?? 0).toFixed(3)})` : "";
+  const where = rows.some((r) => r.token_id === chosenId) ? "dark bar" : `not among the top ${rows.length}`;
+  $("chart-caption").textContent = `step ${step}: the ${rows.length} most likely tokens; ${picked}, ${where}`;
 }
 
 // ---- controls --------------------------------------------------------------------------
@@ -148,7 +151,7 @@ async function run(path, body) {
       if (event === "error") throw new Error(payload.error);
       if (event === "result") { p.result(payload); return true; }
       p.token(payload);
-      if (path === "spatial" && payload.distribution) drawChart(payload.distribution, payload.token_id, payload.step);
+      if (path === "spatial" && payload.distribution) drawChart(payload.distribution, payload, payload.step);
       return true;
     });
     if ($(`pane-${path}`).dataset.state !== "done") p.state("done");

@@ -1,0 +1,78 @@
+"""NumPy/torch reference of SQL next_token: centroid.py + brute-force KNN + kernel.py + sampling.py.
+
+Used by tests/test_sql_next_token.py; `near_a_boundary` tells when float rounding may legitimately
+decide a tie or a cut differently in two implementations, so random tests can skip those cases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hartonomous import centroid, kernel
+from hartonomous.sampling import next_token_rows, process_logits
+
+EPS = 1e-9
+
+
+@dataclass
+class AtomSetData:
+    """The arrays a hand-made atom set was written from."""
+
+    name: str
+    token_positions: np.ndarray
+    atom_tokens: np.ndarray
+    atom_positions: np.ndarray
+    atom_weights: np.ndarray
+    kernel: str = "gaussian"
+    bandwidth: float = 1.0
+    window: int | None = None
+    decay: float = 1.0
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_positions)
+
+
+def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k: int | None,
+                   top_p: float | None, search_radius: float | None, max_neighbors: int,
+                   repetition_penalty: float) -> tuple[list[tuple[int, float, float]], bool]:
+    """(next_token's rows, whether the case sits within EPS of a decision boundary)."""
+    c = centroid.context_centroid(s.token_positions[context], s.window, s.decay)
+    d = np.sqrt(((s.atom_positions - c) ** 2).sum(axis=1))
+    order = np.argsort(d, kind="stable")
+    ds = d[order]
+    near = bool(max_neighbors < len(ds) and ds[max_neighbors] - ds[max_neighbors - 1] < EPS)
+    nearest = order[:max_neighbors]
+    if search_radius is not None:
+        near |= bool(np.any(np.abs(d[nearest] - search_radius) < EPS))
+        nearest = nearest[d[nearest] <= search_radius]
+    if len(nearest) == 0:
+        return [], near
+    ids, logits = kernel.token_logits(s.atom_tokens[nearest], d[nearest], s.atom_weights[nearest],
+                                      s.kernel, s.bandwidth)
+    dense = torch.full((s.vocab_size,), -math.inf, dtype=torch.float64)
+    dense[torch.as_tensor(ids)] = torch.as_tensor(logits)
+    args = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
+    near |= near_a_boundary(dense, context, **args)
+    return next_token_rows(dense, context, **args), near
+
+
+def near_a_boundary(logits: torch.Tensor, context: list[int], *, temperature: float, top_k: int | None,
+                    top_p: float | None, repetition_penalty: float) -> bool:
+    """Processed logits within EPS of each other, or a top-p 'mass before' within EPS of p."""
+    t = temperature if temperature > 0 else 1.0
+    z = process_logits(logits, context, temperature=t, repetition_penalty=repetition_penalty)
+    finite = torch.sort(z[torch.isfinite(z)]).values
+    if torch.any(finite[1:] - finite[:-1] < EPS):
+        return True
+    if temperature == 0 or top_p is None or top_p >= 1:
+        return False
+    after_k = process_logits(logits, context, temperature=t, top_k=top_k,
+                             repetition_penalty=repetition_penalty)
+    probs = torch.sort(torch.softmax(after_k, -1), descending=True).values
+    before = torch.cumsum(probs, 0) - probs
+    return bool(torch.any((before - top_p).abs() < EPS))

@@ -1,0 +1,406 @@
+"""SQL next_token and friends on a real PostGIS: hand-computed vectors, a NumPy reference,
+sampling and generation, bad input (SQLSTATE 22023), the KNN plan, the migration.
+
+Every atom set here is written inside one module-long transaction that is rolled back at the
+end, so nothing is left behind and other test modules never see these sets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from hartonomous import centroid
+from hartonomous.db import migrate
+from hartonomous.sampling import pick_by_uniform, seeded_uniform
+from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from reference_next_token import AtomSetData, reference_rows
+
+VECTORS = json.loads((Path(__file__).parent / "vectors" / "sampler_cases.json").read_text())
+CASES = VECTORS["cases"]
+NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+@pytest.fixture(scope="module")
+def db(server_url: str) -> Iterator[psycopg.Connection]:
+    """One connection whose transaction spans the module; atom sets are savepoints inside it."""
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")  # open the transaction, so write_atom_set cannot commit
+        yield conn
+        conn.rollback()
+
+
+def add_set(db: psycopg.Connection, s: AtomSetData) -> int:
+    spec = AtomSetSpec(name=s.name, model="test", vocab_size=s.vocab_size, embedding_dim=3,
+                       projection="hand-made", kind="token", kernel=s.kernel, bandwidth=s.bandwidth,
+                       centroid_window=s.window, centroid_decay=s.decay)
+    tokens = TokenRows(np.arange(s.vocab_size), [None] * s.vocab_size, s.token_positions)
+    atoms = AtomRows(s.atom_tokens, s.atom_positions, s.atom_weights)
+    return write_atom_set(db, spec, tokens, atoms).atom_set_id
+
+
+def vector_set(case: dict) -> AtomSetData:
+    """Every token and atom at the origin: an atom of weight w has logit ln w."""
+    tokens = sorted(int(t) for t in case["weights"])
+    n = VECTORS["vocab_size"]
+    return AtomSetData(name=f"sqltest_vec_{case['name']}", token_positions=np.zeros((n, 3)),
+                       atom_tokens=np.array(tokens), atom_positions=np.zeros((len(tokens), 3)),
+                       atom_weights=np.array([float(case["weights"][str(t)]) for t in tokens]))
+
+
+@pytest.fixture(scope="module")
+def vector_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
+    sets = {case["name"]: vector_set(case) for case in CASES}
+    for s in sets.values():
+        add_set(db, s)
+    return sets
+
+
+def random_set(name: str, seed: int, **params) -> AtomSetData:
+    rng = np.random.default_rng(seed)
+    vocab, atoms = 50, 600
+    return AtomSetData(name=name, token_positions=rng.random((vocab, 3)),
+                       atom_tokens=rng.integers(0, vocab, atoms), atom_positions=rng.random((atoms, 3)),
+                       atom_weights=rng.uniform(0.2, 2.0, atoms), **params)
+
+
+@pytest.fixture(scope="module")
+def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
+    sets = {
+        "gauss": random_set("sqltest_gauss", 1, kernel="gaussian", bandwidth=0.15),
+        "expo": random_set("sqltest_expo", 2, kernel="exponential", bandwidth=0.1, window=3, decay=0.6),
+    }
+    for s in sets.values():
+        s.atom_set_id = add_set(db, s)
+    return sets
+
+
+def rows(db: psycopg.Connection, context, temperature=1.0, top_k=40, top_p=0.9, search_radius=None,
+         max_neighbors=100, atom_set=None, repetition_penalty=1.0) -> list[tuple]:
+    return db.execute(NEXT_TOKEN, (context, temperature, top_k, top_p, search_radius, max_neighbors,
+                                   atom_set, repetition_penalty)).fetchall()
+
+
+def assert_rows_equal(got: list[tuple], want: list[tuple], tol: float) -> None:
+    assert [r[0] for r in got] == [r[0] for r in want]
+    for (_, p, cum), (_, want_p, want_cum) in zip(got, want):
+        assert p == pytest.approx(want_p, abs=tol)
+        assert cum == pytest.approx(want_cum, abs=tol)
+
+
+# --- the shared hand-computed vectors ------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_hand_computed_vectors(db, vector_sets, case: dict) -> None:
+    name = vector_sets[case["name"]].name
+    got = rows(db, case["context"], case["temperature"], case["top_k"], case["top_p"], None, 100, name,
+               case["repetition_penalty"])
+    assert_rows_equal(got, [tuple(r) for r in case["expected"]], 1e-12)
+    for u, token in case["draws"]:
+        (picked,) = db.execute(
+            "SELECT ht_sample(s.id, s.kernel, s.bandwidth, context_centroid(%s, s.name), %s, %s, %s, %s,"
+            " NULL, 100, %s, %s) FROM atom_sets s WHERE s.name = %s",
+            (case["context"], case["context"], case["temperature"], case["top_k"], case["top_p"],
+             case["repetition_penalty"], u, name)).fetchone()
+        assert picked == token, f"u = {u}"
+
+
+@pytest.mark.parametrize("seed, step, hex_prefix, u", VECTORS["seeded_uniform"]["values"])
+def test_seeded_uniform_is_bit_identical_to_python(db, seed, step, hex_prefix, u) -> None:
+    (got,) = db.execute("SELECT seeded_uniform(%s, %s)", (seed, step)).fetchone()
+    assert got == u == seeded_uniform(seed, step)
+
+
+# --- the kernel and the centroid ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel, h, scores", [
+    # token 1: one atom at distance 1 (weight 1); token 2: distance 2 (weight 1) and 1 (weight 2)
+    ("gaussian", 1.0, (math.exp(-1), math.exp(-4) + 2 * math.exp(-1))),
+    ("gaussian", 2.0, (math.exp(-1 / 4), math.exp(-1) + 2 * math.exp(-1 / 4))),
+    ("exponential", 2.0, (math.exp(-1 / 2), math.exp(-1) + 2 * math.exp(-1 / 2))),
+])
+def test_kernel_sums_weighted_atom_scores_per_token(db, kernel: str, h: float, scores) -> None:
+    s = AtomSetData(name=f"sqltest_kernel_{kernel}_{h:g}", token_positions=np.zeros((3, 3)),
+                    atom_tokens=np.array([1, 2, 2]),
+                    atom_positions=np.array([[1.0, 0, 0], [0, 2.0, 0], [0, 0, 1.0]]),
+                    atom_weights=np.array([1.0, 1.0, 2.0]), kernel=kernel, bandwidth=h)
+    add_set(db, s)
+    total = sum(scores)
+    want = sorted([(1, scores[0] / total), (2, scores[1] / total)], key=lambda r: -r[1])
+    got = rows(db, [0], top_k=0, top_p=1.0, atom_set=s.name)
+    assert [(t, pytest.approx(p, abs=1e-12)) for t, p, _ in got] == want
+
+
+@pytest.mark.parametrize("which", ["gauss", "expo"])
+def test_context_centroid_matches_centroid_py(db, ref_sets, which: str) -> None:
+    s = ref_sets[which]
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 4, 9):
+        context = rng.integers(0, s.vocab_size, n).tolist()
+        x, y, z, ndims, srid = db.execute(
+            "SELECT ST_X(c), ST_Y(c), ST_Z(c), ST_NDims(c), ST_SRID(c) FROM context_centroid(%s, %s) c",
+            (context, s.name)).fetchone()
+        want = centroid.context_centroid(s.token_positions[context], s.window, s.decay)
+        np.testing.assert_allclose([x, y, z], want, rtol=0, atol=1e-12)
+        assert (ndims, srid) == (3, 0)
+
+
+# --- next_token against the NumPy reference -----------------------------------------------------
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_next_token_matches_the_numpy_reference(db, ref_sets, data) -> None:
+    s = ref_sets[data.draw(st.sampled_from(["gauss", "expo"]))]
+    context = data.draw(st.lists(st.integers(0, s.vocab_size - 1), min_size=1, max_size=12))
+    args = dict(
+        temperature=data.draw(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.2, 3.0))),
+        top_k=data.draw(st.sampled_from([None, 0, 1, 3, 10, 40])),
+        top_p=data.draw(st.one_of(st.sampled_from([None, 1.0, 0.9]), st.floats(0.05, 1.0))),
+        search_radius=data.draw(st.one_of(st.none(), st.floats(0.0, 0.4))),
+        max_neighbors=data.draw(st.sampled_from([1, 5, 30, 100, 700])),
+        repetition_penalty=data.draw(st.sampled_from([1.0, 1.3, 0.7])),
+    )
+    want, near = reference_rows(s, context, **args)
+    assume(not near)
+    got = rows(db, context, args["temperature"], args["top_k"], args["top_p"], args["search_radius"],
+               args["max_neighbors"], s.name, args["repetition_penalty"])
+    assert_rows_equal(got, want, 1e-9)
+    if got:
+        assert got[-1][2] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_default_atom_set_is_used_when_atom_set_is_null(db, ref_sets) -> None:
+    with db.transaction(force_rollback=True):
+        db.execute("UPDATE atom_sets SET is_default = false WHERE is_default")
+        db.execute("UPDATE atom_sets SET is_default = true WHERE name = %s", (ref_sets["expo"].name,))
+        assert rows(db, [1, 2, 3]) == rows(db, [1, 2, 3], atom_set=ref_sets["expo"].name)
+
+
+def test_knn_reads_only_the_sets_own_atoms(db, ref_sets) -> None:
+    """Another set whose atoms sit right at the centroid must not leak into the answer."""
+    s = ref_sets["gauss"]
+    (cx, cy, cz) = db.execute("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM context_centroid(%s, %s) c",
+                              ([4, 5], s.name)).fetchone()
+    intruder = AtomSetData(name="sqltest_intruder", token_positions=s.token_positions,
+                           atom_tokens=np.array([49] * 5), atom_positions=np.tile([cx, cy, cz], (5, 1)),
+                           atom_weights=np.full(5, 100.0))
+    with db.transaction(force_rollback=True):
+        add_set(db, intruder)
+        want, _ = reference_rows(s, [4, 5], 1.0, 40, 0.9, None, 100, 1.0)
+        assert_rows_equal(rows(db, [4, 5], atom_set=s.name), want, 1e-9)
+
+
+# --- no candidates ------------------------------------------------------------------------------
+
+def test_search_radius_excluding_every_atom_gives_zero_rows_and_a_notice(db, ref_sets) -> None:
+    notices: list[str] = []
+    handler = lambda diag: notices.append(diag.message_primary)  # noqa: E731
+    db.add_notice_handler(handler)
+    try:
+        name = ref_sets["gauss"].name
+        assert rows(db, [1, 2], search_radius=1e-6, atom_set=name) == []
+        assert db.execute("SELECT sample_next_token(ARRAY[1, 2], search_radius => 1e-6, atom_set => %s,"
+                          " seed => 1)", (name,)).fetchone() == (None,)
+        assert db.execute("SELECT generate_tokens(ARRAY[1, 2], 5, search_radius => 1e-6, atom_set => %s,"
+                          " seed => 1)", (name,)).fetchone() == ([],)
+    finally:
+        db.remove_notice_handler(handler)
+    assert len(notices) == 3
+    assert all("search_radius" in n and "sqltest_gauss" in n for n in notices)
+
+
+# --- sampling and generation --------------------------------------------------------------------
+
+def test_sample_next_token_is_the_inverse_cdf_at_seeded_uniform(db, ref_sets) -> None:
+    name = ref_sets["gauss"].name
+    distribution = rows(db, [3, 7], temperature=1.5, top_k=10, top_p=1.0, atom_set=name)
+    assert len(distribution) > 1
+    ids, probs = [r[0] for r in distribution], [r[1] for r in distribution]
+    for seed, step in [(0, 0), (1, 0), (1, 1), (99, 5), (-4, 2)]:
+        (picked,) = db.execute(
+            "SELECT sample_next_token(ARRAY[3, 7], 1.5, 10, 1.0, NULL, 100, %s, 1.0, %s, %s)",
+            (name, seed, step)).fetchone()
+        assert picked == pick_by_uniform(ids, probs, seeded_uniform(seed, step))
+
+
+def test_sample_next_token_at_temperature_zero_is_the_argmax(db, ref_sets) -> None:
+    name = ref_sets["expo"].name
+    (best,) = rows(db, [8, 9], temperature=0.0, atom_set=name)
+    assert best[1:] == (1.0, 1.0)
+    for seed in (None, 5, 6):
+        assert db.execute("SELECT sample_next_token(ARRAY[8, 9], 0.0, atom_set => %s, seed => %s)",
+                          (name, seed)).fetchone() == (best[0],)
+
+
+def test_generate_tokens_equals_sampling_step_by_step(db, ref_sets) -> None:
+    for s in ref_sets.values():
+        prompt = [1, 2, 3]
+        (generated,) = db.execute(
+            "SELECT generate_tokens(%s, 12, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024)",
+            (prompt, s.name)).fetchone()
+        assert len(generated) == 12
+        context = list(prompt)
+        for step, token in enumerate(generated):
+            (want,) = db.execute("SELECT sample_next_token(%s, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024, %s)",
+                                 (context, s.name, step)).fetchone()
+            assert token == want, f"step {step}"
+            context.append(token)
+
+
+def test_generate_tokens_stops_after_a_stop_token(db, ref_sets) -> None:
+    name = ref_sets["gauss"].name
+    call = "SELECT generate_tokens(ARRAY[5], 10, 2.0, 0, 1.0, atom_set => %s, seed => 7, stop_tokens => %s)"
+    (full,) = db.execute(call, (name, None)).fetchone()
+    stop = full[3]
+    (cut,) = db.execute(call, (name, [stop, -1])).fetchone()
+    assert cut == full[:full.index(stop) + 1]
+    assert db.execute("SELECT generate_tokens(ARRAY[5], 0, atom_set => %s)", (name,)).fetchone() == ([],)
+
+
+def test_generate_tokens_without_a_seed_gives_valid_ids(db, ref_sets) -> None:
+    s = ref_sets["gauss"]
+    (generated,) = db.execute("SELECT generate_tokens(ARRAY[5, 6], 6, atom_set => %s)", (s.name,)).fetchone()
+    assert len(generated) == 6 and set(generated) <= set(s.atom_tokens.tolist())
+
+
+def test_generate_tokens_greedy_follows_the_argmax(db, ref_sets) -> None:
+    name = ref_sets["expo"].name
+    (generated,) = db.execute("SELECT generate_tokens(ARRAY[10, 11], 5, 0.0, atom_set => %s)", (name,)).fetchone()
+    context = [10, 11]
+    for token in generated:
+        assert rows(db, context, temperature=0.0, atom_set=name)[0][0] == token
+        context.append(token)
+
+
+def test_next_token_batch_equals_next_token_per_context(db, ref_sets) -> None:
+    name = ref_sets["gauss"].name
+    contexts = [[1, 2, 3], [4], [5, 5, 6]]
+    got = db.execute("SELECT * FROM next_token_batch(%s::jsonb, 0.8, 5, 0.9, NULL, 60, %s, 1.2)",
+                     (json.dumps(contexts), name)).fetchall()
+    want = [(i, *r) for i, c in enumerate(contexts) for r in rows(db, c, 0.8, 5, 0.9, None, 60, name, 1.2)]
+    assert got == want
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+BAD_INPUTS = [
+    ("SELECT * FROM next_token(NULL::int[], atom_set => 'sqltest_gauss')", "context"),
+    ("SELECT * FROM next_token('{}'::int[], atom_set => 'sqltest_gauss')", "context"),
+    ("SELECT * FROM next_token(ARRAY[1, NULL], atom_set => 'sqltest_gauss')", "context"),
+    ("SELECT * FROM next_token(ARRAY[1, 50], atom_set => 'sqltest_gauss')", "context"),
+    ("SELECT * FROM next_token(ARRAY[1], -1, atom_set => 'sqltest_gauss')", "temperature"),
+    ("SELECT * FROM next_token(ARRAY[1], 'NaN', atom_set => 'sqltest_gauss')", "temperature"),
+    ("SELECT * FROM next_token(ARRAY[1], 'Infinity', atom_set => 'sqltest_gauss')", "temperature"),
+    ("SELECT * FROM next_token(ARRAY[1], NULL, atom_set => 'sqltest_gauss')", "temperature"),
+    ("SELECT * FROM next_token(ARRAY[1], top_p => 0, atom_set => 'sqltest_gauss')", "top_p"),
+    ("SELECT * FROM next_token(ARRAY[1], top_p => 1.5, atom_set => 'sqltest_gauss')", "top_p"),
+    ("SELECT * FROM next_token(ARRAY[1], top_p => 'NaN', atom_set => 'sqltest_gauss')", "top_p"),
+    ("SELECT * FROM next_token(ARRAY[1], top_k => -1, atom_set => 'sqltest_gauss')", "top_k"),
+    ("SELECT * FROM next_token(ARRAY[1], max_neighbors => 0, atom_set => 'sqltest_gauss')", "max_neighbors"),
+    ("SELECT * FROM next_token(ARRAY[1], max_neighbors => 100001, atom_set => 'sqltest_gauss')", "max_neighbors"),
+    ("SELECT * FROM next_token(ARRAY[1], repetition_penalty => 0, atom_set => 'sqltest_gauss')",
+     "repetition_penalty"),
+    ("SELECT * FROM next_token(ARRAY[1], repetition_penalty => 'NaN', atom_set => 'sqltest_gauss')",
+     "repetition_penalty"),
+    ("SELECT * FROM next_token(ARRAY[1], search_radius => -1, atom_set => 'sqltest_gauss')", "search_radius"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_no_such_set')", "atom_set"),
+    ("SELECT context_centroid(ARRAY[1, 999], 'sqltest_gauss')", "context"),
+    ("SELECT sample_next_token(ARRAY[1], top_k => -2, atom_set => 'sqltest_gauss')", "top_k"),
+    ("SELECT sample_next_token(ARRAY[1], atom_set => 'sqltest_gauss', seed => 1, step => NULL)", "step"),
+    ("SELECT generate_tokens(ARRAY[1], -1, atom_set => 'sqltest_gauss')", "max_new_tokens"),
+    ("SELECT generate_tokens(ARRAY[1, 77], 3, atom_set => 'sqltest_gauss')", "context"),
+    ("SELECT * FROM next_token_batch('[[1], 2]', atom_set => 'sqltest_gauss')", "contexts[1]"),
+    ("SELECT * FROM next_token_batch('[[1], [1.5]]', atom_set => 'sqltest_gauss')", "contexts[1]"),
+    ("SELECT * FROM next_token_batch('[]', atom_set => 'sqltest_gauss')", "contexts"),
+    ("SELECT * FROM next_token_batch('[[1], []]', atom_set => 'sqltest_gauss')", "contexts[1]"),
+    ("SELECT * FROM next_token_batch('[[1], [99]]', atom_set => 'sqltest_gauss')", "context"),
+]
+
+
+@pytest.mark.parametrize("sql, argument", BAD_INPUTS, ids=[f"{i}-{a}" for i, (_, a) in enumerate(BAD_INPUTS)])
+def test_bad_input_raises_22023_naming_the_argument(db, ref_sets, sql: str, argument: str) -> None:
+    with pytest.raises(psycopg.Error) as err:
+        with db.transaction():
+            db.execute(sql)
+    assert err.value.sqlstate == "22023"
+    assert err.value.diag.message_primary.startswith(argument)
+
+
+def test_no_default_atom_set_raises_22023(db, ref_sets) -> None:
+    with db.transaction(force_rollback=True):
+        db.execute("UPDATE atom_sets SET is_default = false WHERE is_default")
+        with pytest.raises(psycopg.Error) as err:
+            with db.transaction():
+                db.execute("SELECT * FROM next_token(ARRAY[1])")
+    assert err.value.sqlstate == "22023"
+    assert err.value.diag.message_primary.startswith("atom_set")
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+def _knn_path(plan: str) -> list[str]:
+    """Node names from the atoms index scan up to the nearest Limit above it."""
+    lines = plan.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Index Scan using atoms_" in line)
+    indent = len(lines[start]) - len(lines[start].lstrip(" ->"))
+    path = [lines[start].strip(" ->")]
+    for line in reversed(lines[:start]):
+        own = len(line) - len(line.lstrip(" ->"))
+        if "(cost=" in line and own < indent:
+            path.append(line.strip(" ->"))
+            indent = own
+            if path[-1].startswith("Limit"):
+                break
+    return path
+
+
+def test_explain_shows_the_gist_index_scan_of_the_sets_own_partition(db, ref_sets) -> None:
+    plans: list[str] = []
+    handler = lambda diag: plans.append(diag.message_primary)  # noqa: E731
+    s, other = ref_sets["gauss"], ref_sets["expo"]
+    with db.transaction(force_rollback=True):
+        try:
+            db.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("LOAD 'auto_explain' needs a superuser")
+        db.execute("SET LOCAL auto_explain.log_min_duration = 0")
+        db.execute("SET LOCAL auto_explain.log_nested_statements = on")
+        db.execute("SET LOCAL client_min_messages = log")
+        db.add_notice_handler(handler)
+        try:
+            rows(db, [1, 2, 3], atom_set=s.name)
+        finally:
+            db.remove_notice_handler(handler)
+    plan = next(p for p in plans if "Index Scan using atoms_" in p)
+    assert f"Index Scan using atoms_{s.atom_set_id}_position_idx" in plan
+    assert f"atoms_{other.atom_set_id}_position_idx" not in plan
+    assert "Seq Scan" not in plan
+    path = _knn_path(plan)
+    assert path[-1].startswith("Limit")
+    assert all(node.startswith(("Index Scan", "Append", "Limit")) for node in path), path
+    assert "Order By: (\"position\" <<->>" in plan
+
+
+# --- the migration ------------------------------------------------------------------------------
+
+def test_migration_installs_and_removes_the_functions(scratch_database: str) -> None:
+    def functions() -> set[str]:
+        with psycopg.connect(scratch_database) as conn:
+            return {r[0] for r in conn.execute(
+                "SELECT proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace").fetchall()}
+
+    public = {"context_centroid", "next_token", "next_token_batch", "seeded_uniform",
+              "sample_next_token", "generate_tokens"}
+    migrate.upgrade(scratch_database, "0002")
+    assert public <= functions()
+    assert migrate.function_drift(scratch_database) == []
+    migrate.downgrade(scratch_database, "0001")
+    assert not (public | {"ht_next_token", "ht_atom_set"}) & functions()
