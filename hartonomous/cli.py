@@ -300,6 +300,10 @@ from hartonomous.server.cli import register as _register_serve  # noqa: E402
 
 _register_serve(app)  # serve
 
+from hartonomous.benchmark.cli import register as _register_bench  # noqa: E402
+
+_register_bench(app)  # bench
+
 
 def main() -> None:
     """Entry point: run the app, turning user-fixable errors into one line and exit 1."""
