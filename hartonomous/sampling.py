@@ -8,7 +8,7 @@ transformers' (RepetitionPenalty -> Temperature -> TopK -> TopP), with two docum
 2. temperature: logits / T for T > 0; T = 0 is greedy: the highest logit (lowest token id among
    equals) with probability 1 (transformers rejects T = 0; llama.cpp applies T last, we do not);
 3. top-k: keep every token whose logit is >= the k-th largest (ties kept); 0 or None = off;
-4. top-p: softmax, then in the row order (probability desc, token id asc) keep a token while the
+4. top-p: softmax, then walking by logit desc (token id asc among equals) keep a token while the
    mass before it is < p; the first is always kept; 1 or None = off;
 5. renormalise.
 Rows are ordered by probability descending, then token id ascending; sampling is the inverse
@@ -102,8 +102,8 @@ def process_logits(logits: torch.Tensor, context_ids: ContextIds = None, *, temp
         kth = torch.topk(x, min(int(top_k), vocab), dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, -math.inf)
     if top_p is not None and top_p < 1:
-        probs = torch.softmax(x, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        order = torch.sort(x, dim=-1, descending=True, stable=True).indices  # ties: lower id first
+        sorted_probs = torch.softmax(x, dim=-1).gather(1, order)
         cumulative = sorted_probs.cumsum(dim=-1)
         before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
         drop_sorted = before >= top_p

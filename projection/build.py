@@ -99,6 +99,9 @@ class BuildOptions:
             raise UserError(f"--batch-tokens must be positive, got {self.batch_tokens}")
         if self.holdout_chars is not None and self.holdout_chars < 1:
             raise UserError(f"--holdout-chars must be positive, got {self.holdout_chars}")
+        for path in self.corpus:
+            if not Path(path).is_file():
+                raise UserError(f"corpus file '{path}' does not exist")
         try:
             validate_centroid(self.resolved_window(), self.resolved_decay())
         except ValueError as exc:

@@ -2,4 +2,38 @@
 # The main job on the embedded database. Grows as features land; never prints success it did not earn.
 set -euo pipefail
 HT=.venv/bin/hartonomous
+PY=.venv/bin/python
 $HT db status
+
+# --- atom sets from SmolLM2 (issue 4) --------------------------------------------------------
+# A token set (one atom per vocabulary token, the original design) and a distilled context set
+# (the default). Both read the same held-out slice of the default corpus (stdlib docstrings).
+# Idempotent: a set that exists is kept; DEMO_REBUILD=1 rebuilds both with --replace.
+DEMO_MAX_TOKENS=${DEMO_MAX_TOKENS:-20000}
+has_set() {
+    $HT atom-sets --json | $PY -c 'import json, sys; sys.exit(0 if any(r["name"] == sys.argv[1] for r in json.load(sys.stdin)) else 1)' "$1"
+}
+build_set() {  # NAME KIND [extra build options...]
+    local name=$1 kind=$2
+    shift 2
+    if [[ "${DEMO_REBUILD:-0}" != 1 ]] && has_set "$name"; then
+        echo "[demo] atom set $name exists; keeping it (DEMO_REBUILD=1 rebuilds)"
+        return
+    fi
+    echo "[demo] building atom set $name ($kind, --max-tokens $DEMO_MAX_TOKENS)"
+    $HT build --name "$name" --kind "$kind" --model smollm2 --max-tokens "$DEMO_MAX_TOKENS" --replace "$@"
+}
+build_set smollm2-token token
+build_set smollm2-context context --full-keys --default
+$HT atom-sets default smollm2-context
+$HT atom-sets
+
+# --- side-by-side comparison reports (issue 9) ----------------------------------------------
+# Both sets against exact inference on their held-out slice: reports/<set>/report.{html,md,json}.
+# Bounded to stay at minutes on 2 cores; the n-gram baselines' exact labels are cached, so the
+# second set reuses the first one's (same corpus, same --max-tokens).
+DEMO_POSITIONS=${DEMO_POSITIONS:-200}
+for set in smollm2-token smollm2-context; do
+    echo "[demo] comparing $set with exact inference ($DEMO_POSITIONS positions)"
+    $HT compare --atom-set "$set" --max-positions "$DEMO_POSITIONS" --max-new-tokens 24 --out "reports/$set"
+done

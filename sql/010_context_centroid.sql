@@ -134,3 +134,6 @@ BEGIN
     RETURN ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context);
 END
 $$;
+
+COMMENT ON FUNCTION context_centroid(integer[], text) IS
+    'The POINT Z the next-token KNN searches around: the windowed, decayed mean of the context tokens'' positions. See docs/sql.md.';

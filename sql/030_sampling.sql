@@ -156,3 +156,12 @@ BEGIN
     RETURN generated;
 END
 $$;
+
+COMMENT ON FUNCTION seeded_uniform(bigint, integer) IS
+    'u in [0, 1): (first 8 bytes of SHA-256(seed int8 BE || step int4 BE) >> 11) / 2^53; bit-identical to hartonomous.sampling.seeded_uniform.';
+COMMENT ON FUNCTION sample_next_token(integer[], double precision, integer, double precision,
+                                      double precision, integer, text, double precision, bigint, integer) IS
+    'One token drawn from next_token''s rows by the inverse CDF at seeded_uniform(seed, step) (random() when seed is NULL). See docs/sql.md.';
+COMMENT ON FUNCTION generate_tokens(integer[], integer, double precision, integer, double precision,
+                                    double precision, integer, text, double precision, bigint, integer[]) IS
+    'The whole autoregressive loop: step s samples next_token(context || generated) at seeded_uniform(seed, s); returns the generated ids. See docs/sql.md.';

@@ -50,6 +50,15 @@ def build_corpus(info: AtomSetInfo) -> tuple[str, str]:
     raise CorpusUnavailable("the atom set records no build corpus text (stats['corpus'])")
 
 
+def build_tokens(info: AtomSetInfo) -> int | None:
+    """How many training tokens the build distilled (context sets) or would have (token sets)."""
+    entry = info.stats.get("corpus")
+    if not isinstance(entry, dict):
+        return None
+    value = entry.get("train_tokens") or entry.get("max_tokens")
+    return int(value) if value else None
+
+
 def context_length(info: AtomSetInfo, default: int = 512) -> int:
     """The chunk length the builder's teacher forcing used (stats['corpus']['context_length'])."""
     entry = info.stats.get("corpus")

@@ -54,8 +54,9 @@ def describe_machine(conn: psycopg.Connection, exact_device: str) -> dict:
     pg = conn.execute("SHOW server_version").fetchone()[0]
     ext = dict(conn.execute("SELECT extname, extversion FROM pg_extension "
                             "WHERE extname IN ('postgis', 'vector')").fetchall())
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     return {
-        "cpu": _cpu_model(), "cores": usable, "memory_gib": _memory_gib(),
+        "cpu": _cpu_model(), "cores": usable, "memory_gib": _memory_gib(), "load_average": load,
         "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "exact_device": exact_device,
         "gpu": gpu, "postgresql": pg, "postgis": ext.get("postgis"), "pgvector": ext.get("vector"),
@@ -108,10 +109,20 @@ def _verdict(value: float | None, ok: bool | None) -> str:
     return "met" if ok else "not met"
 
 
+def load_warning(machine: dict | None) -> str:
+    """A sentence when other work competed for the CPUs while we timed (1-minute load > cores)."""
+    load, cores = (machine or {}).get("load_average"), (machine or {}).get("cores")
+    if load and cores and load[0] > cores:
+        return (f" Caution: the machine was busy (1-minute load average {load[0]:g} on {cores} cores) "
+                "while this was timed, so these latencies are inflated.")
+    return ""
+
+
 def claims_table(pearson_mean: float | None, pearson_median: float | None, generation: dict | None,
-                 queries: dict | None, atoms: int) -> list[dict]:
+                 queries: dict | None, atoms: int, machine: dict | None = None) -> list[dict]:
     """One row per claim: what was claimed, what we measured, how, and whether it holds here."""
     rows = []
+    busy = load_warning(machine)
     rows.append({
         "claim": "0.89 Pearson correlation to exact inference", "claimed": 0.89, "measured": pearson_mean,
         "unit": "", "verdict": _verdict(pearson_mean, None if pearson_mean is None else pearson_mean >= 0.89),
@@ -126,7 +137,7 @@ def claims_table(pearson_mean: float | None, pearson_median: float | None, gener
         "claim": "15 ms/token (SQL path)", "claimed": 15.0, "measured": ms, "unit": "ms/token",
         "verdict": _verdict(ms, None if ms is None else ms <= 15.0),
         "how": "p50 per-token latency of the spatial path in free generation through the Python client "
-               "(next_token round trip + sampling), on the machine below",
+               "(next_token round trip + sampling), on the machine below." + busy,
     })
     speedup = exact["p50_ms"] / ms if ms and exact.get("p50_ms") else None
     rows.append({
@@ -134,7 +145,7 @@ def claims_table(pearson_mean: float | None, pearson_median: float | None, gener
         "verdict": _verdict(speedup, None if speedup is None else speedup >= 3.0),
         "how": "exact p50 ms/token ÷ spatial p50 ms/token, both measured here in free generation "
                "(the claim compared a 7B–70B model on a GPU; here the exact path is this atom set's model "
-               f"on {(generation or {}).get('exact_device', 'the exact device')})",
+               f"on {(generation or {}).get('exact_device', 'the exact device')})." + busy,
     })
     knn = (queries or {}).get("knn_buffers_p50")
     full = (queries or {}).get("next_token_buffers_p50")

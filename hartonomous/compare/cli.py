@@ -84,8 +84,9 @@ def compare(
     max_neighbors: int = typer.Option(100, "--max-neighbors", help="K of next_token (and of the KNN baseline)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens per free generation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampled generations."),
-    distill_tokens: int = typer.Option(20_000, "--distill-tokens",
-                                       help="Corpus tokens the n-gram baselines are distilled from (0 = skip)."),
+    distill_tokens: int = typer.Option(None, "--distill-tokens",
+                                       help="Corpus tokens the n-gram baselines are distilled from (default: as "
+                                            "many as the build used; 0 = skip the n-grams)."),
     no_generation: bool = typer.Option(False, "--no-generation", help="Skip free generation."),
     device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
                                "(default HARTONOMOUS_DEVICE, else auto)."),

@@ -83,7 +83,7 @@ class Exact:
         self.argmax = int(np.argmax(self.probs))
         self.top10 = set(exact_ranked(self.probs, TOP_K_OVERLAP).tolist())
         self.nucleus = nucleus(self.probs, nucleus_p)
-        self.sum_sq = float(self.probs @ self.probs)
+        self.sum_sq = float((self.probs * self.probs).sum())
         self.mean = float(self.probs.sum()) / self.vocab_size
 
 
@@ -149,17 +149,27 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     dx, dy = x - x.mean(), y - y.mean()
-    denom = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    denom = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
     if len(x) < 2 or denom == 0.0:
         return float("nan")
-    return float(np.clip((dx @ dy) / denom, -1.0, 1.0))
+    return float(np.clip(float((dx * dy).sum()) / denom, -1.0, 1.0))
 
 
 def nucleus(exact: np.ndarray, p: float = PEARSON_NUCLEUS) -> np.ndarray:
-    """The smallest set of top exact tokens whose mass reaches p (at least one token)."""
-    order = np.argsort(-exact, kind="stable")  # stable: ties keep the lower id first
-    before = np.cumsum(exact[order]) - exact[order]
-    return order[before < p] if p < 1 else order
+    """The smallest set of top exact tokens whose mass reaches p (at least one token), most likely first.
+
+    Sorts only a growing top-k (argpartition), not the whole vocabulary.
+    """
+    exact = np.asarray(exact, dtype=np.float64)
+    n = len(exact)
+    k = min(n, 64)
+    while True:
+        top = exact_ranked(exact, k) if k < n else np.argsort(-exact, kind="stable")
+        before = np.cumsum(exact[top]) - exact[top]
+        inside = top[before < p] if p < 1 else top
+        if len(inside) < len(top) or k >= n:
+            return inside
+        k = min(n, k * 4)
 
 
 def union_support(exact, dist: Sparse) -> np.ndarray:
@@ -185,9 +195,9 @@ def pearson_full_vocab(exact, dist: Sparse) -> float:
     ex = _exact(exact)
     v = ex.vocab_size
     mean_q = float(dist.probs.sum()) / v
-    cov = float(ex.probs[dist.ids] @ dist.probs) - v * ex.mean * mean_q
+    cov = float((ex.probs[dist.ids] * dist.probs).sum()) - v * ex.mean * mean_q
     var_p = ex.sum_sq - v * ex.mean ** 2
-    var_q = float(dist.probs @ dist.probs) - v * mean_q ** 2
+    var_q = float((dist.probs * dist.probs).sum()) - v * mean_q ** 2
     if v < 2 or var_p <= 0 or var_q <= 1e-300:
         return float("nan")
     return float(np.clip(cov / math.sqrt(var_p * var_q), -1.0, 1.0))

@@ -36,7 +36,9 @@ def f(value, digits: int = 3) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:.3e}"
+        return f"{value:.{digits}g}"
+    if isinstance(value, list):
+        return ", ".join(f(v, digits) for v in value)
     return str(value)
 
 
@@ -73,7 +75,7 @@ def blocks(report: dict) -> list[Block]:
                                  f(r["claimed"]) if r["claimed"] is not None else "—"] for r in report["headline"])))
 
     out += _fidelity(fid, s)
-    out += _generation(report["generation"])
+    out += _generation(report["generation"], report["machine"])
     out += _baselines(report["baselines"], fid)
     out += _claims(report)
     out.append(Block("h2", "How to read this"))
@@ -119,12 +121,15 @@ def _fidelity(fid: dict, s: dict) -> list[Block]:
     return out
 
 
-def _generation(gen: dict) -> list[Block]:
+def _generation(gen: dict, machine: dict) -> list[Block]:
+    from hartonomous.compare.claims import load_warning
+
     out = [Block("h2", "2. Free generation")]
     if gen.get("skipped"):
         return out + [Block("p", "Skipped (--no-generation).")]
     out.append(Block("p", f"Up to {gen['max_new_tokens']} new tokens per prompt. Greedy: {gen['modes']['greedy']}. "
-                          f"Sampled: {gen['modes']['sampled']}. Exact path on {gen['exact_device']}."))
+                          f"Sampled: {gen['modes']['sampled']}. Exact path on {gen['exact_device']}."
+                          + load_warning(machine)))
     out.append(Block("table", headers=("path", "tokens", "p50 ms/token", "p95 ms/token", "tokens/s"), rows=tuple(
         [p, str(gen[p]["tokens"]), f(gen[p]["p50_ms"]), f(gen[p]["p95_ms"]), f(gen[p]["tokens_per_s"])]
         for p in ("spatial", "exact"))))

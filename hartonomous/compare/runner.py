@@ -42,7 +42,7 @@ class CompareOptions:
     seed: int = 0
     device: str = "cpu"
     generation: bool = True
-    distill_tokens: int = 20_000
+    distill_tokens: int | None = None      # None: as many as the build used (stats['corpus'])
     query_samples: int = 30
     cache_dir: Path | None = None
     command: str = ""
@@ -54,7 +54,7 @@ class CompareOptions:
             raise UserError(f"--max-neighbors must be between 1 and 100000, got {self.max_neighbors}")
         if self.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.distill_tokens < 0:
+        if self.distill_tokens is not None and self.distill_tokens < 0:
             raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
 
 
@@ -186,7 +186,8 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
         distill = baselines.Distillation(False, corpus[0], note="--distill-tokens 0: n-gram baselines skipped")
     elif corpus is not None:
         chunk = min(baselines.context_length(info), teacher.max_context(model))
-        ids = encode(tokenizer, corpus[1])[: options.distill_tokens]
+        limit = options.distill_tokens if options.distill_tokens is not None else baselines.build_tokens(info)
+        ids = encode(tokenizer, corpus[1])[:limit]
         progress.stage("exact labels for the n-gram baselines", len(ids))
         labels = baselines.cached_labels(model, model_name, ids, chunk, options.cache_dir, progress.advance)
         predictors.update(baselines.ngram_predictors(ids, labels, chunk))
@@ -291,7 +292,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
         "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note, "paths": base},
         "generation": gen if gen is not None else {"skipped": True},
         "queries": queries,
-        "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms),
+        "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms, machine),
     }
     report["headline"] = headline(report)
     return _clean(report)
