@@ -161,8 +161,8 @@ def build_cmd(
     landmark_method: str = typer.Option("kmeans++", "--landmark-method", help="kmeans++, fps or random."),
     metric: str = typer.Option("euclidean", "--metric", help="Embedding distance: euclidean or cosine."),
     window: str = typer.Option(None, "--window", help="Centroid window W (an integer, or 'all'); "
-                               "default 2 for context sets, all for token sets."),
-    decay: float = typer.Option(None, "--decay", help="Centroid decay in (0, 1]; default 0.5 for context "
+                               "default 3 for context sets, all for token sets (the original design)."),
+    decay: float = typer.Option(None, "--decay", help="Centroid decay in (0, 1]; default 0.01 for context "
                                 "sets, 1 for token sets."),
     target: str = typer.Option("argmax", "--target", help="argmax (the exact model's next token) or corpus."),
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
@@ -170,6 +170,8 @@ def build_cmd(
     full_keys: bool = typer.Option(False, "--full-keys", help="Also store full-dimensional keys (pgvector)."),
     kernel: str = typer.Option("gaussian", "--kernel", help="gaussian or exponential."),
     bandwidth: float = typer.Option(None, "--bandwidth", help="Kernel bandwidth h (default: calibrated)."),
+    bandwidth_objective: str = typer.Option("log-likelihood", "--bandwidth-objective",
+                                            help="Calibrate h for log-likelihood (of the exact argmax) or top1."),
     max_neighbors: int = typer.Option(100, "--max-neighbors", help="K used for calibration (as next_token)."),
     sweep: bool = typer.Option(False, "--sweep", help="Try several window/decay pairs on the holdout "
                                "and keep the best (overrides --window/--decay)."),
@@ -194,7 +196,8 @@ def build_cmd(
         name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
         max_tokens=max_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
         metric=metric, window=_parse_window(window), decay=decay, target=target, merge_radius=merge_radius,
-        full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, max_neighbors=max_neighbors, sweep=sweep,
+        full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
+        max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default)
     options.check()

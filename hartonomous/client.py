@@ -61,9 +61,11 @@ class Client:
 
     def _connection(self):
         if self._conn is None:
-            from hartonomous.db.connection import connect, reader_url
+            from hartonomous.db.connection import reader_url
+            from hartonomous.db.retry import ReconnectingConnection
 
-            self._conn = connect(self.database_url or reader_url(), autocommit=True)
+            # Reconnects (bounded) if the database restarts mid-generation; see hartonomous/db/retry.py.
+            self._conn = ReconnectingConnection(self.database_url or reader_url())
             self._owns_conn = True
         return self._conn
 

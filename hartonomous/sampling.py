@@ -39,11 +39,18 @@ def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+# Outside these bounds, scaling logits by 1/T or the penalty overflows or underflows float64.
+SCALE_MIN, SCALE_MAX = 1e-6, 1e6
+
+
 def validate_sampler_args(temperature: float, top_k: int | None, top_p: float | None,
                           repetition_penalty: float) -> None:
     """Raise ValueError naming the first bad argument and what to pass instead (as SQL's 22023)."""
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}; "
+                         "use 0 for greedy decoding, 1 for the model's distribution")
+    if temperature > 0 and not SCALE_MIN <= temperature <= SCALE_MAX:
+        raise ValueError(f"temperature must be 0 or between 1e-06 and 1e+06, got {temperature!r}; "
                          "use 0 for greedy decoding, 1 for the model's distribution")
     if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool)
                               or top_k < 0):
@@ -53,6 +60,9 @@ def validate_sampler_args(temperature: float, top_k: int | None, top_p: float | 
     if (not _is_real(repetition_penalty) or not math.isfinite(repetition_penalty)
             or repetition_penalty <= 0):
         raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition_penalty!r}; "
+                         "use 1 for no penalty, above 1 to discourage repeating context tokens")
+    if not SCALE_MIN <= repetition_penalty <= SCALE_MAX:
+        raise ValueError(f"repetition_penalty must be between 1e-06 and 1e+06, got {repetition_penalty!r}; "
                          "use 1 for no penalty, above 1 to discourage repeating context tokens")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.atoms import context_atoms, context_keys, context_values, merge_atoms, token_atoms
-from projection.calibrate import calibrate_bandwidth, nearest_atoms, score
+from projection.calibrate import OBJECTIVES, calibrate_bandwidth, nearest_atoms, score
 from projection.corpus import Corpus, load_corpus
 from projection.distill import chunk_ids, distill, tokenize
 from projection.ingest import AtomRows, AtomSetSpec, LandmarkRows, TokenRows, write_atom_set
@@ -26,9 +26,10 @@ from projection.project import fit_projection
 from projection.quality import projection_quality
 from projection.sweep import CANDIDATES, evaluate, sweep
 
-# Chosen by the centroid sweep on SmolLM2 (see docs/atoms.md): the best held-out top-1 agreement.
-DEFAULT_CONTEXT_WINDOW: int | None = 2
-DEFAULT_CONTEXT_DECAY = 0.5
+# Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): among the
+# candidates, window 3 / decay 0.01 had the best held-out top-1 at 20K and 100K training tokens.
+DEFAULT_CONTEXT_WINDOW: int | None = 3
+DEFAULT_CONTEXT_DECAY = 0.01
 # Token atoms keep the original design's centroid: every context token, uniform weights.
 DEFAULT_TOKEN_WINDOW: int | None = None
 DEFAULT_TOKEN_DECAY = 1.0
@@ -57,6 +58,7 @@ class BuildOptions:
     full_keys: bool = False
     kernel: str = "gaussian"
     bandwidth: float | None = None  # None = calibrate on the holdout
+    bandwidth_objective: str = "log-likelihood"
     max_neighbors: int = 100
     sweep: bool = False
     context_length: int = 512
@@ -91,6 +93,9 @@ class BuildOptions:
             raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
         if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):
             raise UserError(f"--bandwidth must be a positive number, got {self.bandwidth}")
+        if self.bandwidth_objective not in OBJECTIVES:
+            raise UserError(f"--bandwidth-objective must be one of {', '.join(OBJECTIVES)}, "
+                            f"got '{self.bandwidth_objective}'")
         if not 1 <= self.max_neighbors <= 100_000:
             raise UserError(f"--max-neighbors must be between 1 and 100000, got {self.max_neighbors}")
         if self.merge_radius < 0 or not np.isfinite(self.merge_radius):
@@ -163,7 +168,7 @@ def key_bandwidth(atoms: AtomRows, texts: Texts, embeddings: np.ndarray, window:
     rng = np.random.default_rng(options.seed)
     pick = np.sort(rng.choice(len(queries), size=min(KEY_CALIBRATION_QUERIES, len(queries)), replace=False))
     nb = nearest_atoms(atoms.keys, atoms.token_ids, atoms.weights, queries[pick], options.max_neighbors)
-    return calibrate_bandwidth(nb, targets[pick], options.kernel, len(embeddings))
+    return calibrate_bandwidth(nb, targets[pick], options.kernel, len(embeddings), options.bandwidth_objective)
 
 
 def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Reporter | None = None) -> BuildResult:
@@ -225,14 +230,14 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     if options.sweep:
         with ui.bar("centroid sweep", len(CANDIDATES), "cand") as advance:
             chosen, sweep_rows = sweep(CANDIDATES, make_atoms, make_queries, targets, options.kernel,
-                                       options.max_neighbors, vocab_size, advance)
+                                       options.max_neighbors, vocab_size, advance, options.bandwidth_objective)
         ui.step(f"sweep chose window={chosen.window or 'all'}, decay={chosen.decay} "
                 f"(held-out top-1 {chosen.calibration['top1']:.3f})")
     else:
         ui.step(f"building {options.kind} atoms (window={options.resolved_window() or 'all'}, "
                 f"decay={options.resolved_decay()}) and calibrating the bandwidth")
         chosen = evaluate(options.resolved_window(), options.resolved_decay(), make_atoms, make_queries, targets,
-                          options.kernel, options.max_neighbors, vocab_size)
+                          options.kernel, options.max_neighbors, vocab_size, options.bandwidth_objective)
     window, decay, atoms, calibration = chosen.window, chosen.decay, chosen.atoms, chosen.calibration
     if options.bandwidth is not None:  # keep the calibration curve, score the given bandwidth
         given = score(chosen.neighbours, targets, options.bandwidth, options.kernel, vocab_size)

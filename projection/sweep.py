@@ -16,8 +16,8 @@ from projection.calibrate import Neighbours, calibrate_bandwidth, nearest_atoms
 from projection.ingest import AtomRows
 
 Candidate = tuple[int | None, float]
-CANDIDATES: list[Candidate] = [(1, 1.0), (2, 1.0), (2, 0.5), (2, 0.25), (3, 0.5), (3, 0.25), (4, 0.5),
-                               (4, 0.25), (8, 0.5), (None, 0.5), (None, 1.0)]
+CANDIDATES: list[Candidate] = [(1, 1.0), (2, 1.0), (2, 0.25), (2, 0.05), (2, 0.01), (3, 0.25), (3, 0.05),
+                               (3, 0.01), (4, 0.01), (8, 0.1), (None, 0.5), (None, 1.0)]
 
 
 @dataclass
@@ -31,26 +31,28 @@ class Evaluated:
     def summary(self) -> dict:
         c = self.calibration
         return {"window": self.window, "decay": self.decay, "atoms": int(len(self.atoms.token_ids)),
-                "h": c["h"], "top1": c["top1"], "log_likelihood": c["log_likelihood"], "coverage": c["coverage"]}
+                "h": c["h"], "top1": c["top1"], "log_likelihood": c["log_likelihood"], "coverage": c["coverage"],
+                "best_top1": c["best_top1"]}
 
 
 def evaluate(window: int | None, decay: float, make_atoms: Callable[[int | None, float], AtomRows],
              make_queries: Callable[[int | None, float], np.ndarray], targets: np.ndarray, kernel: str,
-             max_neighbors: int, vocab_size: int) -> Evaluated:
+             max_neighbors: int, vocab_size: int, objective: str = "log-likelihood") -> Evaluated:
     """Atoms, held-out queries and calibrated bandwidth for one (window, decay)."""
     atoms = make_atoms(window, decay)
     nb = nearest_atoms(atoms.positions, atoms.token_ids, atoms.weights, make_queries(window, decay), max_neighbors)
-    return Evaluated(window, decay, atoms, nb, calibrate_bandwidth(nb, targets, kernel, vocab_size))
+    return Evaluated(window, decay, atoms, nb, calibrate_bandwidth(nb, targets, kernel, vocab_size, objective))
 
 
 def sweep(candidates: list[Candidate], make_atoms, make_queries, targets: np.ndarray, kernel: str,
-          max_neighbors: int, vocab_size: int, advance: Callable[[int], None] | None = None
-          ) -> tuple[Evaluated, list[dict]]:
+          max_neighbors: int, vocab_size: int, advance: Callable[[int], None] | None = None,
+          objective: str = "log-likelihood") -> tuple[Evaluated, list[dict]]:
     """The best candidate (with its atoms) and every candidate's summary, in order."""
     best: Evaluated | None = None
     rows = []
     for window, decay in candidates:
-        result = evaluate(window, decay, make_atoms, make_queries, targets, kernel, max_neighbors, vocab_size)
+        result = evaluate(window, decay, make_atoms, make_queries, targets, kernel, max_neighbors, vocab_size,
+                          objective)
         rows.append(result.summary())
         rank = (result.calibration["top1"], result.calibration["log_likelihood"])
         if best is None or rank > (best.calibration["top1"], best.calibration["log_likelihood"]):

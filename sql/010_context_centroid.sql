@@ -5,7 +5,8 @@
 -- where k counts steps back from the newest token (k = 0 is the last one), window and decay
 -- are the atom set's centroid_window (NULL = every token, as in the original) and
 -- centroid_decay (1 = uniform). hartonomous/centroid.py is the same definition in NumPy; the
--- tests compare the two. decay^k below e^-744 counts as 0 (PostgreSQL raises on underflow).
+-- tests compare the two. decay^k below e^-300 counts as 0, so that weight * coordinate cannot
+-- underflow (PostgreSQL raises on underflow); the newest token's weight is 1, so this is invisible.
 --
 -- ht_* functions are internal building blocks of the public functions; call the public ones.
 -- Every function pins search_path and is SECURITY INVOKER. Bad input raises SQLSTATE 22023
@@ -98,7 +99,7 @@ BEGIN
       FROM (SELECT u.tid,
                    CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
                         WHEN p_decay = 1 THEN 1
-                        WHEN (n - u.i) * ln(p_decay) < -744 THEN 0
+                        WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
                         ELSE power(p_decay, (n - u.i)::double precision) END AS w
               FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c
       LEFT JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = c.tid;

@@ -35,8 +35,10 @@
 --  8. Bad input raises SQLSTATE 22023 naming the argument: NULL/empty context or NULL
 --     elements, a token id not in the atom set, temperature < 0/NaN/Inf, top_p outside (0, 1]
 --     or NaN, top_k < 0, max_neighbors outside 1..100000, repetition_penalty <= 0/NaN/Inf,
---     search_radius < 0/NaN, an unknown atom set or no default one.
--- Floating point: everything is float8; exp() of arguments below -744 counts as 0.
+--     search_radius < 0/NaN, an unknown atom set or no default one. temperature (when > 0) and
+--     repetition_penalty must lie in [1e-6, 1e6], where scaling logits cannot overflow float8.
+-- Floating point: everything is float8; exp() of arguments below -744 counts as 0, and below
+-- -700 in the two softmaxes, so that e / sum(e) cannot underflow (PostgreSQL raises on underflow).
 -- Plan: static SQL with plan_cache_mode = force_generic_plan, so the statement is planned once
 -- per session and the executor prunes the other atom sets' partitions at start-up; this was
 -- faster than per-call custom plans (~5 ms of planning) and than dynamic SQL on atoms_<id>.
@@ -60,6 +62,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('temperature must be a finite number >= 0, got %s',
                              coalesce(p_temperature::text, 'NULL')),
+            HINT = 'Use 0 for greedy decoding, 1 for the model''s distribution.';
+    END IF;
+    -- Outside [1e-6, 1e6] logits / T overflows or underflows float8, and PostgreSQL raises.
+    IF p_temperature > 0 AND (p_temperature < 1e-6 OR p_temperature > 1e6) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('temperature must be 0 or between 1e-06 and 1e+06, got %s', p_temperature),
             HINT = 'Use 0 for greedy decoding, 1 for the model''s distribution.';
     END IF;
     IF p_top_k < 0 THEN
@@ -88,6 +96,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('repetition_penalty must be a finite number > 0, got %s',
                              coalesce(p_repetition_penalty::text, 'NULL')),
+            HINT = 'Use 1 for no penalty; values above 1 discourage repeating context tokens.';
+    END IF;
+    IF p_repetition_penalty < 1e-6 OR p_repetition_penalty > 1e6 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('repetition_penalty must be between 1e-06 and 1e+06, got %s', p_repetition_penalty),
             HINT = 'Use 1 for no penalty; values above 1 discourage repeating context tokens.';
     END IF;
 END
@@ -146,7 +159,7 @@ BEGIN
            AND (p_top_k IS NULL OR p_top_k = 0 OR r.k <= p_top_k)
     ), softmax_k AS (
         SELECT e.tid, e.z, e.e / sum(e.e) OVER () AS q
-          FROM (SELECT t.tid, t.z, CASE WHEN t.dz < -744 THEN 0 ELSE exp(t.dz) END AS e
+          FROM (SELECT t.tid, t.z, CASE WHEN t.dz < -700 THEN 0 ELSE exp(t.dz) END AS e
                   FROM top_k t) e
     ), top_p AS (
         SELECT b.tid, b.z - max(b.z) OVER () AS dz
@@ -158,7 +171,7 @@ BEGIN
          WHERE p_top_p IS NULL OR p_top_p >= 1 OR b.before < p_top_p
     ), renormalised AS (
         SELECT e.tid, e.e / sum(e.e) OVER () AS p
-          FROM (SELECT t.tid, CASE WHEN t.dz < -744 THEN 0 ELSE exp(t.dz) END AS e
+          FROM (SELECT t.tid, CASE WHEN t.dz < -700 THEN 0 ELSE exp(t.dz) END AS e
                   FROM top_p t) e
     )
     SELECT r.tid, r.p, sum(r.p) OVER (ORDER BY r.p DESC, r.tid ROWS UNBOUNDED PRECEDING)

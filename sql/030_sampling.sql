@@ -139,7 +139,7 @@ BEGIN
             center := ht_context_centroid(
                 s.id, s.centroid_window, s.centroid_decay,
                 CASE WHEN s.centroid_window IS NULL OR s.centroid_window >= n THEN ctx
-                     ELSE ctx[n - s.centroid_window + 1 : n] END);
+                     ELSE ctx[array_upper(ctx, 1) - s.centroid_window + 1 : array_upper(ctx, 1)] END);
         END IF;
         picked := ht_sample(s.id, s.kernel, s.bandwidth, center, ctx, temperature, top_k, top_p,
                             search_radius, max_neighbors, repetition_penalty,

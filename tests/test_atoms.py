@@ -129,7 +129,8 @@ def test_segments_split_at_paragraphs_and_the_holdout_is_disjoint_and_seeded() -
 
 def test_the_default_corpus_is_deterministic_stdlib_docstrings() -> None:
     docs = stdlib_documents()
-    assert docs == stdlib_documents()
+    modules = [d.source.split(".")[0] for d in docs]  # in sorted file order, so deterministic
+    assert modules == sorted(modules)
     by_source = {d.source: d.text for d in docs}
     assert by_source["json.dumps"].startswith("Serialize ``obj`` to a JSON formatted ``str``.")
     assert len(docs) > 1000 and len({d.text for d in docs}) == len(docs)

@@ -42,8 +42,8 @@ def corpus_file(tmp_path_factory) -> Path:
     return path
 
 
-def options(name: str, kind: str, corpus: Path, **extra) -> BuildOptions:
-    base = dict(name=name, kind=kind, model="tiny", corpus=[corpus], max_tokens=3000, landmarks=32,
+def options(name: str, kind: str, corpus_path: Path, **extra) -> BuildOptions:
+    base = dict(name=name, kind=kind, model="tiny", corpus=[corpus_path], max_tokens=3000, landmarks=32,
                 holdout_chars=1500, context_length=64, batch_tokens=512)
     return BuildOptions(**{**base, **extra})
 
@@ -170,7 +170,9 @@ def test_stored_landmarks_project_new_vectors_like_the_build(server_url: str, to
 
 def test_bad_options_are_user_errors_before_any_work(server_url: str, corpus_file: Path) -> None:
     for bad, match in ((dict(kind="bogus"), "--kind"), (dict(decay=0.0), "--decay"), (dict(window=0), "window"),
-                       (dict(name="has space"), "--name"), (dict(max_neighbors=0), "--max-neighbors")):
+                       (dict(name="has space"), "--name"), (dict(max_neighbors=0), "--max-neighbors"),
+                       (dict(corpus=[Path("/nonexistent.txt")]), "corpus file '/nonexistent.txt' does not exist"),
+                       (dict(bandwidth_objective="bogus"), "--bandwidth-objective")):
         with pytest.raises(UserError, match=match):
             run_build(server_url, options(bad.pop("name", "bad"), bad.pop("kind", "context"), corpus_file, **bad))
 
@@ -271,16 +273,10 @@ def test_cli_build_list_default_drop(server_url: str, corpus_file: Path, tmp_pat
     assert "cli-tiny" in table and "trustworthiness" in table
     assert cli("atom-sets", "default", "cli-tiny", url=server_url).returncode == 0
     assert one(server_url, "SELECT is_default FROM atom_sets WHERE name = 'cli-tiny'")[0] is True
-    again = cli("build", "--name", "cli-tiny", "--kind", "token", "--model", str(tmp_path / "tiny"),
-                "--corpus", str(corpus_file), url=server_url)
-    assert again.returncode == 1 and again.stderr.startswith("error: atom set 'cli-tiny' already exists")
     assert cli("atom-sets", "drop", "cli-tiny", url=server_url).returncode == 0
     assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'cli-tiny'")[0] == 0
     for args, message in ((("atom-sets", "drop", "cli-tiny"), "error: no atom set named 'cli-tiny'"),
-                          (("build", "--name", "x", "--kind", "bogus"), "error: --kind must be"),
-                          (("build", "--name", "x", "--window", "-2"), "error: --window must be"),
-                          (("build", "--name", "x", "--corpus", "/nonexistent.txt", "--model", str(tmp_path / "tiny")),
-                           "error: corpus file '/nonexistent.txt' does not exist")):
+                          (("build", "--name", "x", "--window", "-2"), "error: --window must be")):
         bad = cli(*args, url=server_url)
         assert bad.returncode == 1 and bad.stderr.startswith(message), bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1

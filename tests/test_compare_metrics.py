@@ -98,6 +98,9 @@ def test_top10_overlap_and_ties():
     assert m.ranked(np.array([7, 2, 9]), np.array([0.2, 0.4, 0.4])).tolist() == [2, 9, 7]
     tied = np.array([0.25, 0.25, 0.25, 0.25])
     assert m.exact_ranked(tied, 2).tolist() == [0, 1]
+    flat_ids = np.arange(100, 0, -1)  # 100 equal probabilities: the top 3 are the lowest ids
+    assert m.ranked(flat_ids, np.full(100, 0.01), 3).tolist() == [1, 2, 3]
+    assert m.argmax(m.Sparse(flat_ids, np.full(100, 0.01))) == 1
 
 
 def test_smoothing_and_perplexity():

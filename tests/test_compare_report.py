@@ -190,3 +190,26 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
 
         with psycopg.connect(server_url) as conn:
             drop_atom_set(conn, name)
+
+
+def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_path):
+    """A set whose stats name the corpus files and settings (not the text) gets its training split back,
+    checked against the recorded holdout; a changed file is refused with the reason."""
+    from hartonomous.compare.atomset import AtomSetInfo
+    from hartonomous.compare.baselines import CorpusUnavailable
+    from hartonomous.compare.cli import build_corpus_loader
+    from projection.corpus import load_corpus
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(30)), encoding="utf-8")
+    corpus = load_corpus([doc], 2000, None, 3, train=True)
+    stats = {"corpus": {"source": "doc.txt", "text": None, "files": [str(doc)], "max_tokens": 2000, "seed": 3,
+                        "context_length": 64},
+             "holdout": {"source": "doc.txt holdout", "text": corpus.holdout_text}}
+    info = AtomSetInfo(1, "s", "tiny", "token", 320, 32, "random", None, 1.0, "gaussian", 1.0, 320, False, None, stats)
+    source, text = build_corpus_loader(info)
+    assert text == corpus.train_text and "training split" in source
+    assert corpus.holdout_text not in text
+    doc.write_text("\n\n".join(f"Other text {i}: " + "token " * 60 for i in range(30)), encoding="utf-8")
+    with pytest.raises(CorpusUnavailable, match="holdout differs"):
+        build_corpus_loader(info)

@@ -68,7 +68,12 @@ def build_corpus_loader(info) -> tuple[str, str]:
         raise CorpusUnavailable(f"the build corpus file {missing[0]} is not there any more")
     from projection.corpus import load_corpus
 
-    corpus = load_corpus(files or None, int(entry["max_tokens"]), None, int(entry.get("seed", 0)), train=True)
+    from hartonomous.errors import UserError
+
+    try:
+        corpus = load_corpus(files or None, int(entry["max_tokens"]), None, int(entry.get("seed", 0)), train=True)
+    except UserError as exc:
+        raise CorpusUnavailable(f"cannot rebuild the build corpus ({exc})") from None
     if holdout.get("text") and corpus.holdout_text != holdout["text"]:
         raise CorpusUnavailable("the rebuilt corpus's holdout differs from the recorded one (was --holdout-chars "
                                 "given to the build?); cannot recover the training split")

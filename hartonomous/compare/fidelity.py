@@ -78,8 +78,9 @@ def evaluate_text(fid: Fidelity, text_index: int, ids: Sequence[int], exact_log_
     if "spatial" not in predictors:
         raise ValueError("predictors must include 'spatial'")
     ids = [int(t) for t in ids]
+    rows = exact_log_probs.numpy() if hasattr(exact_log_probs, "numpy") else np.asarray(exact_log_probs)
     for t in range(len(ids) - 1):
-        log_p = exact_log_probs[t].double().numpy()
+        log_p = rows[t].astype(np.float64)
         probs = np.exp(log_p)
         probs /= probs.sum()
         exact = m.Exact(probs)

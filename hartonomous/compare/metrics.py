@@ -54,10 +54,15 @@ class Sparse:
         return out
 
 
-def ranked(ids: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """Token ids ordered by probability descending, then token id ascending."""
+def ranked(ids: np.ndarray, probs: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Token ids ordered by probability descending, then token id ascending (the first k only)."""
+    ids, probs = np.asarray(ids), np.asarray(probs)
+    if k is not None and len(ids) > 4 * k:
+        part = np.argpartition(-probs, k - 1)[:k]
+        keep = np.flatnonzero(probs >= probs[part].min())  # every tie at the k-th value
+        ids, probs = ids[keep], probs[keep]
     order = np.lexsort((ids, -probs))
-    return np.asarray(ids)[order]
+    return ids[order] if k is None else ids[order][:k]
 
 
 def exact_ranked(exact: np.ndarray, k: int) -> np.ndarray:
@@ -70,8 +75,10 @@ def exact_ranked(exact: np.ndarray, k: int) -> np.ndarray:
 
 
 def argmax(dist: Sparse) -> int | None:
-    """The approximation's top token (None for an empty distribution)."""
-    return int(ranked(dist.ids, dist.probs)[0]) if len(dist) else None
+    """The approximation's top token, lowest id on ties (None for an empty distribution)."""
+    if not len(dist):
+        return None
+    return int(dist.ids[dist.probs == dist.probs.max()].min())
 
 
 class Exact:
@@ -98,7 +105,7 @@ def top1_agreement(exact, dist: Sparse) -> bool:
 
 def top_k_overlap(exact, dist: Sparse, k: int = TOP_K_OVERLAP) -> float:
     """|top-k(approx) ∩ top-k(exact)| / k; a candidate set smaller than k counts as missing the rest."""
-    mine = set(ranked(dist.ids, dist.probs)[:k].tolist())
+    mine = set(ranked(dist.ids, dist.probs, k).tolist())
     theirs = _exact(exact).top10 if k == TOP_K_OVERLAP else set(exact_ranked(_exact(exact).probs, k).tolist())
     return len(mine & theirs) / k
 
@@ -173,8 +180,12 @@ def nucleus(exact: np.ndarray, p: float = PEARSON_NUCLEUS) -> np.ndarray:
 
 
 def union_support(exact, dist: Sparse) -> np.ndarray:
-    """Token ids in the approximation's candidate set or in the exact top-p nucleus."""
-    return np.union1d(dist.ids[dist.probs > 0], _exact(exact).nucleus)
+    """Token ids (ascending) in the approximation's candidate set or in the exact top-p nucleus."""
+    ex = _exact(exact)
+    mask = np.zeros(ex.vocab_size, dtype=bool)
+    mask[dist.ids[dist.probs > 0]] = True
+    mask[ex.nucleus] = True
+    return np.flatnonzero(mask)
 
 
 def pearson_union(exact, dist: Sparse) -> float:
@@ -185,9 +196,7 @@ def pearson_union(exact, dist: Sparse) -> float:
     """
     ex = _exact(exact)
     support = union_support(ex, dist)
-    approx = np.zeros(len(support))
-    approx[np.searchsorted(support, dist.ids[dist.probs > 0])] = dist.probs[dist.probs > 0]
-    return pearson(ex.probs[support], approx)
+    return pearson(ex.probs[support], dist.dense(ex.vocab_size)[support])
 
 
 def pearson_full_vocab(exact, dist: Sparse) -> float:

@@ -29,6 +29,7 @@ class DistilledNGram:
         self.order = order
         self.counts: dict[tuple[int, ...], Counter] = defaultdict(Counter)
         self.pairs = 0
+        self._cache: dict[tuple[int, ...], Sparse] = {}
 
     def fit(self, sequences: Iterable[Sequence[int]], labels: Iterable[Sequence[int]]) -> "DistilledNGram":
         """labels[i][t] is the exact argmax after sequences[i][: t + 1]."""
@@ -36,6 +37,7 @@ class DistilledNGram:
             seq, lab = [int(x) for x in seq], [int(x) for x in lab]
             if len(seq) != len(lab):
                 raise ValueError("each label sequence must be as long as its token sequence")
+            self._cache.clear()
             for t, label in enumerate(lab):
                 for n in range(self.order):
                     if n > t + 1:
@@ -57,10 +59,16 @@ class DistilledNGram:
         n = self.backoff_order(context)
         if n == 0:
             return Sparse.empty()
-        counter = self.counts[tuple(context[len(context) - (n - 1):])] if n > 1 else self.counts[()]
-        ids = np.fromiter(counter.keys(), dtype=np.int64, count=len(counter))
-        counts = np.fromiter(counter.values(), dtype=np.float64, count=len(counter))
-        return Sparse(ids, counts / counts.sum())
+        key = tuple(context[len(context) - (n - 1):]) if n > 1 else ()
+        cached = self._cache.get(key)
+        if cached is None:
+            counter = self.counts[key]
+            ids = np.fromiter(counter.keys(), dtype=np.int64, count=len(counter))
+            counts = np.fromiter(counter.values(), dtype=np.float64, count=len(counter))
+            cached = Sparse(ids, counts / counts.sum())
+            if len(self._cache) < 4096:
+                self._cache[key] = cached
+        return cached
 
 
     def truncated(self, order: int) -> "DistilledNGram":

@@ -12,6 +12,7 @@ import numpy as np
 import psycopg
 
 from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots, teacher
+from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.compare.atomset import AtomSetInfo, Text, holdout_text, load_atom_set, read_prompts, read_texts
 from hartonomous.errors import UserError
 
@@ -139,7 +140,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     fid = fid_mod.Fidelity()
     total = sum(max(k - 1, 0) for k in keep)
     progress.stage("teacher-forced fidelity", total)
-    paths = {"spatial": lambda ctx: _spatial(conn, ctx, info.name, options.max_neighbors), **predictors}
+    paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors), **predictors}
     for index, (ids, k) in enumerate(zip(encoded, keep)):
         if k < 2:
             continue
@@ -168,12 +169,6 @@ def default_prompts(texts: list[Text]) -> list[str]:
     words = texts[0].text.split()
     own = " ".join(words[:8]) if words else None
     return ([own] if own else []) + list(generation.DEFAULT_PROMPTS[:2])
-
-
-def _spatial(conn, ctx, name, k):
-    from hartonomous.compare.spatial import spatial_distribution
-
-    return spatial_distribution(conn, ctx, name, k)
 
 
 def _baselines(conn, info, model, model_name, tokenizer, options, progress, corpus_loader):

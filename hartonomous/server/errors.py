@@ -14,7 +14,9 @@ import uuid
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hartonomous.errors import DatabaseUnavailable, UserError
@@ -31,10 +33,21 @@ def _field(loc) -> str:
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 naming the fields; the offending input is not echoed back (it may be huge)."""
-    detail = [{"loc": list(e.get("loc", ())), "field": _field(e.get("loc", ())), "msg": e.get("msg", ""),
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
+               "field": "body" if e.get("type") == "json_invalid" else _field(e.get("loc", ())),
                "type": e.get("type", "")} for e in exc.errors()]
     summary = "; ".join(f"{d['field']}: {d['msg']}" for d in detail[:3]) or "invalid request"
     return JSONResponse(status_code=422, content={"error": summary, "detail": detail})
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """A body that is not UTF-8 JSON is a 422 naming `body`, like any other malformed body."""
+    if exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):  # bad bytes, deep nesting
+        detail = [{"loc": ["body"], "field": "body", "msg": "the body is not valid UTF-8 JSON",
+                   "type": "json_invalid"}]
+        return JSONResponse(status_code=422, content={"error": "body: the body is not valid UTF-8 JSON",
+                                                      "detail": detail})
+    return await http_exception_handler(request, exc)
 
 
 async def user_error(request: Request, exc: UserError) -> JSONResponse:
@@ -80,6 +93,7 @@ class CatchAll:
 def install(app: FastAPI) -> None:
     """Register the handlers and the catch-all middleware on `app`."""
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(UserError, user_error)
     app.add_exception_handler(psycopg.OperationalError, database_error)
     app.add_middleware(CatchAll)

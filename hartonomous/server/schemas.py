@@ -43,11 +43,18 @@ class SamplerParams(Strict):
     temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy.")
     top_k: int | None = Field(40, ge=0, le=1_000_000, description="Keep the k most likely tokens; 0 or null = off.")
     top_p: float = Field(0.9, gt=0, le=1, allow_inf_nan=False, description="Nucleus mass; 1 = off.")
-    repetition_penalty: float = Field(1.0, gt=0, le=100, allow_inf_nan=False, description="1 = off.")
-    atom_set: str | None = Field(None, min_length=1, max_length=200,
+    repetition_penalty: float = Field(1.0, ge=1e-6, le=100, allow_inf_nan=False, description="1 = off.")
+    atom_set: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00]*$",
                                  description="Spatial: atom set name (the server's default if omitted).")
     search_radius: float | None = Field(None, gt=0, allow_inf_nan=False, description="Spatial: KNN radius.")
     max_neighbors: int = Field(100, ge=1, le=100_000, description="Spatial: KNN size.")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_not_tiny(cls, value: float) -> float:
+        if 0 < value < 1e-6:        # logits / T would overflow; the sampler rejects it too
+            raise ValueError("temperature must be 0 (greedy) or at least 1e-06")
+        return value
 
 
 class NextTokenRequest(SamplerParams):

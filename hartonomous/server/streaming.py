@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
+import psycopg
 from starlette.requests import Request
 
 from hartonomous.errors import UserError
@@ -31,6 +32,7 @@ log = logging.getLogger("hartonomous.server")
 T = TypeVar("T")
 DONE = "[DONE]"
 DISCONNECT_POLL_S = 0.1
+DATABASE_GONE = "the database connection was lost during the generation; try again shortly, and check GET /healthz"
 
 
 class _Failure:
@@ -111,6 +113,9 @@ async def sse_events(stream: WorkerStream) -> AsyncIterator[dict]:
                 yield {"data": _json(item)}
     except UserError as exc:
         yield {"event": "error", "data": _json({"error": str(exc)})}
+    except psycopg.OperationalError as exc:          # the database went away mid-stream
+        log.warning("stream stopped: database error: %s", str(exc).strip().splitlines()[:1])
+        yield {"event": "error", "data": _json({"error": DATABASE_GONE})}
     except Exception:
         error_id = uuid.uuid4().hex[:12]
         log.exception("stream failed (error id %s)", error_id)

@@ -1,0 +1,1 @@
+"""Reliability tooling: the HTTP load generator (`python -m hartonomous.reliability.load`)."""

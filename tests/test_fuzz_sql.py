@@ -1,0 +1,405 @@
+"""Property/fuzz suite for the SQL inference functions, run as the least-privilege reader role.
+
+Any input to next_token, sample_next_token, generate_tokens and next_token_batch (random arrays,
+empty and 10^6-long contexts, NULLs, NaN, +-Inf, extreme and negative values) either gives a
+valid distribution / valid token ids, or raises SQLSTATE 22023 whose message starts with the
+name of the first bad argument, in the order the functions check them. One connection stays
+open for the whole module: had any call crashed a backend, PostgreSQL would have reset every
+connection, and the final `SELECT 1` on it would fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import psycopg
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis.control import currently_in_test_context
+from hypothesis import strategies as st
+
+from distribution_checks import check_distribution
+from projection.ingest import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
+
+VOCAB = 64
+FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+SAMPLER_MIN, SAMPLER_MAX = 1e-6, 1e6     # temperature (> 0) and repetition_penalty bounds
+NEXT_TOKEN = ("SELECT token_id, probability, cumulative_probability FROM next_token("
+              "%s::int[], %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8)")
+SAMPLE = ("SELECT sample_next_token(%s::int[], %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, "
+          "%s::float8, %s::bigint, %s::int)")
+GENERATE = ("SELECT generate_tokens(%s::int[], %s::int, %s::float8, %s::int, %s::float8, %s::float8, %s::int, "
+            "%s::text, %s::float8, %s::bigint, %s::int[])")
+BATCH = ("SELECT context_index, token_id, probability, cumulative_probability FROM next_token_batch("
+         "%s::jsonb, %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8)")
+
+
+@dataclass(frozen=True)
+class FuzzSet:
+    name: str
+    tokens: frozenset[int]          # ids in the tokens table (valid context ids)
+    atom_tokens: frozenset[int]     # ids that can come out
+
+    def __repr__(self) -> str:      # short, for hypothesis' falsifying examples
+        return f"FuzzSet({self.name!r})"
+
+
+def _write(url: str, name: str, seed: int, log_w: tuple[float, float], scale: float, **spec) -> FuzzSet:
+    rng = np.random.default_rng(seed)
+    n_atoms = 600
+    atom_tokens = np.concatenate([np.arange(VOCAB), rng.integers(0, VOCAB, n_atoms - VOCAB)])
+    weights = np.exp(rng.uniform(*log_w, n_atoms))
+    with psycopg.connect(url) as conn:
+        write_atom_set(conn, AtomSetSpec(name=name, model="fuzz", vocab_size=VOCAB, embedding_dim=3,
+                                         projection="hand-made", kind="token", **spec),
+                       TokenRows(np.arange(VOCAB), [None] * VOCAB, rng.normal(size=(VOCAB, 3)) * scale),
+                       AtomRows(atom_tokens, rng.normal(size=(n_atoms, 3)) * scale, weights), replace=True)
+    return FuzzSet(name, frozenset(range(VOCAB)), frozenset(atom_tokens.tolist()))
+
+
+@pytest.fixture(scope="module")
+def sets(server_url: str) -> Iterator[dict[str, FuzzSet]]:
+    """Three committed sets: ordinary; extreme weights with a short window; long decay, tiny coordinates."""
+    made = {
+        "plain": _write(server_url, "fuzz_plain", 1, (-3, 3), 1.0, bandwidth=0.5),
+        "wide": _write(server_url, "fuzz_wide", 2, (-740, 700), 1.0, kernel="exponential", bandwidth=0.05,
+                       centroid_window=4, centroid_decay=0.3),
+        "decay": _write(server_url, "fuzz_decay", 3, (-1, 1), 0.01, bandwidth=0.003, centroid_decay=0.5),
+    }
+    yield made
+    with psycopg.connect(server_url) as conn:
+        for s in made.values():
+            drop_atom_set(conn, s.name)
+
+
+@pytest.fixture(scope="module")
+def db(reader_url: str, sets) -> Iterator[psycopg.Connection]:
+    """The reader's connection for the whole module; it must survive every call."""
+    with psycopg.connect(reader_url, autocommit=True) as conn:
+        yield conn
+        assert conn.execute("SELECT 1").fetchone() == (1,), "the database did not survive the fuzz calls"
+
+
+def _default_set(db: psycopg.Connection) -> FuzzSet | None:
+    row = db.execute("SELECT id, name FROM atom_sets WHERE is_default").fetchone()
+    if row is None:
+        return None
+    tokens = {r[0] for r in db.execute("SELECT token_id FROM tokens WHERE atom_set_id = %s", (row[0],))}
+    atoms = {r[0] for r in db.execute("SELECT DISTINCT token_id FROM atoms WHERE atom_set_id = %s", (row[0],))}
+    return FuzzSet(row[1], frozenset(tokens), frozenset(atoms))
+
+
+def _resolve(db, sets: dict[str, FuzzSet], atom_set: str | None) -> FuzzSet | None:
+    if atom_set is None:
+        return _default_set(db)
+    return next((s for s in sets.values() if s.name == atom_set), None)
+
+
+# -- what must fail, and with which argument named --------------------------------------------------
+
+def _context_error(context) -> bool:
+    if context is None or len(context) == 0:
+        return True
+    if isinstance(context[0], list):          # a 2-D array
+        return True
+    return any(t is None for t in context)
+
+
+def _sampler_error(temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty) -> str | None:
+    def bounded_positive(x) -> bool:
+        return x is not None and math.isfinite(x) and SAMPLER_MIN <= x <= SAMPLER_MAX
+
+    if temperature is None or not (temperature == 0 or bounded_positive(temperature)):
+        return "temperature"
+    if top_k is not None and top_k < 0:
+        return "top_k"
+    if top_p is not None and (math.isnan(top_p) or not 0 < top_p <= 1):
+        return "top_p"
+    if search_radius is not None and (math.isnan(search_radius) or search_radius < 0):
+        return "search_radius"
+    if max_neighbors is None or not 1 <= max_neighbors <= 100_000:
+        return "max_neighbors"
+    if not bounded_positive(repetition_penalty):
+        return "repetition_penalty"
+    return None
+
+
+def _set_error(fs: FuzzSet | None, context) -> str | None:
+    if fs is None:
+        return "atom_set"
+    if any(t not in fs.tokens for t in context):
+        return "context"
+    return None
+
+
+def _call(db: psycopg.Connection, sql: str, params: tuple) -> tuple[list | None, psycopg.Error | None]:
+    try:
+        return db.execute(sql, params).fetchall(), None
+    except psycopg.Error as exc:
+        return None, exc
+
+
+def _event(name: str) -> None:
+    """Count outcomes for --hypothesis-show-statistics (only inside a hypothesis test)."""
+    if currently_in_test_context():
+        event(name)
+
+
+def _assert_fails_naming(error: psycopg.Error | None, argument: str) -> None:
+    _event(f"22023 {argument.split('[')[0]}")
+    assert error is not None, f"expected SQLSTATE 22023 naming {argument}, got rows"
+    assert error.sqlstate == "22023", f"{error.sqlstate}: {error.diag.message_primary}"
+    assert error.diag.message_primary.startswith(argument), error.diag.message_primary
+
+
+def _assert_succeeds(error: psycopg.Error | None) -> None:
+    _event("valid result")
+    assert error is None, f"{error.sqlstate}: {error.diag.message_primary}"
+
+
+# -- strategies ---------------------------------------------------------------------------------------
+# Each example fuzzes at most two arguments with anything (NULL, NaN, +-Inf, extremes, wrong shapes)
+# and draws the others from their valid ranges, so that both outcomes are exercised often.
+
+INT32 = st.integers(-2**31, 2**31 - 1)
+INT64 = st.integers(-2**63, 2**63 - 1)
+EDGE_FLOATS = [0.0, -0.0, 1.0, -1.0, 5e-324, 1e-310, 1e-7, SAMPLER_MIN, 0.5, 2.0, SAMPLER_MAX, 1e7, 1e300,
+               1.7e308, math.inf, -math.inf, math.nan]
+ANY_FLOAT = st.one_of(st.none(), st.sampled_from(EDGE_FLOATS), st.floats(allow_nan=True, allow_infinity=True),
+                      st.floats(0.01, 5.0))
+ANY_INT = st.one_of(st.none(), st.sampled_from([0, 1, -1, 100_000, 100_001, 2**31 - 1, -2**31]), INT32,
+                    st.integers(-3, 300))
+TOKEN = st.integers(0, VOCAB - 1)
+ANY_TOKEN = st.one_of(TOKEN, INT32, st.integers(-5, VOCAB + 5))
+SET_NAMES = ["fuzz_plain", "fuzz_wide", "fuzz_decay"]
+
+VALID = {
+    "context": st.lists(TOKEN, min_size=1, max_size=40),
+    "temperature": st.one_of(st.sampled_from([0.0, SAMPLER_MIN, SAMPLER_MAX, 1.0]), st.floats(SAMPLER_MIN, 10.0)),
+    "top_k": st.one_of(st.none(), st.integers(0, 100), st.sampled_from([2**31 - 1])),
+    "top_p": st.one_of(st.none(), st.sampled_from([1.0, 5e-324]), st.floats(0, 1, exclude_min=True)),
+    "search_radius": st.one_of(st.none(), st.none(), st.sampled_from([0.0, math.inf, 1e308]), st.floats(0, 3)),
+    "max_neighbors": st.one_of(st.integers(1, 700), st.sampled_from([1, 100_000])),
+    "repetition_penalty": st.one_of(st.just(1.0), st.sampled_from([SAMPLER_MIN, SAMPLER_MAX]),
+                                    st.floats(SAMPLER_MIN, 10.0)),
+    "atom_set": st.sampled_from(SET_NAMES),
+    "seed": st.one_of(st.none(), INT64),
+    "step": INT32,
+    "max_new_tokens": st.integers(0, 12),
+    "stop_tokens": st.one_of(st.none(), st.lists(TOKEN, max_size=4)),
+}
+ANY = {
+    "context": st.one_of(
+        st.none(), st.just([]), st.lists(ANY_TOKEN, max_size=40),
+        st.lists(st.one_of(ANY_TOKEN, st.none()), min_size=1, max_size=10),
+        st.lists(st.lists(TOKEN, min_size=2, max_size=2), min_size=1, max_size=3)),      # 2-D arrays
+    "temperature": ANY_FLOAT, "top_k": ANY_INT, "top_p": ANY_FLOAT, "search_radius": ANY_FLOAT,
+    "max_neighbors": ANY_INT, "repetition_penalty": ANY_FLOAT,
+    "atom_set": st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00"), max_size=20)),
+    "seed": st.one_of(st.none(), INT64), "step": st.one_of(st.none(), INT32),
+    "max_new_tokens": st.one_of(st.none(), st.integers(-3, 12), st.sampled_from([100_001, 2**31 - 1, -2**31])),
+    "stop_tokens": st.one_of(st.none(), st.lists(st.one_of(ANY_TOKEN, st.none()), max_size=5)),
+}
+SAMPLER = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "repetition_penalty")
+
+
+@st.composite
+def inputs(draw, names: tuple[str, ...]) -> dict:
+    """Valid values for `names`, except for up to two of them, which may be anything."""
+    fuzzed = draw(st.sets(st.sampled_from(names), max_size=2))
+    return {name: draw(ANY[name] if name in fuzzed else VALID[name]) for name in names}
+
+
+def _params(a: dict, context_key: str = "context") -> tuple:
+    return (a[context_key], a["temperature"], a["top_k"], a["top_p"], a["search_radius"], a["max_neighbors"],
+            a["atom_set"], a["repetition_penalty"])
+
+
+def _sampler_of(a: dict) -> dict:
+    return {k: a[k] for k in SAMPLER}
+
+
+def _expected(db, sets, a: dict) -> tuple[str | None, FuzzSet | None]:
+    if _context_error(a["context"]):
+        return "context", None
+    bad = _sampler_error(**_sampler_of(a))
+    if bad:
+        return bad, None
+    fs = _resolve(db, sets, a["atom_set"])
+    return _set_error(fs, a["context"]), fs
+
+
+# -- next_token ---------------------------------------------------------------------------------------
+
+@settings(FUZZ, max_examples=250)
+@given(a=inputs(("context", *SAMPLER, "atom_set")))
+def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
+    rows, error = _call(db, NEXT_TOKEN, _params(a))
+    argument, fs = _expected(db, sets, a)
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    if not rows:             # only a search radius can leave no candidate
+        assert a["search_radius"] is not None
+        return
+    check_distribution(rows, fs.atom_tokens)
+    if a["temperature"] == 0:
+        assert len(rows) == 1 and rows[0][1] == 1.0
+
+
+# -- sample_next_token ----------------------------------------------------------------------------
+
+@settings(FUZZ, max_examples=120)
+@given(a=inputs(("context", *SAMPLER, "atom_set", "seed", "step")))
+def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> None:
+    rows, error = _call(db, SAMPLE, (*_params(a), a["seed"], a["step"]))
+    argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
+    if argument is None and a["seed"] is not None and a["step"] is None:
+        argument = "step"                       # checked before the atom set and the ids
+    fs = None
+    if argument is None:
+        fs = _resolve(db, sets, a["atom_set"])
+        argument = _set_error(fs, a["context"])
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    (token,) = rows[0]
+    assert token in fs.atom_tokens if token is not None else a["search_radius"] is not None
+
+
+# -- generate_tokens ------------------------------------------------------------------------------
+
+@settings(FUZZ, max_examples=100)
+@given(a=inputs(("context", *SAMPLER, "atom_set", "seed", "max_new_tokens", "stop_tokens")))
+def test_generate_tokens_gives_ids_of_the_set_or_22023(db, sets, a) -> None:
+    max_new, stop = a["max_new_tokens"], a["stop_tokens"]
+    params = _params(a)
+    rows, error = _call(db, GENERATE, (a["context"], max_new, *params[1:], a["seed"], stop))
+    argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
+    if argument is None and (max_new is None or not 0 <= max_new <= 100_000):
+        argument = "max_new_tokens"
+    fs = None
+    if argument is None:
+        fs = _resolve(db, sets, a["atom_set"])
+        argument = _set_error(fs, a["context"])
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    (generated,) = rows[0]
+    assert len(generated) <= max_new
+    assert all(t in fs.atom_tokens for t in generated)
+    stops = set(stop or []) - {None}
+    if len(generated) < max_new:           # stopped early: a stop token (kept) or no candidates
+        assert (generated and generated[-1] in stops) or a["search_radius"] is not None
+    assert not stops & set(generated[:-1])
+
+
+# -- next_token_batch -------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=3), inner, max_size=2)),
+    max_leaves=8)
+VALID["contexts"] = st.lists(st.lists(TOKEN, min_size=1, max_size=8), min_size=1, max_size=4)
+ANY["contexts"] = st.one_of(st.lists(st.lists(ANY_TOKEN, max_size=6), max_size=4), json_values)
+
+
+def _batch_error(contexts) -> str | None:
+    if not isinstance(contexts, list) or not contexts:
+        return "contexts"
+    for j, ctx in enumerate(contexts):
+        if not isinstance(ctx, list) or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x) or not -2**31 <= x < 2**31
+                for x in ctx) or not ctx:
+            return f"contexts[{j}]"
+    return None
+
+
+@settings(FUZZ, max_examples=120)
+@given(a=inputs(("contexts", *SAMPLER, "atom_set")))
+def test_next_token_batch_gives_one_distribution_per_context_or_22023(db, sets, a) -> None:
+    contexts = a["contexts"]
+    rows, error = _call(db, BATCH, (json.dumps(contexts), *_params(a, "contexts")[1:]))
+    argument = _sampler_error(**_sampler_of(a)) or _batch_error(contexts)
+    fs = None
+    if argument is None:
+        fs = _resolve(db, sets, a["atom_set"])
+        argument = _set_error(fs, [int(x) for ctx in contexts for x in ctx])
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    for j in range(len(contexts)):
+        mine = [r[1:] for r in rows if r[0] == j]
+        if mine or a["search_radius"] is None:
+            check_distribution(mine, fs.atom_tokens)
+    assert {r[0] for r in rows} <= set(range(len(contexts)))
+
+
+# -- targeted cases ---------------------------------------------------------------------------------
+
+def test_a_context_of_a_million_tokens(db, sets) -> None:
+    """10^6 ids: a distribution from each function, and 22023 for a NULL or foreign id at the very end."""
+    fs = sets["decay"]
+    ids = np.random.default_rng(0).integers(0, VOCAB, 10**6)
+    literal = "{" + ",".join(map(str, ids.tolist())) + "}"       # text: fast to send, parsed by the server
+    started = time.monotonic()
+    rows, error = _call(db, NEXT_TOKEN, (literal, 1.0, 40, 0.9, None, 100, fs.name, 1.3))
+    _assert_succeeds(error)
+    check_distribution(rows, fs.atom_tokens)
+    rows, error = _call(db, GENERATE, (literal, 2, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 7, None))
+    _assert_succeeds(error)
+    assert len(rows[0][0]) == 2 and set(rows[0][0]) <= fs.atom_tokens
+    rows, error = _call(db, BATCH, (json.dumps([ids.tolist()]), 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    _assert_succeeds(error)
+    check_distribution([r[1:] for r in rows], fs.atom_tokens)
+    _, error = _call(db, NEXT_TOKEN, (literal[:-1] + ",NULL}", 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    _assert_fails_naming(error, "context")
+    assert "element 1000001 is NULL" in error.diag.message_primary
+    _, error = _call(db, SAMPLE, (literal[:-1] + ",999}", 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, 0))
+    _assert_fails_naming(error, "context")
+    assert "token id 999 (element 1000001)" in error.diag.message_primary
+    assert time.monotonic() - started < 600      # generous: bounded, not a speed claim
+
+
+def test_softmax_of_a_far_tail_token_does_not_underflow(db, server_url) -> None:
+    """Six equal logits and one 743.5 below: its probability rounds to 0 instead of raising 22003.
+
+    Regression: e / sum(e) with e = exp(-743.5) underflowed float8 and PostgreSQL raised.
+    """
+    w = np.array([1.0] * 6 + [math.exp(-743.5)])
+    with psycopg.connect(server_url) as conn:
+        write_atom_set(conn, AtomSetSpec("fuzz_tail", "fuzz", 7, 3, "hand-made", "token"),
+                       TokenRows(np.arange(7), [None] * 7, np.zeros((7, 3))),
+                       AtomRows(np.arange(7), np.zeros((7, 3)), w), replace=True)
+    try:
+        for temperature, top_k, top_p in ((1.0, 0, 1.0), (1.0, 0, 0.999999), (0.01, 0, None)):
+            rows, error = _call(db, NEXT_TOKEN, ([1], temperature, top_k, top_p, None, 100, "fuzz_tail", 1.0))
+            _assert_succeeds(error)
+            check_distribution(rows, set(range(7)))
+    finally:
+        with psycopg.connect(server_url) as conn:
+            drop_atom_set(conn, "fuzz_tail")
+
+
+def test_a_long_decayed_context_does_not_underflow_the_centroid(db, sets) -> None:
+    """decay 0.5 over 1100 tokens gives weights near 1e-323; times a small coordinate that underflowed."""
+    fs = sets["decay"]
+    rows, error = _call(db, NEXT_TOKEN, (list(range(VOCAB)) * 18, 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    _assert_succeeds(error)
+    check_distribution(rows, fs.atom_tokens)
+
+
+def test_generate_tokens_ignores_the_lower_bound_of_the_context_array(db, sets) -> None:
+    """'[5:9]={...}' and '{...}' are the same context; the window slice used to assume lower bound 1."""
+    fs = sets["wide"]
+    ids = "3,9,27,17,40"
+    got = [_call(db, GENERATE, (literal, 6, 1.0, 0, 1.0, None, 100, fs.name, 1.0, 11, None))
+           for literal in (f"[5:9]={{{ids}}}", f"{{{ids}}}")]
+    assert got[0][1] is None and got[1][1] is None
+    assert got[0][0] == got[1][0]

@@ -1,0 +1,102 @@
+"""LOAD TEST (~75 s): 16 concurrent clients against `hartonomous serve` for 60 s, mixed next_token and generate.
+
+The server is the real command in its own process (tiny model, a hand-made 320-token atom set,
+the reader role, the default pool of 4 connections), on loopback. Asserts zero errors, that the
+server never holds more connections than its pool, and that every connection is gone once it
+stops. Prints the figures (run with -s) and writes them to test-artifacts/load.json.
+HARTONOMOUS_LOAD_SECONDS shortens or lengthens the run (default 60).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from generation_helpers import drop_atom_set, save_tiny_model, write_tiny_atom_set
+from hartonomous.reliability.load import ConnectionSampler, connection_counts, run_load
+
+CLIENTS = 16
+SECONDS = float(os.environ.get("HARTONOMOUS_LOAD_SECONDS", "60"))
+POOL_SIZE = 4                 # ServerConfig's default
+ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "load.json"
+
+pytestmark = pytest.mark.load
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("hartonomous serve did not become healthy")
+
+
+def _wait_for(condition, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader_url, tmp_path) -> None:
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    atom_set = write_tiny_atom_set(server_url, model=str(model_dir), seed=11)
+    port, tag = _free_port(), f"load-test-{os.getpid()}"
+    env = {**os.environ, "HARTONOMOUS_DATABASE_URL": server_url, "HARTONOMOUS_HOME": str(tmp_path),
+           "HARTONOMOUS_READER_DATABASE_URL": make_conninfo(reader_url, application_name=tag)}
+    exe = os.path.join(os.path.dirname(sys.executable), "hartonomous")
+    before = connection_counts(server_url, tag)
+    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--atom-set", atom_set, "--model", str(model_dir),
+                             "--no-preload", "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        sampler = ConnectionSampler(server_url, tag, interval_s=0.5)
+        sampler.start()
+        report = run_load(url, clients=CLIENTS, seconds=SECONDS, max_new_tokens=8)
+        peak = sampler.stop()
+        during = connection_counts(server_url, tag)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+        drop_atom_set(server_url, atom_set)
+    assert _wait_for(lambda: connection_counts(server_url, tag)["server"] == 0), "the server left connections"
+    after = connection_counts(server_url, tag)
+    report.connections = {"all_before": before["all"], "server_peak": peak, "server_after_run": during["server"],
+                          "server_after_stop": after["server"], "all_after_stop": after["all"]}
+    ARTIFACT.parent.mkdir(exist_ok=True)
+    ARTIFACT.write_text(json.dumps(report.as_dict(), indent=2))
+    print("\n" + "\n".join(report.lines()))
+
+    assert report.errors == 0, report.error_samples
+    assert all(s["requests"] > 0 for s in report.by_kind.values()), report.by_kind
+    assert report.seconds >= SECONDS
+    assert 1 <= peak <= POOL_SIZE, f"the server held {peak} connections; its pool has {POOL_SIZE}"
+    assert during["server"] <= POOL_SIZE and during.get("server_idle_in_transaction", 0) == 0
+    assert during.get("server_active", 0) == 0          # nothing left running after the last answer
+    assert after["all"] <= before["all"], "connections leaked past the server's shutdown"
+    assert proc.returncode == 0, output
