@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 PROMPT = "The capital of France is"
@@ -108,12 +109,14 @@ def main() -> None:
         ours(4, sampler), theirs(4, sampler)          # warm-up
         per_token: dict[str, list[float]] = {"exact": [], "transformers": []}
         same_tokens = True
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             mine, our_tokens = ours(args.tokens, sampler)
             other, their_tokens = theirs(args.tokens, sampler)
             per_token["exact"] += mine
             per_token["transformers"] += other
             same_tokens &= our_tokens == their_tokens
+            print(f"[{mode}] repeat {repeat + 1}/{args.repeats}: exact {statistics.median(mine) * 1e3:.1f} ms, "
+                  f"transformers {statistics.median(other) * 1e3:.1f} ms (medians)", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in per_token.items()}
         mean = {k: statistics.fmean(v) for k, v in per_token.items()}
         report["modes"][mode] = {

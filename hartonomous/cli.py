@@ -227,6 +227,14 @@ def _print_build_summary(result) -> None:
     ]
     for key, value in rows:
         table.add_row(key, value)
+    if s.get("centroid_sweep"):
+        sweep = Table(title="centroid sweep (held-out, calibrated h each)")
+        for column in ("window", "decay", "atoms", "h", "top-1", "log-likelihood"):
+            sweep.add_column(column, justify="right")
+        for r in s["centroid_sweep"]:
+            sweep.add_row("all" if r["window"] is None else str(r["window"]), f"{r['decay']:g}", f"{r['atoms']:,}",
+                          f"{r['h']:.4g}", f"{r['top1']:.3f}", f"{r['log_likelihood']:.3f}")
+        console.print(sweep)
     console.print(table)
 
 

@@ -54,7 +54,9 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def redact(url: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    """The URL or key=value conninfo without its password."""
+    url = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    return re.sub(r"\b(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", r"\1***", url)
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:
