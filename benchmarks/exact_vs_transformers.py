@@ -63,6 +63,7 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     model, tokenizer = exact.model, exact.tokenizer
     engine = Engine(ExactBackend(exact))
+    eos = exact.eos_token_ids()
     ids = tokenizer.encode(PROMPT)
     input_ids = torch.tensor([ids], device=exact.device)
 
@@ -114,7 +115,10 @@ def main() -> None:
             other, their_tokens = theirs(args.tokens, sampler)
             per_token["exact"] += mine
             per_token["transformers"] += other
-            same_tokens &= our_tokens == their_tokens
+            # transformers' min_new_tokens masks EOS until N tokens; we keep going past EOS instead,
+            # so the two agree up to our first EOS (the compute per token is the same either way)
+            cut = next((i for i, t in enumerate(our_tokens) if t in eos), len(our_tokens))
+            same_tokens &= our_tokens[:cut] == their_tokens[:cut]
             print(f"[{mode}] repeat {repeat + 1}/{args.repeats}: exact {statistics.median(mine) * 1e3:.1f} ms, "
                   f"transformers {statistics.median(other) * 1e3:.1f} ms (medians)", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in per_token.items()}
@@ -127,7 +131,8 @@ def main() -> None:
             "transformers_mean_ms": round(mean["transformers"] * 1e3, 2),
             "ratio_mean": round(mean["exact"] / mean["transformers"], 3),
             "tokens_measured_per_side": len(per_token["exact"]),
-            **({"greedy_tokens_identical": same_tokens} if mode == "greedy" else {}),
+            **({"greedy_tokens_identical_before_eos": same_tokens, "first_eos_at": cut}
+               if mode == "greedy" else {}),
         }
     report["load_average_after"] = os.getloadavg()
     print(json.dumps(report, indent=2))

@@ -155,6 +155,31 @@ def test_next_token_answers_from_both_sets(server_url: str, token_set, context_s
             assert sum(r[1] for r in rows) == pytest.approx(1.0)
 
 
+def test_calibration_scores_the_distribution_sql_next_token_returns(server_url: str, context_set) -> None:
+    """The bandwidth is calibrated on exactly what next_token computes (all atoms as neighbours,
+    so no tie at the K boundary can differ)."""
+    from projection.calibrate import nearest_atoms, score
+
+    with psycopg.connect(server_url) as conn:
+        set_id, h, window, decay = conn.execute("SELECT id, bandwidth, centroid_window, centroid_decay "
+                                                "FROM atom_sets WHERE name = 'tiny-context'").fetchone()
+        atoms = np.array(conn.execute("SELECT ST_X(position), ST_Y(position), ST_Z(position), token_id, weight "
+                                      "FROM atoms WHERE atom_set_id = %s", (set_id,)).fetchall())
+        tokens = np.array(conn.execute("SELECT ST_X(position), ST_Y(position), ST_Z(position) FROM tokens "
+                                       "WHERE atom_set_id = %s ORDER BY token_id", (set_id,)).fetchall())
+        rng = np.random.default_rng(2)
+        for _ in range(5):
+            context = rng.integers(0, len(tokens), 6).tolist()
+            sql = conn.execute("SELECT token_id, probability FROM next_token(%s, 1.0, 0, 1.0, NULL, %s, "
+                               "'tiny-context')", (context, len(atoms))).fetchall()
+            query = py_centroid(tokens[context], window, decay)[None]
+            nb = nearest_atoms(atoms[:, :3], atoms[:, 3].astype(int), atoms[:, 4], query, k=len(atoms))
+            for token_id, probability in sql[:10]:
+                s = score(nb, np.array([token_id]), h, "gaussian", len(tokens), smoothing=0.0)
+                assert np.exp(s.log_probs[0]) == pytest.approx(probability, rel=1e-9, abs=1e-12)
+            assert s.argmax[0] == sql[0][0]
+
+
 def test_stored_landmarks_project_new_vectors_like_the_build(server_url: str, token_set) -> None:
     with psycopg.connect(server_url) as conn:
         set_id, params = conn.execute(
@@ -213,40 +238,62 @@ def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str
 
 
 KILLED_BUILD = """
-import sys, numpy as np, psycopg
+import sys, time, numpy as np, psycopg
+from projection import ingest
 from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+if sys.argv[2] == "copy":  # small, slow COPY chunks, so that the kill lands in the middle of the COPY
+    ingest.COPY_CHUNK_ROWS, real = 20_000, ingest.fixed_width_payload
+    def slow(*args, **kwargs):
+        print("copy chunk", flush=True)
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+    ingest.fixed_width_payload = slow
 rng = np.random.default_rng(0)
 n, vocab = 400_000, 1000
 tokens = TokenRows(np.arange(vocab), [None] * vocab, rng.normal(size=(vocab, 3)))
 atoms = AtomRows(rng.integers(0, vocab, n), rng.normal(size=(n, 3)))
 with psycopg.connect(sys.argv[1], application_name="ht-test-killed-build") as conn:
-    write_atom_set(conn, AtomSetSpec("killed", "synthetic", vocab, 3, "none", "context"), tokens, atoms,
-                   progress=lambda m: print(m, flush=True))
+    write_atom_set(conn, AtomSetSpec("killed-" + sys.argv[2], "synthetic", vocab, 3, "none", "context"), tokens,
+                   atoms, progress=lambda m: print(m, flush=True))
 print("finished", flush=True)
 """
 
 
-def test_a_killed_build_leaves_nothing_and_the_next_build_succeeds(server_url: str, corpus_file: Path) -> None:
+COPY_PROGRESS = ("SELECT coalesce(max(p.tuples_processed), 0) FROM pg_stat_progress_copy p "
+                 "JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'ht-test-killed-build'")
+
+
+@pytest.mark.parametrize("phase", ["copy", "index"])
+def test_a_killed_build_leaves_nothing_and_the_next_build_succeeds(server_url: str, corpus_file: Path,
+                                                                   phase: str) -> None:
+    """SIGKILL during the atoms' COPY (rows already sent) or during the GiST index build."""
     before_tables = atom_tables(server_url)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, server_url], stdout=subprocess.PIPE, text=True,
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, server_url, phase], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
+        chunks = 0
         for line in proc.stdout:
-            if line.startswith("building the GiST"):
+            chunks += line.startswith("copy chunk")
+            if (phase == "copy" and chunks == 3) or (phase == "index" and line.startswith("building the GiST")):
                 break
         else:
-            pytest.fail("the build subprocess ended before building its index")
+            pytest.fail(f"the build subprocess ended before the {phase} phase")
+        if phase == "copy":
+            deadline = time.monotonic() + 60
+            while one(server_url, COPY_PROGRESS)[0] == 0:   # rows have reached the server: mid-COPY
+                assert time.monotonic() < deadline, "no COPY in progress"
+                time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
-    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'killed'")[0] == 0
+    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = %s", f"killed-{phase}")[0] == 0
     deadline = time.monotonic() + 180  # the server aborts the transaction once it sees the client gone
     while one(server_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ht-test-killed-build'")[0]:
         assert time.monotonic() < deadline, "the killed build's transaction is still open"
         time.sleep(0.5)
     assert atom_tables(server_url) == before_tables
-    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = 'killed'")[0] == 0
-    result = run_build(server_url, options("killed", "token", corpus_file))
+    assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = %s", f"killed-{phase}")[0] == 0
+    result = run_build(server_url, options(f"killed-{phase}", "token", corpus_file))
     assert one(server_url, "SELECT count(*) FROM atoms WHERE atom_set_id = %s", result.atom_set_id)[0] == result.atoms
 
 

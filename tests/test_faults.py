@@ -217,3 +217,52 @@ def test_the_server_answers_503_during_an_outage_and_200_after(up, atom_set) -> 
             time.sleep(0.5)
         again = http.post("/api/generate", json=body)
         assert again.status_code == 200 and len(again.json()["token_ids"]) == 4
+
+
+def test_a_cancelled_query_is_not_mistaken_for_a_lost_connection(up, atom_set) -> None:
+    client = _client(up, atom_set)
+    cancel = threading.Event()
+    _after(0, lambda: (_wait_for_query(up, "generate_tokens"), cancel.set()))
+    result = client.generate(PROMPT, seed=3, max_new_tokens=100_000, in_database=True, cancel=cancel)
+    assert result.state is State.CANCELLED and client._conn.reconnects == 0
+    assert client.generate(PROMPT, seed=3, max_new_tokens=3, stop_at_eos=False).token_ids    # still usable
+    _close(client)
+
+
+# -- least privilege by default (this module owns an embedded cluster, so the defaults can be used) --
+
+def test_inference_connects_as_the_reader_and_builds_as_the_owner_by_default(up, atom_set, monkeypatch) -> None:
+    from hartonomous.config import reload_settings
+    from hartonomous.db.connection import owner_url, redact
+    from hartonomous.server import Runtime, ServerConfig
+
+    for name in ("HARTONOMOUS_DATABASE_URL", "HARTONOMOUS_READER_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HARTONOMOUS_DATA_DIR", str(up.requested_dir))
+    monkeypatch.setenv("HARTONOMOUS_DB_PORT", str(up.requested_port))
+    reload_settings()
+    try:
+        with Client(atom_set=atom_set, spatial_tokenizer=tiny_tokenizer()) as client:      # CLI generate/next-token
+            assert client.next_token(PROMPT, top_k=5)
+            assert client._conn.execute("SELECT current_user").fetchone() == ("hartonomous_reader",)
+        runtime = Runtime(ServerConfig(), spatial_tokenizer=tiny_tokenizer())               # hartonomous serve
+        runtime.open()
+        try:
+            with runtime.connection() as conn:
+                assert conn.execute("SELECT current_user").fetchone() == ("hartonomous_reader",)
+        finally:
+            runtime.close()
+        with psycopg.connect(owner_url()) as conn:                                          # hartonomous build
+            assert conn.execute("SELECT current_user").fetchone() == ("hartonomous",)
+        assert "***" in redact(up.url("reader")) and up.state().reader_password not in redact(up.url("reader"))
+    finally:
+        monkeypatch.undo()
+        reload_settings()
+
+
+def test_redact_hides_passwords_in_urls_and_conninfo_strings() -> None:
+    from hartonomous.db.connection import redact
+
+    for text in ("postgresql://u:s3cret@h:5432/db", "user=u password=s3cret host=h",
+                 "user=u password='s3 cret' host=h", "postgresql://h/db?password=s3cret&sslmode=disable"):
+        assert "s3" not in redact(text) and "***" in redact(text), redact(text)

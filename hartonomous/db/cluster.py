@@ -277,7 +277,7 @@ class EmbeddedCluster:
             ], check=False)
             # After a SIGKILLed server, a backend still running a query keeps the old shared
             # memory in use; stop it (hartonomous/db/recovery.py) and start once more.
-            if True:
+            if proc.returncode == 0 or attempt or not stop_orphaned_backends(self.log_file, log_size):
                 break
         if proc.returncode != 0:
             tail = _tail(self.log_file)

@@ -71,10 +71,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _request(kind: str, i: int, max_new_tokens: int) -> tuple[str, dict]:
-    body = {"prompt": PROMPTS[i % len(PROMPTS)], "seed": i}
+    prompt = PROMPTS[i % len(PROMPTS)]
     if kind == "next_token":
-        return "/api/next_token", {**body, "limit": 1000, "top_k": 0, "top_p": 1.0}
-    return "/api/generate", {**body, "max_new_tokens": max_new_tokens, "ignore_eos": True,
+        return "/api/next_token", {"prompt": prompt, "limit": 1000, "top_k": 0, "top_p": 1.0}
+    return "/api/generate", {"prompt": prompt, "seed": i, "max_new_tokens": max_new_tokens, "ignore_eos": True,
                              "in_database": kind == "generate_in_database"}
 
 
