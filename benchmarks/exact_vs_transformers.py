@@ -4,8 +4,9 @@ Both decode greedily (and optionally with sampling) from the same prompt on the 
 device and threads, in one process. Per-token latency is the wall time between consecutive
 tokens after the first (the first pays for the prefill): for the engine, between its token
 events; for transformers, between its streamer's `put` calls. We report the median and the
-mean over all tokens of all repeats; the two sides alternate repeat by repeat so drifting
-machine load hits both alike. The ratio is ours / transformers (below 1: the exact path is faster).
+mean over all tokens of all repeats, and the median of the per-repeat ratios (the two sides run
+back to back in each repeat, so this paired ratio is the most robust to drifting machine load).
+Ratios are ours / transformers (below 1: the exact path is faster).
 
     python benchmarks/exact_vs_transformers.py --tokens 64 --repeats 5
 """
@@ -109,16 +110,22 @@ def main() -> None:
     for mode, sampler in modes.items():
         ours(4, sampler), theirs(4, sampler)          # warm-up
         per_token: dict[str, list[float]] = {"exact": [], "transformers": []}
+        paired: list[float] = []          # per repeat: median ours / median theirs, run back to back
         same_tokens = True
         for repeat in range(args.repeats):
-            mine, our_tokens = ours(args.tokens, sampler)
-            other, their_tokens = theirs(args.tokens, sampler)
+            if repeat % 2 == 0:                 # alternate who goes first
+                mine, our_tokens = ours(args.tokens, sampler)
+                other, their_tokens = theirs(args.tokens, sampler)
+            else:
+                other, their_tokens = theirs(args.tokens, sampler)
+                mine, our_tokens = ours(args.tokens, sampler)
             per_token["exact"] += mine
             per_token["transformers"] += other
             # transformers' min_new_tokens masks EOS until N tokens; we keep going past EOS instead,
             # so the two agree up to our first EOS (the compute per token is the same either way)
             cut = next((i for i, t in enumerate(our_tokens) if t in eos), len(our_tokens))
             same_tokens &= our_tokens[:cut] == their_tokens[:cut]
+            paired.append(statistics.median(mine) / statistics.median(other))
             print(f"[{mode}] repeat {repeat + 1}/{args.repeats}: exact {statistics.median(mine) * 1e3:.1f} ms, "
                   f"transformers {statistics.median(other) * 1e3:.1f} ms (medians)", file=sys.stderr, flush=True)
         med = {k: statistics.median(v) for k, v in per_token.items()}
@@ -130,6 +137,8 @@ def main() -> None:
             "exact_mean_ms": round(mean["exact"] * 1e3, 2),
             "transformers_mean_ms": round(mean["transformers"] * 1e3, 2),
             "ratio_mean": round(mean["exact"] / mean["transformers"], 3),
+            "ratio_paired_median": round(statistics.median(paired), 3),
+            "ratios_per_repeat": [round(r, 3) for r in paired],
             "tokens_measured_per_side": len(per_token["exact"]),
             **({"greedy_tokens_identical_before_eos": same_tokens, "first_eos_at": cut}
                if mode == "greedy" else {}),

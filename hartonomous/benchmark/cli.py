@@ -8,32 +8,67 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from hartonomous.errors import UserError
+
+HELP = (
+    "Measure next_token latency and scaling, ingest, concurrency and generation throughput.\n\n"
+    "--quick (the default) uses synthetic atom sets of 10^4, 10^5 and 10^6 uniform random atoms; --full adds "
+    "10^7 (built once: a few minutes and ~2.3 GB of disk). Missing sets are built, and rebuilt when the "
+    "ingest's index layout changed; the smollm2-token and smollm2-context sets are measured too when they "
+    "exist.\n\n"
+    "Per atom set: in-database p50/p95 (a PL/pgSQL loop timing each call with clock_timestamp()), backend CPU "
+    "per call, shared buffers per call (EXPLAIN ANALYZE BUFFERS), the client round trip of a prepared "
+    "statement, and brute force (index scans off) as a speed-up ratio. Then 1, 2, 4 and 8 concurrent "
+    "clients, and generation tokens/s (spatial client loop, generate_tokens in the database, exact on CPU, "
+    "and on CUDA if present).\n\n"
+    "Writes <out>/bench-<quick|full>.json and .md and prints the tables; docs/benchmarks.md records a run "
+    "with its machine. Benchmarks are not tests: run them on a quiet machine (the load average is recorded "
+    "with the results)."
+)
+
+
+def _sizes(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        sizes = tuple(int(float(v)) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"--sizes must be comma-separated atom counts such as 10000,1e6; got '{value}'")
+    if not sizes or min(sizes) < 100 or max(sizes) > 10**8:
+        raise UserError(f"--sizes must be atom counts between 100 and 1e8; got '{value}'")
+    return sizes
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
+    @app.command("bench", help=HELP)
     def bench_cmd(
-        full: bool = typer.Option(False, "--full", help="Include 10^7 atoms (builds a ~1 GB set once; longer)."),
-        quick: bool = typer.Option(True, "--quick", help="10^4–10^6 atoms (minutes). The default."),
-        out: Path = typer.Option(Path("reports/bench"), "--out", help="Folder for bench-<mode>.json/.md."),
-        calls: int = typer.Option(300, "--calls", min=20, help="next_token calls per atom set."),
-        brute_calls: int = typer.Option(10, "--brute-calls", min=1, help="Brute-force calls per atom set."),
-        seconds: float = typer.Option(5.0, "--concurrency-seconds", min=1.0, help="Seconds per concurrency level."),
+        quick: bool = typer.Option(False, "--quick", help="10^4, 10^5 and 10^6 atoms (minutes). The default."),
+        full: bool = typer.Option(False, "--full", help="Also 10^7 atoms (builds a ~2.3 GB set once)."),
+        out: Path = typer.Option(Path("reports/bench"), "--out", help="Folder for bench-<mode>.json and .md."),
+        calls: int = typer.Option(300, "--calls", min=20, help="next_token calls per atom set (>= 20)."),
+        brute_calls: int = typer.Option(10, "--brute-calls", min=1,
+                                        help="Brute-force calls per synthetic set (3 on real sets)."),
+        seconds: float = typer.Option(5.0, "--concurrency-seconds", min=1.0,
+                                      help="Seconds per concurrency level (1, 2, 4, 8 clients)."),
         generation: bool = typer.Option(True, "--generation/--no-generation",
-                                        help="Also measure generation throughput (loads SmolLM2)."),
-        rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the synthetic atom sets."),
+                                        help="Measure generation tokens/s (loads SmolLM2; spatial rows need "
+                                             "the smollm2-context atom set)."),
+        rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the synthetic atom sets (ingest timings)."),
+        sizes: str = typer.Option(None, "--sizes", metavar="N,N,...",
+                                  help="Atom counts instead of the mode's, e.g. 1e4,1e6."),
     ) -> None:
-        """Measure next_token latency and scaling, ingest, generation throughput and concurrency.
-
-        Writes JSON and a Markdown table; docs/benchmarks.md records a run with its machine.
-        """
         from hartonomous.benchmark import run
         from hartonomous.db.connection import owner_url
 
+        if quick and full:
+            raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
+        chosen = _sizes(sizes)
         url = owner_url()
         run.check_ready(url)
-        command = "hartonomous bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "hartonomous bench --quick"
+        run.check_disk(url, chosen or (run.FULL_SIZES if full else run.QUICK_SIZES))
+        command = "hartonomous bench " + (" ".join(sys.argv[2:]) if len(sys.argv) > 2 else "--quick")
         results = run.run(url, full=full, calls=calls, brute_calls=brute_calls, concurrency_seconds=seconds,
-                          generation=generation, rebuild=rebuild)
+                          generation=generation, rebuild=rebuild, sizes=chosen)
         json_path, md_path = run.write(results, out, command)
         Console().print(run.markdown(results, command))
         Console().print(f"wrote {json_path} and {md_path}")

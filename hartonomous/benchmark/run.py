@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,18 +20,16 @@ from hartonomous.errors import UserError
 QUICK_SIZES = (10**4, 10**5, 10**6)
 FULL_SIZES = (10**4, 10**5, 10**6, 10**7)
 REAL_SETS = ("smollm2-token", "smollm2-context")
+CONCURRENCY_LEVELS = (1, 2, 4, 8)
+CONCURRENCY_SET = 10**6            # the set the concurrency runs use (the largest one if smaller)
+BYTES_PER_ATOM = 230               # heap + GiST + primary key, measured at 10^6 and 10^7
 
 
 def machine() -> dict:
-    import torch
-
     info = {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
         info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -41,66 +40,124 @@ def machine() -> dict:
     return info
 
 
+def _torch_info() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _server_settings(conn: psycopg.Connection) -> dict:
+    names = ("server_version", "shared_buffers", "work_mem", "effective_cache_size", "jit")
+    rows = conn.execute("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+                        (list(names),)).fetchall()
+    postgis = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'postgis'").fetchone()
+    return {**dict(rows), "postgis": postgis[0] if postgis else None}
+
+
+def _ingest_row(n: int, report, stored: dict | None) -> dict | None:
+    if report is not None:
+        return {"atoms": n, "atoms_per_s": report.atoms_per_second, "copy_s": report.copy_seconds,
+                "index_build_s": report.index_seconds, "total_s": report.total_seconds,
+                "built": "this run", "layout": synthetic.INDEX_LAYOUT}
+    if stored:
+        return {"atoms": n, "atoms_per_s": stored.get("atoms_per_second"), "copy_s": stored.get("copy_seconds"),
+                "index_build_s": stored.get("index_seconds"), "total_s": stored.get("total_seconds"),
+                "built": stored.get("built_at"), "layout": synthetic.INDEX_LAYOUT}
+    return None
+
+
+def check_disk(url: str, sizes: tuple[int, ...]) -> None:
+    """Refuse a run whose synthetic sets would not fit on the embedded cluster's disk."""
+    from hartonomous.config import get_settings
+    from hartonomous.db.connection import embedded_cluster
+
+    if get_settings().database_url:  # an external server: its disk is not ours to check
+        return
+    data_dir = Path(embedded_cluster().data_dir)
+    with psycopg.connect(url) as conn:
+        have = {r[0] for r in conn.execute("SELECT name FROM atom_sets").fetchall()}
+    need = sum(n * BYTES_PER_ATOM for n in sizes if synthetic.synthetic_name(n) not in have)
+    if need and data_dir.exists() and shutil.disk_usage(data_dir).free < 1.5 * need:
+        free = shutil.disk_usage(data_dir).free / 2**30
+        raise UserError(f"the synthetic atom sets need ~{need / 2**30:.1f} GiB and {free:.1f} GiB is free "
+                        f"under {data_dir}; free some space or run `hartonomous bench --quick`")
+
+
 def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10,
         concurrency_seconds: float = 5.0, generation: bool = True, rebuild: bool = False,
-        console: Console | None = None) -> dict:
+        sizes: tuple[int, ...] | None = None, concurrency_levels: tuple[int, ...] = CONCURRENCY_LEVELS,
+        real_sets: tuple[str, ...] = REAL_SETS, console: Console | None = None) -> dict:
     console = console or Console(stderr=True)
-    sizes = FULL_SIZES if full else QUICK_SIZES
+    sizes = tuple(sizes) if sizes else (FULL_SIZES if full else QUICK_SIZES)
     results: dict = {"mode": "full" if full else "quick", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "machine": machine(), "latency": [], "ingest": [], "concurrency": []}
+                     "machine": machine(), "sizes": list(sizes), "load_1m": {"start": _load()},
+                     "latency": [], "ingest": [], "concurrency": [],
+                     "method": {"in_db_timer": latency.TIMER_NOTE, "max_neighbors": 100,
+                                "context_length": 8, "calls_per_set": calls,
+                                "brute_force_calls": brute_calls, "index_layout": synthetic.INDEX_LAYOUT}}
     with psycopg.connect(url) as conn, Progress(console=console, transient=True) as progress:
-        server = conn.execute("SHOW server_version").fetchone()[0]
-        jit = conn.execute("SHOW jit").fetchone()[0]
-        results["machine"].update(postgres=server, jit=jit)
+        results["machine"]["server"] = _server_settings(conn)
+        conn.commit()
         task = progress.add_task("synthetic atom sets", total=len(sizes))
         for n in sizes:
             progress.update(task, description=f"synthetic set of {n:,} atoms")
-            report = synthetic.ensure_synthetic_atom_set(conn, n, rebuild=rebuild or n == 10**6)
-            if report is not None:
-                results["ingest"].append({
-                    "atoms": n, "atoms_per_s": report.atoms_per_second, "copy_s": report.copy_seconds,
-                    "index_build_s": report.index_seconds, "total_s": report.total_seconds,
-                    "clustered": False, "order": "Morton (Z-order) before COPY",
-                })
+            report = synthetic.ensure_synthetic_atom_set(conn, n, rebuild=rebuild)
+            row = _ingest_row(n, report, synthetic.stored_ingest(conn, synthetic.synthetic_name(n)))
+            if row:
+                results["ingest"].append(row)
             progress.advance(task)
-        real = [r[0] for r in conn.execute("SELECT name FROM atom_sets WHERE name = ANY(%s)",
-                                           (list(REAL_SETS),)).fetchall()]
+        real = [r[0] for r in conn.execute("SELECT name FROM atom_sets WHERE name = ANY(%s) ORDER BY name",
+                                           (list(real_sets),)).fetchall()]
         real_sizes = dict(conn.execute(
             "SELECT s.name, (SELECT count(*) FROM atoms a WHERE a.atom_set_id = s.id) FROM atom_sets s "
             "WHERE s.name = ANY(%s)", (real,)).fetchall())
         conn.commit()
+        results["real_sets_missing"] = [name for name in real_sets if name not in real]
 
         contexts = synthetic.random_contexts(calls, synthetic.SYNTHETIC_VOCAB)
         brute = contexts[:brute_calls]
+        results["load_1m"]["latency_start"] = _load()
         task = progress.add_task("next_token latency", total=len(sizes) + len(real))
         for n in sizes:
             progress.update(task, description=f"next_token latency at {n:,} atoms")
-            res = latency.measure(url, synthetic.synthetic_name(n), n, contexts,
-                                  brute_contexts=brute if n <= 10**6 or full else None)
+            res = latency.measure(url, synthetic.synthetic_name(n), n, contexts, brute_contexts=brute)
             results["latency"].append(res.as_dict())
             progress.advance(task)
         for name in real:
+            progress.update(task, description=f"next_token latency on {name}")
             vocab = conn.execute("SELECT vocab_size FROM atom_sets WHERE name = %s", (name,)).fetchone()[0]
             conn.commit()
             real_contexts = synthetic.random_contexts(calls, min(vocab, 5000), seed=2)
-            res = latency.measure(url, name, int(real_sizes[name]), real_contexts, brute_contexts=brute[:3])
+            res = latency.measure(url, name, int(real_sizes[name]), real_contexts,
+                                  brute_contexts=real_contexts[:min(3, brute_calls)])
             results["latency"].append(res.as_dict())
             progress.advance(task)
 
-        task = progress.add_task("concurrency", total=4)
-        mid = synthetic.synthetic_name(10**6)
-        for clients in (1, 2, 4, 8):
+        results["load_1m"]["concurrency_start"] = _load()
+        task = progress.add_task("concurrency", total=len(concurrency_levels))
+        mid = synthetic.synthetic_name(CONCURRENCY_SET if CONCURRENCY_SET in sizes else max(sizes))
+        results["concurrency_atom_set"] = mid
+        for clients in concurrency_levels:
             progress.update(task, description=f"{clients} concurrent clients")
-            results["concurrency"].append(concurrency.run_clients(url, mid, contexts, clients,
-                                                                  seconds=concurrency_seconds))
+            row = concurrency.run_clients(url, mid, contexts, clients, seconds=concurrency_seconds)
+            row["load_1m"] = _load()
+            results["concurrency"].append(row)
             progress.advance(task)
 
     if generation:
+        results["load_1m"]["generation_start"] = _load()
+        results["machine"].update(_torch_info())
         gen: dict = {}
-        if "smollm2-context" in real or real:
-            gen.update(throughput.spatial("smollm2-context" if "smollm2-context" in real else real[0]))
+        if "smollm2-context" in real:
+            gen.update(throughput.spatial("smollm2-context"))
         else:
-            gen["spatial_note"] = "no SmolLM2 atom set: run `make demo` (or hartonomous build) first"
+            gen["spatial_note"] = ("no smollm2-context atom set: build it (hartonomous build --name "
+                                   "smollm2-context --kind context) for the spatial generation rows")
         console.print("exact path on CPU (loads SmolLM2)…")
         gen.update(throughput.exact("cpu"))
         import torch
@@ -108,53 +165,84 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
         if torch.cuda.is_available():
             gen.update(throughput.exact("cuda"))
         results["throughput"] = gen
+    else:
+        results["throughput_note"] = "generation throughput not measured (--no-generation)"
+    results["load_1m"]["end"] = _load()
     results["targets"] = targets.evaluate(results)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return results
 
 
+def _f(value, fmt: str = ".3f", none: str = "—") -> str:
+    return none if value is None else format(value, fmt)
+
+
 def markdown(results: dict, command: str) -> str:
     m = results["machine"]
+    s = m.get("server", {})
+    load = results.get("load_1m", {})
     lines = [f"Command: `{command}`  ",
-             f"Machine: {m.get('cpu_model', '?')}, {m.get('cpu_count')} cores, {m.get('memory_gib', '?')} GiB, "
-             f"PostgreSQL {m.get('postgres')}, jit={m.get('jit')}, torch {m.get('torch')} "
-             f"({m.get('torch_threads')} threads), CUDA: {m.get('cuda') or 'none'}  ",
-             f"Run: {results['started']} → {results['finished']}", "",
-             "### next_token latency", "",
-             "| atom set | atoms | in-db p50 (ms) | in-db p95 (ms) | round trip p50 (ms) | round trip p95 (ms) "
-             "| shared buffers p50 | brute force p50 (ms) | index speed-up |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"Machine: {m.get('cpu_model', '?')}, {m.get('cpu_count')} cores, {m.get('memory_gib', '?')} GiB; "
+             f"PostgreSQL {s.get('server_version')}, PostGIS {s.get('postgis')}, shared_buffers "
+             f"{s.get('shared_buffers')}, jit={s.get('jit')}"
+             + (f"; torch {m['torch']} ({m.get('torch_threads')} threads), CUDA: {m.get('cuda') or 'none'}"
+                if m.get("torch") else "") + "  ",
+             f"Run: {results['started']} → {results['finished']}; load average (1 min): "
+             + ", ".join(f"{k} {v}" for k, v in load.items()) + "  ",
+             f"Index layout: {results['method']['index_layout']}  ",
+             f"In-database time: {results['method']['in_db_timer']}", "",
+             "### next_token latency (k = 100 neighbours, 8-token contexts)", "",
+             "| atom set | atoms | in-db p50 (ms) | in-db p95 (ms) | backend CPU/call (ms) | round trip p50 (ms) "
+             "| round trip p95 (ms) | shared buffers p50 | brute force p50 (ms) | index speed-up | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results["latency"]:
-        bf = f"{r['brute_force_p50_ms']:.1f}" if r.get("brute_force_p50_ms") else "—"
-        sp = f"{r['index_speedup']:.0f}×" if r.get("index_speedup") else "—"
+        sp = f"{r['index_speedup']:,.0f}×" if r.get("index_speedup") else "—"
         lines.append(f"| {r['atom_set']} | {r['atoms']:,} | {r['in_db_p50_ms']:.3f} | {r['in_db_p95_ms']:.3f} | "
-                     f"{r['roundtrip_p50_ms']:.3f} | {r['roundtrip_p95_ms']:.3f} | {r['shared_buffers_p50']:.0f} | "
-                     f"{bf} | {sp} |")
+                     f"{_f(r.get('in_db_cpu_ms'))} | {r['roundtrip_p50_ms']:.3f} | {r['roundtrip_p95_ms']:.3f} | "
+                     f"{r['shared_buffers_p50']:.0f} | {_f(r.get('brute_force_p50_ms'), ',.1f')} | {sp} | "
+                     f"{'→'.join(str(x) for x in r.get('load_1m', []))} |")
+    lines += ["", "Shared buffers per call by relation (mean):", "",
+              "| atom set | " + " | ".join(("atoms heap", "atoms GiST index", "tokens primary key", "tokens heap",
+                                           "other")) + " |", "|---|---:|---:|---:|---:|---:|"]
+    for r in results["latency"]:
+        b = r.get("buffers_by_relation", {})
+        lines.append(f"| {r['atom_set']} | " + " | ".join(
+            _f(b.get(k), ".1f", "0") for k in ("atoms heap", "atoms GiST index", "tokens primary key",
+                                               "tokens heap", "other")) + " |")
     if results["ingest"]:
-        lines += ["", "### Ingest (binary COPY in Morton order, GiST nd build, one transaction)", "",
-                  "| atoms | atoms/s | COPY (s) | index build (s) | total (s) |", "|---:|---:|---:|---:|---:|"]
+        lines += ["", "### Ingest (binary COPY in Hilbert order, then the GiST nd build; one transaction)", "",
+                  "| atoms | atoms/s | COPY (s) | index build (s) | total (s) | built |",
+                  "|---:|---:|---:|---:|---:|---|"]
         for r in results["ingest"]:
-            lines.append(f"| {r['atoms']:,} | {r['atoms_per_s']:,.0f} | {r['copy_s']:.1f} | "
-                         f"{r['index_build_s']:.1f} | {r['total_s']:.1f} |")
-    lines += ["", "### Concurrency (next_token at 10^6 atoms, one connection per client)", "",
-              "| clients | calls/s | p50 (ms) | p99 (ms) | errors |", "|---:|---:|---:|---:|---:|"]
+            lines.append(f"| {r['atoms']:,} | {_f(r['atoms_per_s'], ',.0f')} | {_f(r['copy_s'], '.1f')} | "
+                         f"{_f(r['index_build_s'], '.1f')} | {_f(r['total_s'], '.1f')} | {r['built']} |")
+    lines += ["", f"### Concurrency (next_token on {results.get('concurrency_atom_set')}, one connection "
+              "and one thread per client)", "",
+              "| clients | calls/s | p50 (ms) | p99 (ms) | errors | load |", "|---:|---:|---:|---:|---:|---:|"]
     for r in results["concurrency"]:
-        lines.append(f"| {r['clients']} | {r['calls_per_second']:,.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
-                     f"{len(r['errors'])} |")
+        lines.append(f"| {r['clients']} | {r['calls_per_second']:,.0f} | {_f(r['p50_ms'])} | {_f(r['p99_ms'])} | "
+                     f"{len(r['errors'])} | {r.get('load_1m', '')} |")
     if results.get("throughput"):
         lines += ["", "### Generation throughput", "", "| measure | value |", "|---|---:|"]
         for key, value in results["throughput"].items():
             lines.append(f"| {key} | {value:,.2f} |" if isinstance(value, float) else f"| {key} | {value} |")
-    lines += ["", "### Targets", "", "| what | target | measured | met |", "|---|---|---:|---|"]
+    elif results.get("throughput_note"):
+        lines += ["", "### Generation throughput", "", results["throughput_note"]]
+    if results.get("real_sets_missing"):
+        lines += ["", "Real atom sets not present (not measured): " + ", ".join(results["real_sets_missing"])]
+    lines += ["", "### Targets", "", "| what | target | measured | met | what limits it |", "|---|---|---:|---|---|"]
     for t in results["targets"]:
         measured = "not measured" if t["measured"] is None else f"{t['measured']}{(' ' + t['unit']) if t['unit'] else ''}"
         met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['what']} | {t['target']} | {measured} | {met} |")
+        lines.append(f"| {t['what']} | {t['target']} | {measured} | {met} | {t['limit'] if t['met'] is False else ''} |")
     return "\n".join(lines) + "\n"
 
 
 def write(results: dict, out_dir: Path, command: str) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {out_dir}: {exc.strerror}") from exc
     stem = f"bench-{results['mode']}"
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     json_path.write_text(json.dumps({**results, "command": command}, indent=2, default=str))

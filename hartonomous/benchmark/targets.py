@@ -13,6 +13,7 @@ class Target:
     measure: Callable[[dict], float | None]
     ok: Callable[[float], bool]
     unit: str = ""
+    limit: str = ""  # what limits it when missed (docs/benchmarks.md explains the measurements)
 
 
 def _latency(results: dict, atoms: int, field: str) -> float | None:
@@ -39,19 +40,30 @@ def _speedup(results: dict) -> float | None:
 
 TARGETS = [
     Target("next_token at 10^6 atoms, in-database (p50)", "≤ 1 ms",
-           lambda r: _latency(r, 10**6, "in_db_p50_ms"), lambda v: v <= 1.0, " ms"),
+           lambda r: _latency(r, 10**6, "in_db_p50_ms"), lambda v: v <= 1.0, " ms",
+           "the GiST KNN-100 (~3,000 index entries and ~80 heap tuples per call) plus ~0.4 ms of "
+           "SQL kernel/sampler; CPU shared with other work (see the load column)"),
     Target("next_token at 10^7 atoms, in-database (p50)", "≤ 1.5 ms",
-           lambda r: _latency(r, 10**7, "in_db_p50_ms"), lambda v: v <= 1.5, " ms"),
-    Target("latency(10^7) / latency(10^5)", "≤ 2", _ratio, lambda v: v <= 2.0, "×"),
+           lambda r: _latency(r, 10**7, "in_db_p50_ms"), lambda v: v <= 1.5, " ms",
+           "one more tree level, and heap + index (~2.3 GB) exceed shared_buffers, so pages come "
+           "from the OS cache"),
+    Target("latency(10^7) / latency(10^5)", "≤ 2", _ratio, lambda v: v <= 2.0, "×",
+           "the KNN visits a similar number of pages at every size (log scaling holds for the tree); "
+           "the rest is cache misses at 10^7"),
     Target("index vs brute force at 10^6", "≥ 100× faster",
            lambda r: _latency(r, 10**6, "index_speedup"), lambda v: v >= 100, "×"),
     Target("shared buffers per call at 10^6 (p50)", "≤ 50",
-           lambda r: _latency(r, 10**6, "shared_buffers_p50"), lambda v: v <= 50, ""),
+           lambda r: _latency(r, 10**6, "shared_buffers_p50"), lambda v: v <= 50, "",
+           "floor of a heap-based KNN-100: ~80 heap page pins (one per neighbour on another page) "
+           "+ tree descent and leaves + 3-4 per context token looked up; no index-only KNN in PostGIS"),
     Target("spatial generation, Python client", "≥ 500 tokens/s",
-           lambda r: _throughput(r, "spatial_client_tokens_per_s"), lambda v: v >= 500, " tok/s"),
+           lambda r: _throughput(r, "spatial_client_tokens_per_s"), lambda v: v >= 500, " tok/s",
+           "one next_token round trip per token plus the Python engine loop"),
     Target("spatial generation, in-database", "≥ 1000 tokens/s",
-           lambda r: _throughput(r, "spatial_in_db_tokens_per_s"), lambda v: v >= 1000, " tok/s"),
-    Target("spatial vs exact, per token on CPU", "≥ 25× faster", _speedup, lambda v: v >= 25, "×"),
+           lambda r: _throughput(r, "spatial_in_db_tokens_per_s"), lambda v: v >= 1000, " tok/s",
+           "next_token's latency per step: 1000 tokens/s needs ≤ 1 ms per step"),
+    Target("spatial vs exact, per token on CPU", "≥ 25× faster", _speedup, lambda v: v >= 25, "×",
+           "the spatial step's round trip against SmolLM2-135M's decode step on this CPU"),
 ]
 
 
@@ -64,5 +76,6 @@ def evaluate(results: dict) -> list[dict]:
             "measured": None if value is None else round(float(value), 3),
             "unit": target.unit.strip(),
             "met": None if value is None else bool(target.ok(float(value))),
+            "limit": target.limit,
         })
     return rows

@@ -1,0 +1,109 @@
+"""The benchmark suite's behaviour on a tiny run: what it writes, not how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from hartonomous.benchmark import run, synthetic
+from projection.hilbert import hilbert_codes_of_cells, hilbert_order
+
+LATENCY_FIELDS = {
+    "atom_set", "atoms", "max_neighbors", "calls", "in_db_p50_ms", "in_db_p95_ms", "roundtrip_p50_ms",
+    "roundtrip_p95_ms", "shared_buffers_p50", "shared_buffers_p95", "shared_buffers_max", "in_db_cpu_ms",
+    "explain_p50_ms", "buffers_by_relation", "brute_force_calls", "brute_force_p50_ms", "index_speedup",
+    "load_1m",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_results(server_url):
+    return run.run(server_url, sizes=(400,), calls=20, brute_calls=2, concurrency_seconds=1.0,
+                   concurrency_levels=(1, 2), generation=False, real_sets=())
+
+
+def test_tiny_run_has_the_documented_fields(tiny_results):
+    r = tiny_results
+    assert {"mode", "started", "finished", "machine", "sizes", "load_1m", "method", "latency", "ingest",
+            "concurrency", "targets", "throughput_note"} <= set(r)
+    assert r["sizes"] == [400] and r["machine"]["server"]["server_version"]
+    (lat,) = r["latency"]
+    assert set(lat) == LATENCY_FIELDS
+    assert lat["atom_set"] == synthetic.synthetic_name(400) and lat["atoms"] == 400 and lat["calls"] == 20
+    assert 0 < lat["in_db_p50_ms"] <= lat["in_db_p95_ms"]
+    assert lat["shared_buffers_p50"] > 0 and lat["brute_force_calls"] == 2 and lat["index_speedup"] > 0
+    assert {"atoms heap", "atoms GiST index"} <= set(lat["buffers_by_relation"])
+    (ingest,) = r["ingest"]
+    assert ingest["atoms"] == 400 and ingest["index_build_s"] >= 0 and ingest["built"] == "this run"
+    assert [c["clients"] for c in r["concurrency"]] == [1, 2]
+    assert all(c["calls"] > 0 and not c["errors"] for c in r["concurrency"])
+    assert [t["what"] for t in r["targets"]][0].startswith("next_token at 10^6")
+    for t in r["targets"]:
+        assert {"what", "target", "measured", "unit", "met", "limit"} <= set(t)
+        assert t["measured"] is None and t["met"] is None  # no 10^6 set, no generation: not measured
+
+
+def test_write_produces_json_and_markdown(tiny_results, tmp_path):
+    json_path, md_path = run.write(tiny_results, tmp_path / "bench", "hartonomous bench --sizes 400")
+    data = json.loads(json_path.read_text())
+    assert data["command"] == "hartonomous bench --sizes 400" and data["latency"][0]["atoms"] == 400
+    md = md_path.read_text()
+    for heading in ("### next_token latency", "### Ingest", "### Concurrency", "### Targets"):
+        assert heading in md
+    assert "not measured" in md and "generation throughput not measured" in md
+
+
+def test_existing_set_with_the_current_layout_is_reused(server_url, tiny_results):
+    import psycopg
+
+    with psycopg.connect(server_url) as conn:
+        assert synthetic.ensure_synthetic_atom_set(conn, 400) is None
+        assert synthetic.stored_ingest(conn, synthetic.synthetic_name(400))["atoms"] == 400
+        window = conn.execute("SELECT centroid_window FROM atom_sets WHERE name = %s",
+                              (synthetic.synthetic_name(400),)).fetchone()[0]
+    assert window == 1
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    from hartonomous import cli
+
+    argv, sys.argv = sys.argv, ["hartonomous", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quick", "--full"], "--quick and --full exclude each other"),
+    (["--sizes", "ten"], "--sizes must be comma-separated atom counts"),
+    (["--sizes", "5"], "--sizes must be atom counts between 100 and 1e8"),
+])
+def test_bad_options_give_one_line(capsys, args, message):
+    code, _, err = _cli(capsys, "bench", *args)
+    assert code == 1 and err.count("\n") == 1 and message in err
+
+
+def test_help_explains_the_command(capsys):
+    code, out, _ = _cli(capsys, "bench", "--help")
+    assert code == 0
+    for text in ("--quick", "--full", "--no-generation", "--sizes", "clock_timestamp", "brute force"):
+        assert text in out
+
+
+def test_hilbert_order_visits_grid_neighbours():
+    cells = np.array([(x, y, z) for x in range(8) for y in range(8) for z in range(8)])
+    codes = hilbert_codes_of_cells(cells, 3)
+    assert sorted(codes.tolist()) == list(range(512))
+    walk = cells[np.argsort(codes)]
+    assert np.all(np.abs(np.diff(walk, axis=0)).sum(axis=1) == 1)  # every step moves to a face neighbour
+    points = np.random.default_rng(0).random((1000, 3))
+    assert sorted(hilbert_order(points).tolist()) == list(range(1000))
