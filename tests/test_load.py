@@ -1,4 +1,4 @@
-"""LOAD TEST (~75 s): 16 concurrent clients against `hartonomous serve` for 60 s, mixed next_token and generate.
+"""LOAD TEST (~90 s): 16 clients against `hartonomous serve`, 5 s warm-up + 60 s, mixed next_token and generate.
 
 The server is the real command in its own process (tiny model, a hand-made 320-token atom set,
 the reader role, the default pool of 4 connections), on loopback. Asserts zero errors, that the
@@ -39,10 +39,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, log.read_text()
         try:
             if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
                 return
@@ -69,12 +69,13 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
            "HARTONOMOUS_READER_DATABASE_URL": make_conninfo(reader_url, application_name=tag)}
     exe = os.path.join(os.path.dirname(sys.executable), "hartonomous")
     before = connection_counts(server_url, tag)
+    log = (tmp_path / "serve.log").open("w")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen([exe, "serve", "--port", str(port), "--atom-set", atom_set, "--model", str(model_dir),
-                             "--no-preload", "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
+                             "--no-preload", "--log-level", "warning"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc)
+        _wait_healthy(url, proc, tmp_path / "serve.log")
         sampler = ConnectionSampler(server_url, tag, interval_s=0.5)
         sampler.start()
         report = run_load(url, clients=CLIENTS, seconds=SECONDS, max_new_tokens=8)
@@ -82,8 +83,10 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
         during = connection_counts(server_url, tag)
     finally:
         proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=60)[0]
+        proc.wait(timeout=60)
+        log.close()
         drop_atom_set(server_url, atom_set)
+    output = (tmp_path / "serve.log").read_text()
     assert _wait_for(lambda: connection_counts(server_url, tag)["server"] == 0), "the server left connections"
     after = connection_counts(server_url, tag)
     report.connections = {"all_before": before["all"], "server_peak": peak, "server_after_run": during["server"],

@@ -7,6 +7,8 @@ Each client is a thread with its own keep-alive HTTP connection that sends reque
 back: next_token, generate (engine loop, one SQL next_token per step) and generate with
 `in_database` (SQL generate_tokens), in turn. Every answer is checked (status 200, a
 distribution that sums to 1, the number of tokens asked for); anything else counts as an error.
+A warm-up (default 5 s: the pool opening its connections, statements being prepared) runs
+first; its errors count, its latencies and requests do not.
 Prints requests/s, tokens/s, p50/p99 latency per kind and, with --database-url, the server's
 database connections before, during (max) and after the run.
 """
@@ -34,6 +36,7 @@ class LoadReport:
 
     clients: int
     seconds: float
+    warmup_seconds: float
     requests: int
     errors: int
     error_samples: list[str]
@@ -49,7 +52,8 @@ class LoadReport:
 
     def lines(self) -> list[str]:
         """A short human-readable summary."""
-        out = [f"{self.clients} clients for {self.seconds:.1f} s: {self.requests} requests, {self.errors} errors",
+        out = [f"{self.clients} clients for {self.seconds:.1f} s (after {self.warmup_seconds:g} s of warm-up): "
+               f"{self.requests} requests, {self.errors} errors",
                f"throughput {self.requests_per_second:.1f} requests/s, {self.tokens_per_second:.1f} generated "
                f"tokens/s; latency p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms"]
         for kind, s in self.by_kind.items():
@@ -95,9 +99,10 @@ def _check(kind: str, response: httpx.Response, max_new_tokens: int) -> tuple[st
 
 
 class _Client(threading.Thread):
-    def __init__(self, index: int, url: str, deadline: float, max_new_tokens: int, timeout_s: float):
+    def __init__(self, index: int, url: str, measure_from: float, deadline: float, max_new_tokens: int,
+                 timeout_s: float):
         super().__init__(daemon=True, name=f"load-client-{index}")
-        self.index, self.url, self.deadline = index, url, deadline
+        self.index, self.url, self.measure_from, self.deadline = index, url, measure_from, deadline
         self.max_new_tokens, self.timeout_s = max_new_tokens, timeout_s
         self.latencies: dict[str, list[float]] = {k: [] for k in KINDS}
         self.errors: list[str] = []
@@ -109,29 +114,32 @@ class _Client(threading.Thread):
             while time.monotonic() < self.deadline:
                 kind = KINDS[n % len(KINDS)]
                 path, body = _request(kind, n, self.max_new_tokens)
+                measured = time.monotonic() >= self.measure_from
                 started = time.perf_counter()
                 try:
                     response = http.post(path, json=body)
                     error, tokens = _check(kind, response, self.max_new_tokens)
-                except (httpx.HTTPError, ValueError, KeyError) as exc:     # counted, never hidden
+                except Exception as exc:     # any failure is counted, never hidden, and the client goes on
                     error, tokens = f"{kind}: {type(exc).__name__}: {exc}", 0
-                self.latencies[kind].append((time.perf_counter() - started) * 1000)
-                self.tokens += tokens
+                if measured:
+                    self.latencies[kind].append((time.perf_counter() - started) * 1000)
+                    self.tokens += tokens
                 if error:
                     self.errors.append(error)
                 n += len(KINDS) * 7 + 1          # the next kind in turn, another prompt and seed
 
 
 def run_load(url: str, clients: int = 16, seconds: float = 60.0, max_new_tokens: int = 8,
-             timeout_s: float = 120.0) -> LoadReport:
-    """Run `clients` threads against the server at `url` for `seconds`; the report of what happened."""
-    started = time.monotonic()
-    workers = [_Client(i, url, started + seconds, max_new_tokens, timeout_s) for i in range(clients)]
+             warmup_s: float = 5.0, timeout_s: float = 120.0) -> LoadReport:
+    """Run `clients` threads against the server at `url` for `warmup_s` + `seconds`; what happened."""
+    measure_from = time.monotonic() + warmup_s
+    workers = [_Client(i, url, measure_from, measure_from + seconds, max_new_tokens, timeout_s)
+               for i in range(clients)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - measure_from
     all_ms = [x for w in workers for per in w.latencies.values() for x in per]
     errors = [e for w in workers for e in w.errors]
     by_kind = {}
@@ -139,7 +147,8 @@ def run_load(url: str, clients: int = 16, seconds: float = 60.0, max_new_tokens:
         ms = [x for w in workers for x in w.latencies[kind]]
         by_kind[kind] = {"requests": len(ms), "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
     common = Counter(errors).most_common(5)
-    return LoadReport(clients=clients, seconds=elapsed, requests=len(all_ms), errors=len(errors),
+    return LoadReport(clients=clients, seconds=elapsed, warmup_seconds=warmup_s, requests=len(all_ms),
+                      errors=len(errors),
                       error_samples=[f"{n} x {e}" for e, n in common],
                       requests_per_second=len(all_ms) / elapsed, tokens_per_second=sum(w.tokens for w in workers)
                       / elapsed, p50_ms=percentile(all_ms, 50), p99_ms=percentile(all_ms, 99), by_kind=by_kind)
@@ -187,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="The server's base URL.")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="Measured seconds (after the warm-up).")
+    parser.add_argument("--warmup", type=float, default=5.0, help="Seconds of load before measuring.")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--database-url", help="Owner URL, to count the server's connections (optional).")
     parser.add_argument("--application-name", help="The server's application_name in pg_stat_activity.")
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.application_name:
             sampler = ConnectionSampler(args.database_url, args.application_name)
             sampler.start()
-    report = run_load(args.url, args.clients, args.seconds, args.max_new_tokens)
+    report = run_load(args.url, args.clients, args.seconds, args.max_new_tokens, args.warmup)
     if args.database_url:
         after = connection_counts(args.database_url, args.application_name)
         report.connections = {"all_before": before["all"], "all_after": after["all"]}
