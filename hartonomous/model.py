@@ -78,10 +78,41 @@ def parse_dtype(dtype: str):
 
 @lru_cache(maxsize=4)
 def load_tokenizer(name_or_path: str = SMOLLM2):
+    """The tokenizer; one read out of a GGUF (~25 s) is cached as tokenizer.json (~0.3 s)."""
     from transformers import AutoTokenizer
 
     source = resolve_source(name_or_path)
-    return AutoTokenizer.from_pretrained(str(source.directory), **source.kwargs())
+    if not source.gguf_file:
+        return AutoTokenizer.from_pretrained(str(source.directory))
+    cache = _tokenizer_cache_dir(source)
+    if (cache / "tokenizer.json").exists():
+        try:
+            return AutoTokenizer.from_pretrained(str(cache))
+        except (OSError, ValueError):
+            pass  # a damaged cache: rebuild it below
+    tokenizer = AutoTokenizer.from_pretrained(str(source.directory), **source.kwargs())
+    try:
+        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        tokenizer.save_pretrained(str(tmp))
+        if cache.exists():
+            import shutil
+
+            shutil.rmtree(cache, ignore_errors=True)
+        tmp.replace(cache)
+    except OSError:
+        pass  # caching is an optimisation; a read-only home still works
+    return tokenizer
+
+
+def _tokenizer_cache_dir(source: ModelSource) -> Path:
+    from hartonomous.config import get_settings
+
+    gguf = source.directory / source.gguf_file
+    stat = gguf.stat()
+    key = f"{source.name}-{stat.st_size}-{int(stat.st_mtime)}"
+    root = get_settings().home.expanduser().absolute() / "cache" / "tokenizers"
+    root.mkdir(parents=True, exist_ok=True)
+    return root / key
 
 
 @lru_cache(maxsize=2)
