@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from scipy.signal import lfilter
 
 
 def validate(window: int | None, decay: float) -> None:
@@ -43,6 +42,8 @@ def context_centroid(positions: np.ndarray, window: int | None = None, decay: fl
 
 def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: float = 1.0) -> np.ndarray:
     """Row t is the centroid of the context positions[: t + 1]; O(T) for a whole sequence."""
+    from scipy.signal import lfilter  # heavy import; only builds need it
+
     validate(window, decay)
     positions = np.asarray(positions, dtype=np.float64)
     T = positions.shape[0]

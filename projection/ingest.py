@@ -233,7 +233,10 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
     n = len(order)
     weights = np.ones(n) if atoms.weights is None else np.asarray(atoms.weights, dtype=np.float64)
     names = "atom_set_id, atom_id, token_id, position, weight" + (", key" if atoms.keys is not None else "")
-    with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+    # FREEZE: the table was created in this transaction, so the rows can be written frozen and
+    # all-visible; the first queries then do not dirty every page to set hint bits, and the
+    # autovacuum that follows a large insert has nothing to rewrite.
+    with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY, FREEZE)") as copy:
         for lo in range(0, n, COPY_CHUNK_ROWS):
             idx = order[lo:lo + COPY_CHUNK_ROWS]
             columns = [("int4", np.full(len(idx), set_id)), ("int8", idx),

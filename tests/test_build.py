@@ -193,6 +193,19 @@ def test_stored_landmarks_project_new_vectors_like_the_build(server_url: str, to
     assert projector.transform(embeddings) == pytest.approx(np.array([r[1:] for r in rows]), abs=1e-9)
 
 
+def test_sweep_keeps_the_best_held_out_window_and_decay(server_url: str, corpus_file: Path) -> None:
+    from projection.sweep import CANDIDATES
+
+    result = run_build(server_url, options("tiny-sweep", "context", corpus_file, sweep=True, replace=True,
+                                           bandwidth_objective="top1"))
+    rows = result.stats["centroid_sweep"]
+    assert [(r["window"], r["decay"]) for r in rows] == CANDIDATES
+    best = max(rows, key=lambda r: (r["top1"], r["log_likelihood"]))
+    stored = one(server_url, "SELECT centroid_window, centroid_decay, bandwidth FROM atom_sets WHERE name = 'tiny-sweep'")
+    assert stored == (best["window"], best["decay"], pytest.approx(best["h"]))
+    assert result.stats["bandwidth"]["top1"] == best["top1"] == result.stats["bandwidth"]["best_top1"]["top1"]
+
+
 def test_bad_options_are_user_errors_before_any_work(server_url: str, corpus_file: Path) -> None:
     for bad, match in ((dict(kind="bogus"), "--kind"), (dict(decay=0.0), "--decay"), (dict(window=0), "window"),
                        (dict(name="has space"), "--name"), (dict(max_neighbors=0), "--max-neighbors"),
