@@ -54,9 +54,26 @@ def cluster() -> Iterator[EmbeddedCluster]:
         yield c
     finally:
         c.down()
+        _kill_leftovers(c.data_dir)
         shutil.rmtree(root, ignore_errors=True)
         if c.data_dir != c.requested_dir:
             shutil.rmtree(c.data_dir, ignore_errors=True)
+
+
+def _kill_leftovers(data_dir: Path) -> None:
+    """Orphaned backends of a killed postmaster keep running a long query; never leave them behind."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd.removesuffix(" (deleted)") == str(data_dir):
+            try:
+                os.kill(int(proc.name), 9)
+            except OSError:
+                pass
 
 
 @pytest.fixture(scope="module")
