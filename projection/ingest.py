@@ -27,7 +27,7 @@ MAINTENANCE_WORK_MEM = "256MB"  # per build, for the GiST/PK index builds (SET L
 # and half-full pages. At 10^6 uniform atoms a KNN-100 then evaluates ~2,500 index entries
 # (Morton order, default build: ~5,300; random order: ~15,000) and runs ~2x faster than with
 # the Morton/default layout, for an index ~1.8x larger. CLUSTER is not used: it rewrites the
-# heap in the GiST's scan order, which is not spatially coherent, and made the KNN ~4x slower.
+# heap in the GiST's scan order, which is not spatially coherent, and made the KNN 2-4x slower.
 GIST_OPTIONS = "buffering = on, fillfactor = 50"
 INDEX_LAYOUT = f"Hilbert COPY order, GiST nd WITH ({GIST_OPTIONS}), no CLUSTER"
 

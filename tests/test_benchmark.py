@@ -14,6 +14,7 @@ from projection.hilbert import hilbert_codes_of_cells, hilbert_order
 LATENCY_FIELDS = {
     "atom_set", "atoms", "max_neighbors", "calls", "in_db_p50_ms", "in_db_p95_ms", "roundtrip_p50_ms",
     "roundtrip_p95_ms", "shared_buffers_p50", "shared_buffers_p95", "shared_buffers_max", "in_db_cpu_ms",
+    "in_db_round_p50_ms",
     "explain_p50_ms", "buffers_by_relation", "brute_force_calls", "brute_force_p50_ms", "index_speedup",
     "load_1m",
 }
@@ -86,6 +87,9 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     (["--quick", "--full"], "--quick and --full exclude each other"),
     (["--sizes", "ten"], "--sizes must be comma-separated atom counts"),
     (["--sizes", "5"], "--sizes must be atom counts between 100 and 1e8"),
+    (["--calls", "3"], "--calls must be at least 20"),
+    (["--brute-calls", "0"], "--brute-calls must be at least 1"),
+    (["--concurrency-seconds", "0.5"], "--concurrency-seconds must be at least 1"),
 ])
 def test_bad_options_give_one_line(capsys, args, message):
     code, _, err = _cli(capsys, "bench", *args)

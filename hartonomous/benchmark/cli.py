@@ -13,7 +13,7 @@ from hartonomous.errors import UserError
 HELP = (
     "Measure next_token latency and scaling, ingest, concurrency and generation throughput.\n\n"
     "--quick (the default) uses synthetic atom sets of 10^4, 10^5 and 10^6 uniform random atoms; --full adds "
-    "10^7 (built once: a few minutes and ~2.3 GB of disk). Missing sets are built, and rebuilt when the "
+    "10^7 (built once: a few minutes and ~2.6 GB of disk). Missing sets are built, and rebuilt when the "
     "ingest's index layout changed; the smollm2-token and smollm2-context sets are measured too when they "
     "exist.\n\n"
     "Per atom set: in-database p50/p95 (a PL/pgSQL loop timing each call with clock_timestamp()), backend CPU "
@@ -43,13 +43,13 @@ def register(app: typer.Typer) -> None:
     @app.command("bench", help=HELP)
     def bench_cmd(
         quick: bool = typer.Option(False, "--quick", help="10^4, 10^5 and 10^6 atoms (minutes). The default."),
-        full: bool = typer.Option(False, "--full", help="Also 10^7 atoms (builds a ~2.3 GB set once)."),
+        full: bool = typer.Option(False, "--full", help="Also 10^7 atoms (builds a ~2.6 GB set once)."),
         out: Path = typer.Option(Path("reports/bench"), "--out", help="Folder for bench-<mode>.json and .md."),
-        calls: int = typer.Option(300, "--calls", min=20, help="next_token calls per atom set (>= 20)."),
-        brute_calls: int = typer.Option(10, "--brute-calls", min=1,
-                                        help="Brute-force calls per synthetic set (3 on real sets)."),
-        seconds: float = typer.Option(5.0, "--concurrency-seconds", min=1.0,
-                                      help="Seconds per concurrency level (1, 2, 4, 8 clients)."),
+        calls: int = typer.Option(300, "--calls", help="next_token calls per atom set (>= 20)."),
+        brute_calls: int = typer.Option(10, "--brute-calls",
+                                        help="Brute-force calls per synthetic set, >= 1 (3 on real sets)."),
+        seconds: float = typer.Option(5.0, "--concurrency-seconds",
+                                      help="Seconds per concurrency level (1, 2, 4, 8 clients), >= 1."),
         generation: bool = typer.Option(True, "--generation/--no-generation",
                                         help="Measure generation tokens/s (loads SmolLM2; spatial rows need "
                                              "the smollm2-context atom set)."),
@@ -62,6 +62,12 @@ def register(app: typer.Typer) -> None:
 
         if quick and full:
             raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
+        if calls < 20:
+            raise UserError(f"--calls must be at least 20 (percentiles need them), got {calls}")
+        if brute_calls < 1:
+            raise UserError(f"--brute-calls must be at least 1, got {brute_calls}")
+        if not seconds >= 1:
+            raise UserError(f"--concurrency-seconds must be at least 1, got {seconds}")
         chosen = _sizes(sizes)
         url = owner_url()
         run.check_ready(url)

@@ -6,6 +6,8 @@ How each number is taken (docs/benchmarks.md says the same):
   `next_token` once per context and reads `clock_timestamp()` before and after each call, so
   the time is the function's execution with its plans cached, without the client, the network
   protocol, parsing or EXPLAIN's instrumentation. The timer itself costs ~2 µs per call.
+  `hartonomous bench` times all the atom sets in interleaved rounds (`interleaved_in_database`)
+  so that the machine's load changes hit every set alike.
 - **backend CPU per call**: the backend's on-CPU nanoseconds over the whole loop
   (`/proc/<pid>/schedstat`, only when the server runs on this machine), divided by the calls.
   On a loaded machine it stays close to the true cost while wall-clock percentiles grow.
@@ -67,6 +69,7 @@ class LatencyResult:
     shared_buffers_p95: float
     shared_buffers_max: float
     in_db_cpu_ms: float | None = None       # mean backend CPU per call (None: server not local)
+    in_db_round_p50_ms: list[float] = field(default_factory=list)  # p50 of each interleaved round
     explain_p50_ms: float | None = None     # EXPLAIN ANALYZE's execution time, for comparison
     buffers_by_relation: dict = field(default_factory=dict)
     brute_force_calls: int = 0
@@ -170,23 +173,62 @@ def brute_force(url: str, atom_set: str, contexts: list[list[int]], k: int = 100
     return times
 
 
+def interleaved_in_database(url: str, work: list[tuple[str, list[list[int]]]], k: int = 100,
+                            rounds: int = 3) -> dict[str, tuple[list[float], float | None, list[float]]]:
+    """In-database times of several atom sets, measured in interleaved rounds.
+
+    Each set gets its own session (plans stay cached); the contexts are split into `rounds`
+    slices and the sets take turns, slice by slice, so a change in the machine's load spreads
+    over every set instead of landing on one (otherwise the 10^7 / 10^5 ratio compares sets
+    measured minutes apart). Each slice runs once untimed right before it is timed, so its
+    pages are in shared buffers although all the sets together may not fit."""
+    conns = {}
+    try:
+        for atom_set, contexts in work:
+            conn = psycopg.connect(url, autocommit=True)
+            conns[atom_set] = conn
+            conn.execute("SET jit = off")
+            in_database(conn, atom_set, contexts[:10], k)  # plans
+        out: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name, _ in work}
+        for r in range(rounds):
+            for atom_set, contexts in work:
+                part = contexts[r::rounds]
+                in_database(conns[atom_set], atom_set, part, k)  # warm: the pages this slice touches
+                times, cpu = in_database(conns[atom_set], atom_set, part, k)
+                out[atom_set][0].extend(times)
+                out[atom_set][1].append(cpu * len(part) if cpu is not None else float("nan"))
+                out[atom_set][2].append(round(_pct(times, 50), 3))
+        return {name: (times, (sum(cpus) / len(times)) if cpus and not np.isnan(sum(cpus)) else None, p50s)
+                for name, (times, cpus, p50s) in out.items()}
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
 def measure(url: str, atom_set: str, atoms: int, contexts: list[list[int]], k: int = 100,
-            brute_contexts: list[list[int]] | None = None, warmup: int = 20) -> LatencyResult:
+            brute_contexts: list[list[int]] | None = None, warmup: int = 20,
+            in_db: tuple[list[float], float | None, list[float]] | None = None) -> LatencyResult:
+    """Every latency number of one atom set; `in_db` passes times already measured (interleaved)."""
     load = [round(os.getloadavg()[0], 2)]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET jit = off")  # next_token pins it too; this keeps the timer loop alike
-        in_database(conn, atom_set, contexts, k)  # warm-up: plans and every page the calls touch
-        db_times, cpu = in_database(conn, atom_set, contexts, k)
+        if in_db is None:
+            in_database(conn, atom_set, contexts, k)  # warm-up: plans and every page the calls touch
+            times, cpu = in_database(conn, atom_set, contexts, k)
+            in_db = (times, cpu, [round(_pct(times, 50), 3)])
+        else:
+            explain(conn, atom_set, contexts[:warmup], k)
+        db_times, cpu, round_p50s = in_db
         explain_times, buffers = explain(conn, atom_set, contexts, k)
         roundtrip(conn, atom_set, contexts[:warmup], k)
         rt_times = roundtrip(conn, atom_set, contexts, k)
     result = LatencyResult(
-        atom_set=atom_set, atoms=atoms, max_neighbors=k, calls=len(contexts),
+        atom_set=atom_set, atoms=atoms, max_neighbors=k, calls=len(db_times),
         in_db_p50_ms=_pct(db_times, 50), in_db_p95_ms=_pct(db_times, 95),
         roundtrip_p50_ms=_pct(rt_times, 50), roundtrip_p95_ms=_pct(rt_times, 95),
         shared_buffers_p50=_pct(buffers, 50), shared_buffers_p95=_pct(buffers, 95),
         shared_buffers_max=max(buffers) if buffers else float("nan"),
-        in_db_cpu_ms=cpu, explain_p50_ms=_pct(explain_times, 50),
+        in_db_cpu_ms=cpu, in_db_round_p50_ms=round_p50s, explain_p50_ms=_pct(explain_times, 50),
         buffers_by_relation=buffers_by_relation(url, atom_set, contexts[:30], k),
     )
     if brute_contexts:

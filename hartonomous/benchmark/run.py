@@ -21,8 +21,9 @@ QUICK_SIZES = (10**4, 10**5, 10**6)
 FULL_SIZES = (10**4, 10**5, 10**6, 10**7)
 REAL_SETS = ("smollm2-token", "smollm2-context")
 CONCURRENCY_LEVELS = (1, 2, 4, 8)
+LATENCY_ROUNDS = 3                 # in-database timing: the sets take turns, a third of the calls each time
 CONCURRENCY_SET = 10**6            # the set the concurrency runs use (the largest one if smaller)
-BYTES_PER_ATOM = 230               # heap + GiST + primary key, measured at 10^6 and 10^7
+BYTES_PER_ATOM = 260               # heap + GiST + primary key, measured at 10^7 (2.57 GB)
 
 
 def machine() -> dict:
@@ -97,7 +98,8 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
     results: dict = {"mode": "full" if full else "quick", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                      "machine": machine(), "sizes": list(sizes), "load_1m": {"start": _load()},
                      "latency": [], "ingest": [], "concurrency": [],
-                     "method": {"in_db_timer": latency.TIMER_NOTE, "max_neighbors": 100,
+                     "method": {"in_db_timer": latency.TIMER_NOTE, "in_db_rounds": LATENCY_ROUNDS,
+                                "max_neighbors": 100,
                                 "context_length": 8, "calls_per_set": calls,
                                 "brute_force_calls": brute_calls, "index_layout": synthetic.INDEX_LAYOUT}}
     with psycopg.connect(url) as conn, Progress(console=console, transient=True) as progress:
@@ -121,20 +123,20 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
 
         contexts = synthetic.random_contexts(calls, synthetic.SYNTHETIC_VOCAB)
         brute = contexts[:brute_calls]
-        results["load_1m"]["latency_start"] = _load()
-        task = progress.add_task("next_token latency", total=len(sizes) + len(real))
-        for n in sizes:
-            progress.update(task, description=f"next_token latency at {n:,} atoms")
-            res = latency.measure(url, synthetic.synthetic_name(n), n, contexts, brute_contexts=brute)
-            results["latency"].append(res.as_dict())
-            progress.advance(task)
+        work = [(synthetic.synthetic_name(n), n, contexts, brute) for n in sizes]
         for name in real:
-            progress.update(task, description=f"next_token latency on {name}")
             vocab = conn.execute("SELECT vocab_size FROM atom_sets WHERE name = %s", (name,)).fetchone()[0]
             conn.commit()
             real_contexts = synthetic.random_contexts(calls, min(vocab, 5000), seed=2)
-            res = latency.measure(url, name, int(real_sizes[name]), real_contexts,
-                                  brute_contexts=real_contexts[:min(3, brute_calls)])
+            work.append((name, int(real_sizes[name]), real_contexts, real_contexts[:min(3, brute_calls)]))
+        results["load_1m"]["latency_start"] = _load()
+        progress.update(progress.add_task("in-database time, interleaved rounds", total=None),
+                        description=f"in-database time: {len(work)} atom sets, {LATENCY_ROUNDS} interleaved rounds")
+        in_db = latency.interleaved_in_database(url, [(w[0], w[2]) for w in work], rounds=LATENCY_ROUNDS)
+        task = progress.add_task("next_token latency", total=len(work))
+        for name, atoms, ctxs, brute_ctxs in work:
+            progress.update(task, description=f"buffers, round trip and brute force on {name}")
+            res = latency.measure(url, name, atoms, ctxs, brute_contexts=brute_ctxs, in_db=in_db[name])
             results["latency"].append(res.as_dict())
             progress.advance(task)
 
@@ -192,13 +194,15 @@ def markdown(results: dict, command: str) -> str:
              f"Index layout: {results['method']['index_layout']}  ",
              f"In-database time: {results['method']['in_db_timer']}", "",
              "### next_token latency (k = 100 neighbours, 8-token contexts)", "",
-             "| atom set | atoms | in-db p50 (ms) | in-db p95 (ms) | backend CPU/call (ms) | round trip p50 (ms) "
-             "| round trip p95 (ms) | shared buffers p50 | brute force p50 (ms) | index speed-up | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| atom set | atoms | in-db p50 (ms) | in-db p95 (ms) | p50 per round (ms) | backend CPU/call (ms) "
+             "| round trip p50 (ms) | round trip p95 (ms) | shared buffers p50 | brute force p50 (ms) "
+             "| index speed-up | load |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results["latency"]:
         sp = f"{r['index_speedup']:,.0f}×" if r.get("index_speedup") else "—"
+        rounds = " / ".join(f"{x:.2f}" for x in r.get("in_db_round_p50_ms", []))
         lines.append(f"| {r['atom_set']} | {r['atoms']:,} | {r['in_db_p50_ms']:.3f} | {r['in_db_p95_ms']:.3f} | "
-                     f"{_f(r.get('in_db_cpu_ms'))} | {r['roundtrip_p50_ms']:.3f} | {r['roundtrip_p95_ms']:.3f} | "
+                     f"{rounds} | {_f(r.get('in_db_cpu_ms'))} | {r['roundtrip_p50_ms']:.3f} | {r['roundtrip_p95_ms']:.3f} | "
                      f"{r['shared_buffers_p50']:.0f} | {_f(r.get('brute_force_p50_ms'), ',.1f')} | {sp} | "
                      f"{'→'.join(str(x) for x in r.get('load_1m', []))} |")
     lines += ["", "Shared buffers per call by relation (mean):", "",
