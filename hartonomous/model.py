@@ -122,7 +122,7 @@ def load_model(name_or_path: str = SMOLLM2, device: str = "cpu", dtype: str = "f
     from transformers import AutoModelForCausalLM
 
     source = resolve_source(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(str(source.directory), torch_dtype=parse_dtype(dtype),
+    model = AutoModelForCausalLM.from_pretrained(str(source.directory), dtype=parse_dtype(dtype),
                                                  **source.kwargs())
     model.eval()
     model.to(pick_device(device))

@@ -37,3 +37,7 @@ for set in smollm2-token smollm2-context; do
     echo "[demo] comparing $set with exact inference ($DEMO_POSITIONS positions)"
     $HT compare --atom-set "$set" --max-positions "$DEMO_POSITIONS" --max-new-tokens 24 --out "reports/$set"
 done
+
+echo "[demo] done. Reports: reports/smollm2-token/report.html and reports/smollm2-context/report.html"
+echo "[demo] try:  .venv/bin/hartonomous generate 'The capital of France is' --path spatial --stream"
+echo "[demo]       .venv/bin/hartonomous serve   (playground at http://127.0.0.1:8000/)"
