@@ -112,15 +112,30 @@ def process_logits(logits: torch.Tensor, context_ids: ContextIds = None, *, temp
         kth = torch.topk(x, min(int(top_k), vocab), dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, -math.inf)
     if top_p is not None and top_p < 1:
-        order = torch.sort(x, dim=-1, descending=True, stable=True).indices  # ties: lower id first
+        order = _descending_order(x, only_finite=bool(top_k))  # ties: lower id first
         sorted_probs = torch.softmax(x, dim=-1).gather(1, order)
         cumulative = sorted_probs.cumsum(dim=-1)
         before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
         drop_sorted = before >= top_p
         drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        drop = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(1, order, drop_sorted)
         x = x.masked_fill(drop, -math.inf)
     return x[0] if squeeze else x
+
+
+def _descending_order(x: torch.Tensor, only_finite: bool) -> torch.Tensor:
+    """Indices by logit descending, lower id first among equals.
+
+    After top-k only the survivors can matter, so they alone are sorted (the rest are -inf and
+    come after them in any order); that is what keeps sampled decoding at transformers' speed.
+    """
+    if only_finite:
+        survivors = int(torch.isfinite(x).sum(dim=-1).max())
+        if 0 < survivors < x.shape[-1]:
+            candidates = torch.topk(x, survivors, dim=-1).indices.sort(dim=-1).values  # ids ascending
+            local = torch.sort(x.gather(1, candidates), dim=-1, descending=True, stable=True).indices
+            return candidates.gather(1, local)
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices
 
 
 def logits_to_probs(logits: torch.Tensor, context_ids: ContextIds = None, *, temperature: float = 1.0,
