@@ -148,8 +148,15 @@ def test_taken_port_is_one_clear_line(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        data = Path(tempfile_dir()) / "pg"
-        result = _cli("db", "up", env={"HARTONOMOUS_DATA_DIR": str(data), "HARTONOMOUS_DB_PORT": str(port)})
+        root = Path(tempfile_dir())
+        try:
+            result = _cli("db", "up", env={"HARTONOMOUS_DATA_DIR": str(root / "pg"),
+                                          "HARTONOMOUS_DB_PORT": str(port)})
+        finally:
+            import shutil
+
+            EmbeddedCluster(root / "pg").down()
+            shutil.rmtree(root, ignore_errors=True)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0
     assert f"port {port} is already in use" in result.stderr
