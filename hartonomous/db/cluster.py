@@ -183,7 +183,19 @@ class EmbeddedCluster:
         if pid > 0 and _is_postgres(pid):
             return pid
         pid_file.unlink(missing_ok=True)  # stale: the server died without cleaning up
+        self._remove_stale_socket_locks()
         return None
+
+    def _remove_stale_socket_locks(self) -> None:
+        """Socket lock files of a dead (or zombie, not yet reaped) postmaster block a restart."""
+        for lock in self.socket_dir.glob(".s.PGSQL.*.lock"):
+            try:
+                owner = int(lock.read_text().splitlines()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if not _is_postgres(owner):
+                lock.unlink(missing_ok=True)
+                Path(str(lock)[: -len(".lock")]).unlink(missing_ok=True)
 
     def running_port(self) -> int | None:
         if self.running_pid() is None:
@@ -339,7 +351,11 @@ class EmbeddedCluster:
 
 
 def _is_postgres(pid: int) -> bool:
+    """A live postgres process (a killed postmaster nobody has reaped yet is a zombie: dead)."""
     try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("Z", "X"):
+            return False
         return Path(f"/proc/{pid}/comm").read_text().strip().startswith("postgres")
     except OSError:
         try:
