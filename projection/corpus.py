@@ -101,17 +101,11 @@ def stdlib_documents() -> list[Document]:
 
 def file_documents(paths: list[Path]) -> list[Document]:
     """One document per UTF-8 text file."""
+    from hartonomous.textfiles import read_user_text
+
     docs = []
     for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"corpus file '{path}' does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"corpus file '{path}' is not UTF-8 text") from None
-        if not text.strip():
-            raise UserError(f"corpus file '{path}' is empty")
+        text = read_user_text(path, f"corpus file '{path}'")
         docs.append(Document(str(path), text))
     return docs
 

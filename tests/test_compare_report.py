@@ -183,7 +183,7 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
         assert no_text.returncode == 1
         assert "records no held-out text; pass --text FILE" in no_text.stderr
         missing = _cli(server_url, "--atom-set", name, "--text", str(tmp_path / "nope.txt"))
-        assert missing.returncode == 1 and "nope.txt: no such file" in missing.stderr
+        assert missing.returncode == 1 and "nope.txt does not exist" in missing.stderr and "--text" in missing.stderr
         assert not list(Path(tmp_path).glob("report.*"))
     finally:
         from projection.ingest import drop_atom_set

@@ -80,17 +80,11 @@ def holdout_text(info: AtomSetInfo) -> Text:
 
 def read_texts(paths: list[Path]) -> list[Text]:
     """User-supplied evaluation texts (UTF-8 files)."""
+    from hartonomous.textfiles import read_user_text
+
     texts = []
     for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"--text {path}: no such file")
-        try:
-            body = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"--text {path}: not UTF-8 text") from None
-        if not body.strip():
-            raise UserError(f"--text {path}: the file is empty")
+        body = read_user_text(path, f"--text {path}")
         texts.append(Text(str(path), body, False))
     return texts
 
