@@ -30,6 +30,8 @@ class AtomSet(Base):
         CheckConstraint("bandwidth > 0", name="atom_sets_bandwidth_check"),
         CheckConstraint("centroid_window IS NULL OR centroid_window > 0", name="atom_sets_window_check"),
         CheckConstraint("centroid_decay > 0 AND centroid_decay <= 1", name="atom_sets_decay_check"),
+        CheckConstraint("history_weight >= 0 AND history_weight < 'Infinity'", name="atom_sets_history_weight_check"),
+        CheckConstraint("history_window >= 0", name="atom_sets_history_window_check"),
         Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
     )
 
@@ -48,6 +50,9 @@ class AtomSet(Base):
     stats: Mapped[dict] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    history_weight: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    history_window: Mapped[int] = mapped_column(Integer, server_default=text("512"))
+    model_key: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Token(Base):
