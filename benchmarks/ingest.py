@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from hartonomous.db.connection import connect, owner_url
-from projection.ingest import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
 
 
 def synthetic(n: int, vocab: int, seed: int) -> tuple[TokenRows, AtomRows]:

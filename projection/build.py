@@ -1,7 +1,7 @@
 """`hartonomous build`: model -> 3D projection -> token or context atoms -> bandwidth -> ingest.
 
 Nothing is written to the database until the last step, which is one transaction
-(projection.ingest), so an interrupted build leaves nothing behind.
+(hartonomous.atomset.write), so an interrupted build leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from projection.atoms import context_atoms, context_keys, context_values, merge_
 from projection.calibrate import OBJECTIVES, calibrate_bandwidth, nearest_atoms, score
 from projection.corpus import Corpus, load_corpus
 from projection.distill import chunk_ids, distill, tokenize
-from projection.ingest import AtomRows, AtomSetSpec, LandmarkRows, TokenRows, write_atom_set
+from hartonomous.atomset import (AtomRows, AtomSetSpec, BuildStats, LandmarkRows, TokenRows, atom_set_exists,
+                                 write_atom_set)
 from projection.progress import Reporter
 from projection.project import fit_projection
 from projection.quality import projection_quality
@@ -177,7 +178,7 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     ui = reporter or Reporter()
     options.check()
     started = time.perf_counter()
-    if not options.replace and conn.execute("SELECT 1 FROM atom_sets WHERE name = %s", (options.name,)).fetchone():
+    if not options.replace and atom_set_exists(conn, options.name):
         raise UserError(f"atom set '{options.name}' already exists; pass --replace or run "
                         f"`hartonomous atom-sets drop {options.name}`")
     conn.rollback()  # write_atom_set needs an idle connection: it runs its own transaction
@@ -275,7 +276,8 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
                            seed=options.seed,
                            landmark_token_ids=None if fitted.landmark_idx is None else fitted.landmark_idx.tolist())
     spec = AtomSetSpec(options.name, model_name, vocab_size, dim, options.projection, options.kind, params,
-                       window, decay, options.kernel, bandwidth, stats, options.make_default)
+                       window, decay, options.kernel, bandwidth, BuildStats.from_json(stats), options.make_default,
+                       model_key=options.model)
     tokens = TokenRows(np.arange(vocab_size), token_texts(tokenizer, vocab_size), positions, embeddings)
     landmarks = None
     if fitted.landmark_idx is not None:

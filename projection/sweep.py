@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from projection.calibrate import Neighbours, calibrate_bandwidth, nearest_atoms
-from projection.ingest import AtomRows
+from hartonomous.atomset import AtomRows
 
 Candidate = tuple[int | None, float]
 CANDIDATES: list[Candidate] = [(1, 1.0), (2, 1.0), (2, 0.25), (2, 0.05), (2, 0.01), (3, 0.25), (3, 0.05),

@@ -25,7 +25,7 @@ def save_tiny_model(directory: Path) -> Path:
 
 def write_tiny_atom_set(url: str, model: str, seed: int = 0, window: int | None = None, decay: float = 1.0) -> str:
     """A committed token atom set over the tiny vocabulary; returns its (unique) name."""
-    from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+    from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 
     _, tokenizer = tiny_model(0)
     vocab = len(tokenizer)
@@ -45,7 +45,7 @@ def write_tiny_atom_set(url: str, model: str, seed: int = 0, window: int | None 
 
 
 def drop_atom_set(url: str, name: str) -> None:
-    from projection.ingest import drop_atom_set as drop
+    from hartonomous.atomset import drop_atom_set as drop
 
     with psycopg.connect(url) as conn:
         drop(conn, name)

@@ -13,7 +13,7 @@ from projection.atoms import context_atoms, merge_atoms, token_atoms
 from projection.calibrate import calibrate_bandwidth, nearest_atoms, score
 from projection.corpus import Document, segments, split_corpus, stdlib_documents
 from projection.distill import chunk_ids, distill
-from projection.ingest import AtomRows
+from hartonomous.atomset import AtomRows
 from tiny_model import tiny_model
 
 POS = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 4.0]])

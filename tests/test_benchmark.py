@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hartonomous.benchmark import run, synthetic
-from projection.hilbert import hilbert_codes_of_cells, hilbert_order
+from hartonomous.atomset.hilbert import hilbert_codes_of_cells, hilbert_order
 
 LATENCY_FIELDS = {
     "atom_set", "atoms", "max_neighbors", "calls", "in_db_p50_ms", "in_db_p95_ms", "roundtrip_p50_ms",

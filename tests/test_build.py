@@ -253,7 +253,7 @@ def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str
 KILLED_BUILD = """
 import sys, time, numpy as np, psycopg
 from projection import ingest
-from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 if sys.argv[2] == "copy":  # small, slow COPY chunks, so that the kill lands in the middle of the COPY
     ingest.COPY_CHUNK_ROWS, real = 20_000, ingest.fixed_width_payload
     def slow(*args, **kwargs):

@@ -35,7 +35,7 @@ def encode(tokenizer, text: str) -> list[int]:
 def write_context_set(url: str, stats: dict) -> str:
     """Context atoms as the design builds them: one per corpus position, keyed by the centroid of the
     last WINDOW tokens (3D position and full-dimensional key), voting for the exact argmax."""
-    from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+    from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 
     model, tokenizer = tiny_model(0)
     vocab = int(model.config.vocab_size)
@@ -61,7 +61,7 @@ def context_set(server_url):
     name = write_context_set(server_url, {"holdout": {"source": "hand-written holdout", "text": HOLDOUT},
                                           "corpus": {"source": "tiny TRAIN_TEXT", "text": CORPUS}})
     yield name
-    from projection.ingest import drop_atom_set
+    from hartonomous.atomset import drop_atom_set
 
     with psycopg.connect(server_url) as conn:
         drop_atom_set(conn, name)
@@ -186,7 +186,7 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
         assert missing.returncode == 1 and "nope.txt does not exist" in missing.stderr and "--text" in missing.stderr
         assert not list(Path(tmp_path).glob("report.*"))
     finally:
-        from projection.ingest import drop_atom_set
+        from hartonomous.atomset import drop_atom_set
 
         with psycopg.connect(server_url) as conn:
             drop_atom_set(conn, name)
@@ -195,7 +195,7 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
 def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_path):
     """A set whose stats name the corpus files and settings (not the text) gets its training split back,
     checked against the recorded holdout; a changed file is refused with the reason."""
-    from hartonomous.compare.atomset import AtomSetInfo
+    from hartonomous.atomset import AtomSet, BuildStats
     from hartonomous.compare.baselines import CorpusUnavailable
     from hartonomous.compare.cli import build_corpus_loader
     from projection.corpus import load_corpus
@@ -206,7 +206,10 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
     stats = {"corpus": {"source": "doc.txt", "text": None, "files": [str(doc)], "max_tokens": 2000, "seed": 3,
                         "context_length": 64},
              "holdout": {"source": "doc.txt holdout", "text": corpus.holdout_text}}
-    info = AtomSetInfo(1, "s", "tiny", "token", 320, 32, "random", None, 1.0, "gaussian", 1.0, 320, False, None, stats)
+    info = AtomSet(id=1, name="s", model="tiny", model_key=None, kind="token", vocab_size=320, embedding_dim=32,
+                   projection="random", projection_params={}, centroid_window=None, centroid_decay=1.0,
+                   kernel="gaussian", bandwidth=1.0, history_weight=0.0, history_window=512, is_default=False,
+                   created_at=None, stats=BuildStats.from_json(stats), atoms=320)
     source, text = build_corpus_loader(info)
     assert text == corpus.train_text and "training split" in source
     assert corpus.holdout_text not in text

@@ -24,7 +24,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
 from distribution_checks import check_distribution
-from projection.ingest import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
 
 VOCAB = 64
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)

@@ -6,7 +6,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 
 INFERENCE_FUNCTIONS = ("next_token", "context_centroid", "sample_next_token", "generate_tokens",
                        "next_token_batch", "seeded_uniform")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hartonomous import centroid
 from hartonomous.db import migrate
 from hartonomous.sampling import pick_by_uniform, seeded_uniform
-from projection.ingest import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from reference_next_token import AtomSetData, reference_rows
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "sampler_cases.json").read_text())

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import psycopg
 
-from hartonomous.benchmark.latency import NEXT_TOKEN
+from hartonomous.benchmark.latency import next_token_call
 
 
 def run_clients(url: str, atom_set: str, contexts: list[list[int]], clients: int,
@@ -22,13 +22,13 @@ def run_clients(url: str, atom_set: str, contexts: list[list[int]], clients: int
     def worker(i: int) -> None:
         try:
             with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
-                cur.execute(NEXT_TOKEN, (contexts[0], k, atom_set), prepare=True)
+                cur.execute(*next_token_call(contexts[0], k, atom_set), prepare=True)
                 cur.fetchall()
                 start_gate.wait()
                 j = i
                 while time.perf_counter() < stop_at[0]:
                     t0 = time.perf_counter()
-                    cur.execute(NEXT_TOKEN, (contexts[j % len(contexts)], k, atom_set), prepare=True)
+                    cur.execute(*next_token_call(contexts[j % len(contexts)], k, atom_set), prepare=True)
                     cur.fetchall()
                     latencies[i].append((time.perf_counter() - t0) * 1000)
                     j += clients

@@ -30,8 +30,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import psycopg
 
-NEXT_TOKEN = ("SELECT token_id, probability, cumulative_probability FROM "
-              "next_token(%s, 1.0, 40, 0.9, NULL, %s, %s, 1.0)")
+from hartonomous import sqlcalls
+from hartonomous.atomset import load_atom_set
+from hartonomous.sqlcalls import SpatialArgs
+
+
+
+def next_token_call(ctx: list[int], k: int, atom_set: str) -> tuple[str, dict]:
+    """The benchmarked call: next_token with the sampler's defaults and K = k neighbours."""
+    query = sqlcalls.next_token_query(ctx, spatial=SpatialArgs(max_neighbors=k), atom_set=atom_set)
+    return query.sql, query.params
+
 
 IN_DB_TIMER = """
 CREATE OR REPLACE FUNCTION pg_temp.bench_next_token_ms(p_atom_set text, p_contexts integer[],
@@ -44,7 +53,7 @@ BEGIN
     FOR i IN 0 .. cardinality(p_contexts) / p_length - 1 LOOP
         ctx := p_contexts[i * p_length + 1 : (i + 1) * p_length];
         t0 := clock_timestamp();
-        PERFORM count(*) FROM next_token(ctx, 1.0, 40, 0.9, NULL, p_k, p_atom_set, 1.0);
+        PERFORM count(*) FROM next_token(ctx, max_neighbors => p_k, atom_set => p_atom_set);
         RETURN NEXT extract(epoch FROM clock_timestamp() - t0) * 1000;
     END LOOP;
 END
@@ -117,8 +126,8 @@ def explain(conn: psycopg.Connection, atom_set: str, contexts: list[list[int]],
     """Shared buffers (hit + read) of each call and EXPLAIN ANALYZE's execution time (ms)."""
     times, buffers = [], []
     for ctx in contexts:
-        (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + NEXT_TOKEN,
-                               (ctx, k, atom_set)).fetchone()
+        sql, params = next_token_call(ctx, k, atom_set)
+        (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, params).fetchone()
         plan = plan if isinstance(plan, list) else json.loads(plan)
         top = plan[0]
         times.append(float(top["Execution Time"]))
@@ -133,15 +142,15 @@ def buffers_by_relation(url: str, atom_set: str, contexts: list[list[int]], k: i
     query = ("SELECT c.relname, pg_stat_get_xact_blocks_fetched(c.oid) FROM pg_class c "
              "WHERE c.relkind IN ('r', 'i', 't', 'p', 'I') AND pg_stat_get_xact_blocks_fetched(c.oid) > 0")
     with psycopg.connect(url) as conn:  # one transaction: the xact counters accumulate
-        (set_id,) = conn.execute("SELECT id FROM atom_sets WHERE name = %s", (atom_set,)).fetchone()
+        set_id = load_atom_set(conn, atom_set).id
         names = {f"atoms_{set_id}": "atoms heap", f"atoms_{set_id}_position_idx": "atoms GiST index",
                  "tokens": "tokens heap", "tokens_pkey": "tokens primary key"}
         for ctx in contexts[:3]:
-            conn.execute(NEXT_TOKEN, (ctx, k, atom_set)).fetchall()
+            conn.execute(*next_token_call(ctx, k, atom_set)).fetchall()
         totals: dict[str, float] = {}
         for ctx in contexts:
             before = dict(conn.execute(query).fetchall())
-            conn.execute(NEXT_TOKEN, (ctx, k, atom_set)).fetchall()
+            conn.execute(*next_token_call(ctx, k, atom_set)).fetchall()
             after = dict(conn.execute(query).fetchall())
             for rel, n in after.items():
                 if rel == "pg_class":  # the counting query's own scan
@@ -158,7 +167,7 @@ def roundtrip(conn: psycopg.Connection, atom_set: str, contexts: list[list[int]]
     with conn.cursor() as cur:
         for ctx in contexts:
             start = time.perf_counter()
-            cur.execute(NEXT_TOKEN, (ctx, k, atom_set), prepare=True)
+            cur.execute(*next_token_call(ctx, k, atom_set), prepare=True)
             cur.fetchall()
             times.append((time.perf_counter() - start) * 1000)
     return times

@@ -14,6 +14,7 @@ import psycopg
 from rich.console import Console
 from rich.progress import Progress
 
+from hartonomous.atomset import atom_set_names, list_atom_sets
 from hartonomous.benchmark import concurrency, latency, synthetic, targets, throughput
 from hartonomous.errors import UserError
 
@@ -81,7 +82,7 @@ def check_disk(url: str, sizes: tuple[int, ...]) -> None:
         return
     data_dir = Path(embedded_cluster().data_dir)
     with psycopg.connect(url) as conn:
-        have = {r[0] for r in conn.execute("SELECT name FROM atom_sets").fetchall()}
+        have = set(atom_set_names(conn))
     need = sum(n * BYTES_PER_ATOM for n in sizes if synthetic.synthetic_name(n) not in have)
     if need and data_dir.exists() and shutil.disk_usage(data_dir).free < 1.5 * need:
         free = shutil.disk_usage(data_dir).free / 2**30
@@ -113,11 +114,8 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
             if row:
                 results["ingest"].append(row)
             progress.advance(task)
-        real = [r[0] for r in conn.execute("SELECT name FROM atom_sets WHERE name = ANY(%s) ORDER BY name",
-                                           (list(real_sets),)).fetchall()]
-        real_sizes = dict(conn.execute(
-            "SELECT s.name, (SELECT count(*) FROM atoms a WHERE a.atom_set_id = s.id) FROM atom_sets s "
-            "WHERE s.name = ANY(%s)", (real,)).fetchall())
+        real_sets_found = {s.name: s for s in list_atom_sets(conn) if s.name in real_sets}
+        real = sorted(real_sets_found)
         conn.commit()
         results["real_sets_missing"] = [name for name in real_sets if name not in real]
 
@@ -125,10 +123,9 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
         brute = contexts[:brute_calls]
         work = [(synthetic.synthetic_name(n), n, contexts, brute) for n in sizes]
         for name in real:
-            vocab = conn.execute("SELECT vocab_size FROM atom_sets WHERE name = %s", (name,)).fetchone()[0]
-            conn.commit()
-            real_contexts = synthetic.random_contexts(calls, min(vocab, 5000), seed=2)
-            work.append((name, int(real_sizes[name]), real_contexts, real_contexts[:min(3, brute_calls)]))
+            found = real_sets_found[name]
+            real_contexts = synthetic.random_contexts(calls, min(found.vocab_size, 5000), seed=2)
+            work.append((name, found.atoms, real_contexts, real_contexts[:min(3, brute_calls)]))
         results["load_1m"]["latency_start"] = _load()
         progress.update(progress.add_task("in-database time, interleaved rounds", total=None),
                         description=f"in-database time: {len(work)} atom sets, {LATENCY_ROUNDS} interleaved rounds")

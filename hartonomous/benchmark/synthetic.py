@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import psycopg
 
-from projection.ingest import INDEX_LAYOUT, AtomRows, AtomSetSpec, IngestReport, TokenRows, write_atom_set
+from hartonomous.atomset import (INDEX_LAYOUT, AtomRows, AtomSetSpec, BuildStats, IngestReport, SyntheticStats,
+                                 TokenRows, atom_set_exists, load_atom_set, write_atom_set)
 
 SYNTHETIC_VOCAB = 1000
 
@@ -23,9 +24,12 @@ def synthetic_name(n_atoms: int) -> str:
 
 def stored_layout(conn: psycopg.Connection, name: str) -> tuple[bool, str | None]:
     """(exists, the index layout it was built with)."""
-    row = conn.execute("SELECT stats->>'layout' FROM atom_sets WHERE name = %s", (name,)).fetchone()
+    if not atom_set_exists(conn, name):
+        conn.commit()
+        return False, None
+    stats = load_atom_set(conn, name).stats
     conn.commit()
-    return row is not None, (row[0] if row else None)
+    return True, stats.synthetic.layout if stats.synthetic else None
 
 
 def ensure_synthetic_atom_set(conn: psycopg.Connection, n_atoms: int, seed: int = 0,
@@ -39,8 +43,8 @@ def ensure_synthetic_atom_set(conn: psycopg.Connection, n_atoms: int, seed: int 
     rng = np.random.default_rng(seed)
     spec = AtomSetSpec(name=name, model="synthetic", vocab_size=SYNTHETIC_VOCAB, embedding_dim=0,
                        projection="synthetic", kind="context", centroid_window=1,
-                       stats={"synthetic": True, "distribution": "uniform unit cube", "seed": seed,
-                              "layout": INDEX_LAYOUT})
+                       stats=BuildStats(synthetic=SyntheticStats(distribution="uniform unit cube", seed=seed,
+                                                                 layout=INDEX_LAYOUT)))
     tokens = TokenRows(np.arange(SYNTHETIC_VOCAB), [f"tok{i}" for i in range(SYNTHETIC_VOCAB)],
                        rng.random((SYNTHETIC_VOCAB, 3)))
     atoms = AtomRows(rng.integers(0, SYNTHETIC_VOCAB, n_atoms), rng.random((n_atoms, 3)))
@@ -49,11 +53,15 @@ def ensure_synthetic_atom_set(conn: psycopg.Connection, n_atoms: int, seed: int 
 
 def stored_ingest(conn: psycopg.Connection, name: str) -> dict | None:
     """The ingest timings recorded in atom_sets.stats when the set was built, with the date."""
-    row = conn.execute("SELECT stats->'ingest', created_at FROM atom_sets WHERE name = %s", (name,)).fetchone()
-    conn.commit()
-    if not row or not row[0]:
+    if not atom_set_exists(conn, name):
+        conn.commit()
         return None
-    return {**row[0], "built_at": row[1].strftime("%Y-%m-%d %H:%M")}
+    found = load_atom_set(conn, name)
+    conn.commit()
+    if found.stats.ingest is None:
+        return None
+    built = found.created_at.strftime("%Y-%m-%d %H:%M") if found.created_at else None
+    return {**found.stats.ingest.model_dump(mode="json"), "built_at": built}
 
 
 def random_contexts(n: int, vocab: int, length: int = 8, seed: int = 1) -> list[list[int]]:

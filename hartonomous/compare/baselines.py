@@ -16,7 +16,7 @@ import psycopg
 
 from hartonomous.centroid import context_centroid
 from hartonomous.compare import ngram, spatial, teacher
-from hartonomous.compare.atomset import AtomSetInfo
+from hartonomous.atomset import AtomSet
 from hartonomous.compare.metrics import Sparse
 
 Predictor = Callable[[Sequence[int]], Sparse]
@@ -39,31 +39,30 @@ class CorpusUnavailable(LookupError):
     """The build corpus cannot be recovered; the message says why (shown in the report)."""
 
 
-CorpusLoader = Callable[[AtomSetInfo], tuple[str, str]]
+CorpusLoader = Callable[[AtomSet], tuple[str, str]]
 
 
-def build_corpus(info: AtomSetInfo) -> tuple[str, str]:
-    """(source, training text) when the build recorded the text itself in stats['corpus']['text']."""
-    entry = info.stats.get("corpus")
-    if isinstance(entry, dict) and entry.get("text"):
-        return str(entry.get("source") or entry.get("description") or "the build corpus"), str(entry["text"])
-    raise CorpusUnavailable("the atom set records no build corpus text (stats['corpus'])")
+def build_corpus(info: AtomSet) -> tuple[str, str]:
+    """(source, training text) when the build recorded the text itself in stats.corpus.text."""
+    entry = info.stats.corpus
+    if entry is not None and entry.text:
+        return entry.source or "the build corpus", entry.text
+    raise CorpusUnavailable("the atom set records no build corpus text (stats.corpus)")
 
 
-def build_tokens(info: AtomSetInfo) -> int | None:
+def build_tokens(info: AtomSet) -> int | None:
     """How many training tokens the build distilled (context sets) or would have (token sets)."""
-    entry = info.stats.get("corpus")
-    if not isinstance(entry, dict):
+    entry = info.stats.corpus
+    if entry is None:
         return None
-    value = entry.get("train_tokens") or entry.get("max_tokens")
+    value = entry.train_tokens or entry.max_tokens
     return int(value) if value else None
 
 
-def context_length(info: AtomSetInfo, default: int = 512) -> int:
-    """The chunk length the builder's teacher forcing used (stats['corpus']['context_length'])."""
-    entry = info.stats.get("corpus")
-    value = entry.get("context_length") if isinstance(entry, dict) else None
-    return int(value) if value else default
+def context_length(info: AtomSet, default: int = 512) -> int:
+    """The chunk length the builder's teacher forcing used (stats.corpus.context_length)."""
+    entry = info.stats.corpus
+    return int(entry.context_length) if entry is not None and entry.context_length else default
 
 
 def cached_labels(model, model_name: str, ids: list[int], chunk: int, cache_dir: Path | None,
@@ -91,12 +90,12 @@ def ngram_predictors(ids: list[int], labels: np.ndarray, chunk: int) -> dict[str
     return {name: model.predict for name, model in models.items()}
 
 
-def knn_predictor(conn: psycopg.Connection, info: AtomSetInfo, embeddings: np.ndarray,
+def knn_predictor(conn: psycopg.Connection, info: AtomSet, embeddings: np.ndarray,
                   k: int = 100) -> Predictor:
     """Full-dimensional KNN on the atoms' `key` column: the query key is the context centroid of
     the tokens' full-dimensional embeddings with the set's window and decay (the key definition
     of context atoms), matched by exact L2 search (pgvector, no index)."""
-    bandwidth = info.stats.get("key_bandwidth")
+    bandwidth = info.stats.key_bandwidth
 
     def predict(context: Sequence[int]) -> Sparse:
         window = info.centroid_window

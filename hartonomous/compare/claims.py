@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
-NEXT_TOKEN_DEFAULT = ("SELECT * FROM next_token(%s::integer[], temperature => 1.0, top_k => 40, top_p => 0.9, "
-                      "max_neighbors => %s, atom_set => %s)")
-CENTROID = "SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM context_centroid(%s::integer[], %s) AS c"
+from hartonomous import sqlcalls
+from hartonomous.sqlcalls import SpatialArgs
+
 KNN_ONLY = ("SELECT token_id, weight FROM atoms WHERE atom_set_id = {set_id} "
             "ORDER BY position <<->> 'POINT Z ({x!r} {y!r} {z!r})'::geometry LIMIT {k}")
 
@@ -86,14 +86,15 @@ def measure_queries(conn: psycopg.Connection, atom_set: str, set_id: int, contex
     partition's GiST index and heap); `knn_only` is the KNN query on the atoms partition
     alone, the part the original's "logical reads 6 on Atoms" describes.
     """
+    spatial = SpatialArgs(max_neighbors=max_neighbors)   # the sampler at its defaults
     for ctx in contexts[:warmup]:
-        _explain(conn, NEXT_TOKEN_DEFAULT, (ctx, max_neighbors, atom_set))
+        _explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
     full_buf, full_ms, knn_buf = [], [], []
     for ctx in contexts:
-        top = _explain(conn, NEXT_TOKEN_DEFAULT, (ctx, max_neighbors, atom_set))
+        top = _explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
         full_buf.append(_buffers(top))
         full_ms.append(float(top["Execution Time"]))
-        x, y, z = conn.execute(CENTROID, (ctx, atom_set)).fetchone()
+        x, y, z = sqlcalls.context_centroid(conn, ctx, atom_set)
         knn = _explain(conn, KNN_ONLY.format(set_id=int(set_id), x=float(x), y=float(y), z=float(z),
                                              k=int(max_neighbors)))
         knn_buf.append(_buffers(knn))
@@ -101,6 +102,10 @@ def measure_queries(conn: psycopg.Connection, atom_set: str, set_id: int, contex
             "next_token_buffers_p50": _pct(full_buf, 50), "next_token_buffers_max": max(full_buf, default=None),
             "next_token_exec_ms_p50": _pct(full_ms, 50), "next_token_exec_ms_p95": _pct(full_ms, 95),
             "knn_buffers_p50": _pct(knn_buf, 50), "knn_buffers_max": max(knn_buf, default=None)}
+
+
+def _sql(query: sqlcalls.Query) -> tuple[str, dict]:
+    return query.sql, query.params
 
 
 def _verdict(value: float | None, ok: bool | None) -> str:

@@ -56,12 +56,12 @@ def build_corpus_loader(info) -> tuple[str, str]:
         return build_corpus(info)
     except CorpusUnavailable:
         pass
-    entry, holdout = info.stats.get("corpus"), info.stats.get("holdout") or {}
-    if not isinstance(entry, dict) or "max_tokens" not in entry:
-        raise CorpusUnavailable("the atom set records no build corpus (stats['corpus'])")
-    files = [Path(f) for f in entry.get("files") or []]
-    if not files and entry.get("python") not in (None, platform.python_version()):
-        raise CorpusUnavailable(f"the set was built from Python {entry['python']}'s stdlib docstrings, this is "
+    entry, holdout = info.stats.corpus, info.stats.holdout
+    if entry is None or entry.max_tokens is None:
+        raise CorpusUnavailable("the atom set records no build corpus (stats.corpus)")
+    files = [Path(f) for f in entry.files]
+    if not files and entry.python not in (None, platform.python_version()):
+        raise CorpusUnavailable(f"the set was built from Python {entry.python}'s stdlib docstrings, this is "
                                 f"Python {platform.python_version()}: the corpus cannot be rebuilt exactly")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -71,13 +71,13 @@ def build_corpus_loader(info) -> tuple[str, str]:
     from hartonomous.errors import UserError
 
     try:
-        corpus = load_corpus(files or None, int(entry["max_tokens"]), None, int(entry.get("seed", 0)), train=True)
+        corpus = load_corpus(files or None, int(entry.max_tokens), None, int(entry.seed or 0), train=True)
     except UserError as exc:
         raise CorpusUnavailable(f"cannot rebuild the build corpus ({exc})") from None
-    if holdout.get("text") and corpus.holdout_text != holdout["text"]:
+    if holdout is not None and holdout.text and corpus.holdout_text != holdout.text:
         raise CorpusUnavailable("the rebuilt corpus's holdout differs from the recorded one (was --holdout-chars "
                                 "given to the build?); cannot recover the training split")
-    return f"{entry.get('description', corpus.description)}, training split", corpus.train_text
+    return f"{entry.source or corpus.description}, training split", corpus.train_text
 
 
 def compare(

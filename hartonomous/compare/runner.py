@@ -13,7 +13,8 @@ import psycopg
 
 from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots, teacher
 from hartonomous.compare.spatial import spatial_distribution
-from hartonomous.compare.atomset import AtomSetInfo, Text, holdout_text, load_atom_set, read_prompts, read_texts
+from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
+from hartonomous.compare.atomset import Text, holdout_text, read_prompts, read_texts
 from hartonomous.errors import UserError
 
 SCHEMA_VERSION = "1.0"
@@ -59,16 +60,23 @@ class CompareOptions:
             raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
 
 
-def model_name_for(info: AtomSetInfo) -> str:
-    """The load_model name of the set's model: 'smollm2' or a local model folder."""
+def model_name_for(info: AtomSet) -> str:
+    """The load_model name of the set's model, as recorded at build time: 'smollm2' or a local model folder."""
     from hartonomous.model import SMOLLM2
 
-    if "smollm2" in info.model.lower():
-        return SMOLLM2
-    if Path(info.model).expanduser().is_dir():
-        return info.model
-    raise UserError(f"atom set '{info.name}' was built from model '{info.model}', which is not available here; "
-                    "install it or rebuild the set from 'smollm2' or a local model folder")
+    key = info.model_key
+    if key == SMOLLM2 or (key and Path(key).expanduser().is_dir()):
+        return key
+    raise UserError(f"atom set '{info.name}' was built from model '{key or info.model}', which is not available "
+                    "here; install it or rebuild the set from 'smollm2' or a local model folder")
+
+
+def atom_set_summary(info: AtomSet, key_dim: int | None) -> dict:
+    """The report's `atom_set` section: the record's columns, its keys and what "exact" means for its model."""
+    from hartonomous.model import exact_model_description
+
+    return {**info.summary(), "has_keys": key_dim is not None, "key_dim": key_dim,
+            "exact_model": exact_model_description(info.model_key)}
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -190,16 +198,17 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
                                          f"labels: the exact model's argmax at every position, teacher forcing in "
                                          f"chunks of {chunk} tokens as the build did")
     knn_note = "the atom set has no full-dimensional keys"
-    if info.has_keys:
+    key_dim = key_dimensions(conn, info)
+    if key_dim is not None:
         emb = model.get_input_embeddings().weight.detach().float().cpu().numpy()
-        if info.key_dim != emb.shape[1]:
-            knn_note = (f"keys have {info.key_dim} dimensions, the embeddings {emb.shape[1]}; "
+        if key_dim != emb.shape[1]:
+            knn_note = (f"keys have {key_dim} dimensions, the embeddings {emb.shape[1]}; "
                         "full-dimensional KNN skipped")
         else:
             predictors["knn"] = baselines.knn_predictor(conn, info, emb, options.max_neighbors)
             knn_note = (f"exact L2 KNN (pgvector) over {info.atoms} atom keys, K = {options.max_neighbors}, "
                         "query = full-dimensional context centroid, Gaussian kernel with h = "
-                        + ("stats['key_bandwidth']" if info.stats.get("key_bandwidth") else
+                        + ("stats.key_bandwidth" if info.stats.key_bandwidth else
                            "the median neighbour distance"))
     return predictors, distill, knn_note
 
@@ -266,7 +275,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": options.command,
-        "atom_set": info.as_dict(),
+        "atom_set": atom_set_summary(info, key_dim),
         "machine": machine,
         "settings": {
             "max_positions": options.max_positions, "max_neighbors": options.max_neighbors,

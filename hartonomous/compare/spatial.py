@@ -7,12 +7,13 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
+from hartonomous import sqlcalls
+from hartonomous.backends.base import SamplerArgs
 from hartonomous.compare.metrics import Sparse
+from hartonomous.sqlcalls import SpatialArgs
 
-NEXT_TOKEN_FULL = (
-    "SELECT token_id, probability FROM next_token(%s::integer[], temperature => 1.0, top_k => 0, "
-    "top_p => 1.0, max_neighbors => %s, atom_set => %s)"
-)
+# The model's own distribution: T = 1, top-k and top-p off, no repetition penalty.
+FULL_DISTRIBUTION = SamplerArgs(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
 KNN_KEYS = (
     "SELECT token_id, weight, key <-> %s::vector AS distance FROM atoms "
@@ -23,8 +24,7 @@ KNN_KEYS = (
 def spatial_distribution(conn: psycopg.Connection, context: Sequence[int], atom_set: str,
                          max_neighbors: int = 100) -> Sparse:
     """next_token's full candidate distribution (top-k and top-p off, T = 1)."""
-    rows = conn.execute(NEXT_TOKEN_FULL, ([int(t) for t in context], max_neighbors, atom_set),
-                        prepare=True).fetchall()
+    rows = sqlcalls.next_token(conn, context, FULL_DISTRIBUTION, SpatialArgs(max_neighbors=max_neighbors), atom_set)
     if not rows:
         return Sparse.empty()
     arr = np.asarray(rows, dtype=np.float64)

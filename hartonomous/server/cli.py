@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         """Run the HTTP API (SSE streaming) and the playground page at http://HOST:PORT/."""
         import uvicorn
 
-        from hartonomous.backends.spatial import find_atom_set
+        from hartonomous.atomset import load_atom_set
         from hartonomous.db.connection import connect, reader_url, redact
         from hartonomous.errors import UserError
         from hartonomous.server import ServerConfig, create_app
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         url = reader_url()
         with connect(url, autocommit=True) as conn:          # fail now, in one line, if unreachable
             try:
-                info = find_atom_set(conn, atom_set)
+                info = load_atom_set(conn, atom_set)
                 default_set = f"atom set '{info.name}'"
             except UserError as exc:
                 if atom_set is not None:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from sse_starlette import EventSourceResponse
 
+from hartonomous.atomset import atom_set_names, list_atom_sets
 from hartonomous.server import generation
 from hartonomous.server.runtime import Runtime
 from hartonomous.server.schemas import (AtomSetsResponse, BatchRequest, BatchResponse, ErrorResponse,
@@ -18,9 +19,8 @@ from hartonomous.server.streaming import WorkerStream, run_blocking, sse_events
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}, 500: {"model": ErrorResponse}}
-ATOM_SETS_SQL = (
-    "SELECT name, model, kind, vocab_size, embedding_dim, projection, kernel, bandwidth, centroid_window, "
-    "centroid_decay, is_default, stats, created_at FROM atom_sets ORDER BY is_default DESC, name")
+ATOM_SET_FIELDS = ("name", "model", "kind", "vocab_size", "embedding_dim", "projection", "kernel", "bandwidth",
+                   "centroid_window", "centroid_decay", "history_weight", "history_window", "is_default", "created_at")
 
 router = APIRouter()
 
@@ -71,13 +71,9 @@ async def generate_stream(body: StreamRequest, request: Request) -> EventSourceR
 def atom_sets(request: Request) -> dict:
     """The atom sets in the database, the default one first."""
     with _runtime(request).connection() as conn:
-        rows = conn.execute(ATOM_SETS_SQL).fetchall()
-    columns = ("name", "model", "kind", "vocab_size", "embedding_dim", "projection", "kernel", "bandwidth",
-               "centroid_window", "centroid_decay", "is_default", "stats", "created_at")
-    sets = [dict(zip(columns, row)) for row in rows]
-    for s in sets:
-        s["created_at"] = s["created_at"].isoformat()
-        s["stats"] = s["stats"] or {}
+        records = list_atom_sets(conn)
+    sets = [{**record.model_dump(mode="json", include=set(ATOM_SET_FIELDS)), "stats": record.stats.to_json()}
+            for record in records]
     return {"atom_sets": sets, "default": next((s["name"] for s in sets if s["is_default"]), None)}
 
 
@@ -88,7 +84,7 @@ def healthz(request: Request) -> JSONResponse:
     info = {"status": "ok", "database": "ok", "exact_model": runtime.exact_status()}
     try:
         with runtime.connection(timeout=min(5.0, runtime.config.pool_timeout_s)) as conn:
-            info["atom_sets"] = conn.execute("SELECT count(*) FROM atom_sets").fetchone()[0]
+            info["atom_sets"] = len(atom_set_names(conn))
     except Exception as exc:     # any failure here is reported, not raised
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         info.update(status="error", database=f"unavailable: {first}")

@@ -162,9 +162,11 @@ class AtomSetOut(BaseModel):
     bandwidth: float
     centroid_window: int | None = None
     centroid_decay: float
+    history_weight: float = 0.0
+    history_window: int = 0
     is_default: bool
     stats: dict
-    created_at: str
+    created_at: str | None = None
 
 
 class AtomSetsResponse(BaseModel):

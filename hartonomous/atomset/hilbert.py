@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from projection.morton import _spread
+from hartonomous.atomset.morton import _spread
 
 BITS = 16  # per axis (65,536 cells along each side of the bounding box); points in one cell keep input order
 CHUNK = 1 << 15  # points per vectorised pass: small enough to stay in cache (~1.4x faster than one pass)

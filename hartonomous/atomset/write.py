@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import psycopg
 
+from hartonomous.atomset.catalog import delete_atom_set_rows, mark_default, partition_name
+from hartonomous.atomset.record import BuildStats, IngestStats
 from hartonomous.errors import UserError
-from projection.hilbert import hilbert_order
-from projection.pgcopy import HEADER, TRAILER, ewkb_pointz, fixed_width_payload, vector_bytes
+from hartonomous.atomset.hilbert import hilbert_order
+from hartonomous.atomset.pgcopy import HEADER, TRAILER, ewkb_pointz, fixed_width_payload, vector_bytes
 
 COPY_CHUNK_ROWS = 200_000
 MAINTENANCE_WORK_MEM = "256MB"  # per build, for the GiST/PK index builds (SET LOCAL)
@@ -34,7 +36,7 @@ INDEX_LAYOUT = f"Hilbert COPY order, GiST nd WITH ({GIST_OPTIONS}), no CLUSTER"
 
 @dataclass
 class AtomSetSpec:
-    """The atom_sets row of a build."""
+    """The atom_sets row of a build (`AtomSet` is the same row read back, with id and counts)."""
 
     name: str
     model: str
@@ -47,8 +49,11 @@ class AtomSetSpec:
     centroid_decay: float = 1.0
     kernel: str = "gaussian"
     bandwidth: float = 1.0
-    stats: dict = field(default_factory=dict)
+    stats: BuildStats = field(default_factory=BuildStats)
     make_default: bool = False
+    model_key: str | None = None
+    history_weight: float = 0.0
+    history_window: int = 512
 
 
 @dataclass
@@ -90,15 +95,14 @@ class IngestReport:
     def atoms_per_second(self) -> float:
         return self.atoms / self.total_seconds if self.total_seconds > 0 else float("inf")
 
+    def stats(self) -> IngestStats:
+        """Timings for atom_sets.stats.ingest (the commit itself is not included)."""
+        return IngestStats(atoms=self.atoms, copy_seconds=self.copy_seconds, index_seconds=self.index_seconds,
+                           cluster_seconds=self.cluster_seconds, total_seconds=self.total_seconds,
+                           atoms_per_second=self.atoms_per_second, layout=INDEX_LAYOUT)
+
     def as_dict(self) -> dict:
-        """Timings for atom_sets.stats['ingest'] (the commit itself is not included)."""
-        return {"atoms": self.atoms, "copy_seconds": self.copy_seconds, "index_seconds": self.index_seconds,
-                "cluster_seconds": self.cluster_seconds, "total_seconds": self.total_seconds,
-                "atoms_per_second": self.atoms_per_second, "layout": INDEX_LAYOUT}
-
-
-def partition_name(atom_set_id: int) -> str:
-    return f"atoms_{int(atom_set_id)}"
+        return self.stats().model_dump(mode="json")
 
 
 def write_atom_set(
@@ -126,7 +130,7 @@ def write_atom_set(
         if existing:
             was_default = bool(conn.execute("SELECT is_default FROM atom_sets WHERE id = %s",
                                             existing).fetchone()[0])
-            _drop(conn, existing[0])
+            delete_atom_set_rows(conn, existing[0])
         set_id = _insert_atom_set(conn, spec)
         say(f"tokens: {len(tokens.token_ids)}")
         _copy_tokens(conn, set_id, tokens)
@@ -155,7 +159,7 @@ def write_atom_set(
         conn.execute(f"ANALYZE tokens")
         has_default = conn.execute("SELECT 1 FROM atom_sets WHERE is_default").fetchone()
         if spec.make_default or was_default or not has_default:
-            _set_default(conn, set_id)
+            mark_default(conn, set_id)
         report = IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - start)
         conn.execute("UPDATE atom_sets SET stats = stats || %s::jsonb WHERE id = %s",
                      (json.dumps({"ingest": report.as_dict()}), set_id))
@@ -163,6 +167,10 @@ def write_atom_set(
 
 
 def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
+    if not (spec.history_weight >= 0 and np.isfinite(spec.history_weight)):
+        raise UserError(f"history_weight must be a finite number >= 0, got {spec.history_weight}")
+    if spec.history_window < 0:
+        raise UserError(f"history_window must be >= 0, got {spec.history_window}")
     if spec.kind not in ("token", "context"):
         raise UserError(f"kind must be 'token' or 'context', got {spec.kind!r}")
     if len(atoms.token_ids) == 0:
@@ -180,12 +188,13 @@ def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
 
 def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec) -> int:
     (set_id,) = conn.execute(
-        """INSERT INTO atom_sets (name, model, vocab_size, embedding_dim, projection, projection_params,
-                                  kind, centroid_window, centroid_decay, kernel, bandwidth, stats)
-           VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s::jsonb) RETURNING id""",
-        (spec.name, spec.model, spec.vocab_size, spec.embedding_dim, spec.projection,
+        """INSERT INTO atom_sets (name, model, model_key, vocab_size, embedding_dim, projection, projection_params,
+                                  kind, centroid_window, centroid_decay, kernel, bandwidth, history_weight,
+                                  history_window, stats)
+           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s::jsonb) RETURNING id""",
+        (spec.name, spec.model, spec.model_key, spec.vocab_size, spec.embedding_dim, spec.projection,
          json.dumps(spec.projection_params), spec.kind, spec.centroid_window, spec.centroid_decay,
-         spec.kernel, spec.bandwidth, json.dumps(spec.stats)),
+         spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, json.dumps(_stats_json(spec.stats))),
     ).fetchone()
     return int(set_id)
 
@@ -247,29 +256,6 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
             copy.write(fixed_width_payload(columns, header=lo == 0, trailer=lo + COPY_CHUNK_ROWS >= n))
 
 
-def _set_default(conn: psycopg.Connection, set_id: int) -> None:
-    conn.execute("UPDATE atom_sets SET is_default = false WHERE is_default AND id <> %s", (set_id,))
-    conn.execute("UPDATE atom_sets SET is_default = true WHERE id = %s", (set_id,))
-
-
-def _drop(conn: psycopg.Connection, set_id: int) -> None:
-    conn.execute(f"DROP TABLE IF EXISTS {partition_name(set_id)}")
-    conn.execute("DELETE FROM atom_sets WHERE id = %s", (set_id,))
-
-
-def drop_atom_set(conn: psycopg.Connection, name: str) -> None:
-    """Remove an atom set, its partition, tokens and landmarks; commits."""
-    with conn.transaction():
-        row = conn.execute("SELECT id, is_default FROM atom_sets WHERE name = %s FOR UPDATE",
-                           (name,)).fetchone()
-        if row is None:
-            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
-        _drop(conn, row[0])
-
-
-def set_default_atom_set(conn: psycopg.Connection, name: str) -> None:
-    with conn.transaction():
-        row = conn.execute("SELECT id FROM atom_sets WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
-        _set_default(conn, row[0])
+def _stats_json(stats: BuildStats | dict) -> dict:
+    """Stats pass through the type even when a caller hands a dict (unknown keys are kept)."""
+    return (stats if isinstance(stats, BuildStats) else BuildStats.from_json(stats)).to_json()

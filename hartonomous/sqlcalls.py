@@ -1,0 +1,167 @@
+"""Every call of the database's inference functions, written once, with named arguments.
+
+`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens` and `context_centroid`
+are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
+%(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
+sampler's defaults are `SamplerArgs`' (the generation config's); the test suite checks that the
+SQL functions' own defaults are the same values.
+
+Bad input raises SQLSTATE 22023 in the database; `run` turns it into a `UserError` carrying the
+database's message, which names the argument.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from hartonomous.backends.base import SamplerArgs
+from hartonomous.errors import UserError
+
+MAX_NEIGHBORS_LIMIT = 100_000   # next_token's bound on max_neighbors (sql/020_next_token.sql)
+
+
+@dataclass(frozen=True)
+class SpatialArgs:
+    """The spatial path's own `next_token` arguments (everything but the context and the sampler).
+
+    None means the SQL default: no search radius, and the atom set's own history settings.
+    """
+
+    search_radius: float | None = None
+    max_neighbors: int = 100
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_neighbors, bool) or not 1 <= int(self.max_neighbors) <= MAX_NEIGHBORS_LIMIT:
+            raise UserError(f"max_neighbors must be between 1 and {MAX_NEIGHBORS_LIMIT}, got {self.max_neighbors}")
+        if self.search_radius is not None and not self.search_radius > 0:
+            raise UserError(f"search_radius must be > 0 (or left out for no limit), got {self.search_radius}")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One SQL statement with its named parameters (EXPLAIN-able: prefix the text)."""
+
+    sql: str
+    params: dict
+
+
+def _named(names: Sequence[str], casts: dict[str, str]) -> str:
+    return ", ".join(f"{name} => %({name})s::{casts[name]}" for name in names)
+
+
+_CASTS = {
+    "temperature": "double precision", "top_k": "integer", "top_p": "double precision",
+    "search_radius": "double precision", "max_neighbors": "integer", "atom_set": "text",
+    "repetition_penalty": "double precision", "seed": "bigint", "step": "integer",
+    "stop_tokens": "integer[]",
+}
+_KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "atom_set", "repetition_penalty")
+
+NEXT_TOKEN_SQL = ("SELECT token_id, probability, cumulative_probability FROM "
+                  f"next_token(%(context)s::integer[], {_named(_KNN_ARGS, _CASTS)})")
+NEXT_TOKEN_BATCH_SQL = ("SELECT context_index, token_id, probability, cumulative_probability FROM "
+                        f"next_token_batch(%(contexts)s::jsonb, {_named(_KNN_ARGS, _CASTS)})")
+SAMPLE_NEXT_TOKEN_SQL = ("SELECT sample_next_token(%(context)s::integer[], "
+                         f"{_named((*_KNN_ARGS, 'seed', 'step'), _CASTS)})")
+GENERATE_TOKENS_SQL = ("SELECT generate_tokens(%(context)s::integer[], %(max_new_tokens)s::integer, "
+                       f"{_named((*_KNN_ARGS, 'seed', 'stop_tokens'), _CASTS)})")
+CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
+                        "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
+
+
+def _knn_params(sampler: SamplerArgs, spatial: SpatialArgs, atom_set: str | None) -> dict:
+    return {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
+            "search_radius": spatial.search_radius, "max_neighbors": spatial.max_neighbors,
+            "atom_set": atom_set, "repetition_penalty": sampler.repetition_penalty}
+
+
+def next_token_query(context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+                     spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None) -> Query:
+    """`next_token(context, ...)`: rows (token_id, probability, cumulative_probability)."""
+    return Query(NEXT_TOKEN_SQL, {"context": [int(t) for t in context], **_knn_params(sampler, spatial, atom_set)})
+
+
+def next_token_batch_query(contexts: Sequence[Sequence[int]], sampler: SamplerArgs = SamplerArgs(),
+                           spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None) -> Query:
+    """`next_token_batch(contexts, ...)`: rows (context_index, token_id, probability, cumulative_probability)."""
+    payload = json.dumps([[int(t) for t in ctx] for ctx in contexts])
+    return Query(NEXT_TOKEN_BATCH_SQL, {"contexts": payload, **_knn_params(sampler, spatial, atom_set)})
+
+
+def sample_next_token_query(context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+                            spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+                            seed: int | None = None, step: int = 0) -> Query:
+    """`sample_next_token(context, ..., seed, step)`: one token id."""
+    return Query(SAMPLE_NEXT_TOKEN_SQL, {"context": [int(t) for t in context],
+                                         **_knn_params(sampler, spatial, atom_set), "seed": seed, "step": step})
+
+
+def generate_tokens_query(context: Sequence[int], max_new_tokens: int, sampler: SamplerArgs = SamplerArgs(),
+                          spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+                          seed: int | None = None, stop_tokens: Sequence[int] | None = None) -> Query:
+    """`generate_tokens(context, max_new_tokens, ..., seed, stop_tokens)`: the generated ids."""
+    return Query(GENERATE_TOKENS_SQL, {"context": [int(t) for t in context], "max_new_tokens": max_new_tokens,
+                                       **_knn_params(sampler, spatial, atom_set), "seed": seed,
+                                       "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None})
+
+
+def context_centroid_query(context: Sequence[int], atom_set: str | None = None) -> Query:
+    """`context_centroid(context, atom_set)` as (x, y, z)."""
+    return Query(CONTEXT_CENTROID_SQL, {"context": [int(t) for t in context], "atom_set": atom_set})
+
+
+def run(conn: psycopg.Connection, query: Query, *, prepare: bool | None = None) -> psycopg.Cursor:
+    """Execute a query; SQLSTATE 22023 (bad input, named in the message) becomes a UserError."""
+    try:
+        return conn.execute(query.sql, query.params, prepare=prepare)
+    except pg_errors.InvalidParameterValue as exc:
+        if not conn.autocommit:
+            conn.rollback()
+        raise UserError(exc.diag.message_primary or str(exc)) from exc
+
+
+def next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+               spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+               prepare: bool | None = True) -> list[tuple[int, float]]:
+    """(token_id, probability) rows of `next_token`, in its order (probability desc, token id asc)."""
+    rows = run(conn, next_token_query(context, sampler, spatial, atom_set), prepare=prepare).fetchall()
+    return [(int(r[0]), float(r[1])) for r in rows]
+
+
+def next_token_batch(conn: psycopg.Connection, contexts: Sequence[Sequence[int]],
+                     sampler: SamplerArgs = SamplerArgs(), spatial: SpatialArgs = SpatialArgs(),
+                     atom_set: str | None = None) -> list[list[tuple[int, float]]]:
+    """One `next_token` row list per context, in one database call."""
+    out: list[list[tuple[int, float]]] = [[] for _ in contexts]
+    for index, token, prob, _cum in run(conn, next_token_batch_query(contexts, sampler, spatial, atom_set)):
+        out[int(index)].append((int(token), float(prob)))
+    return out
+
+
+def sample_next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+                      spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+                      seed: int | None = None, step: int = 0) -> int | None:
+    """The token `generate_tokens` would pick at `step` for this context and seed (None: no candidates)."""
+    (token,) = run(conn, sample_next_token_query(context, sampler, spatial, atom_set, seed, step)).fetchone()
+    return None if token is None else int(token)
+
+
+def generate_tokens(conn: psycopg.Connection, context: Sequence[int], max_new_tokens: int,
+                    sampler: SamplerArgs = SamplerArgs(), spatial: SpatialArgs = SpatialArgs(),
+                    atom_set: str | None = None, seed: int | None = None,
+                    stop_tokens: Sequence[int] | None = None) -> list[int]:
+    """The whole generation loop in the database: the generated ids (a stop token included)."""
+    query = generate_tokens_query(context, max_new_tokens, sampler, spatial, atom_set, seed, stop_tokens)
+    (ids,) = run(conn, query).fetchone()
+    return [int(t) for t in ids or []]
+
+
+def context_centroid(conn: psycopg.Connection, context: Sequence[int],
+                     atom_set: str | None = None) -> tuple[float, float, float]:
+    x, y, z = run(conn, context_centroid_query(context, atom_set)).fetchone()
+    return float(x), float(y), float(z)
