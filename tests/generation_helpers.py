@@ -36,7 +36,7 @@ def write_tiny_atom_set(url: str, model: str, seed: int = 0, window: int | None 
     atom_positions = np.concatenate([positions, rng.normal(size=(vocab * extra, 3))])
     weights = rng.uniform(0.5, 2.0, size=len(atom_tokens))
     name = f"tiny_{uuid.uuid4().hex[:8]}"
-    spec = AtomSetSpec(name=name, model=model, vocab_size=vocab, embedding_dim=32, projection="random",
+    spec = AtomSetSpec(name=name, model=model, model_key=model, vocab_size=vocab, embedding_dim=32, projection="random",
                        kind="token", centroid_window=window, centroid_decay=decay)
     tokens = TokenRows(np.arange(vocab), [tokenizer.decode([i]) for i in range(vocab)], positions)
     with psycopg.connect(url) as conn:

@@ -17,7 +17,7 @@ import pytest
 
 from hartonomous.centroid import context_centroid as py_centroid
 from hartonomous.errors import UserError
-from projection import ingest
+from hartonomous.atomset import write as ingest
 from projection.build import BuildOptions, build
 from projection.corpus import load_corpus
 from projection.distill import chunk_ids, distill, tokenize
@@ -252,7 +252,7 @@ def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str
 
 KILLED_BUILD = """
 import sys, time, numpy as np, psycopg
-from projection import ingest
+from hartonomous.atomset import write as ingest
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 if sys.argv[2] == "copy":  # small, slow COPY chunks, so that the kill lands in the middle of the COPY
     ingest.COPY_CHUNK_ROWS, real = 20_000, ingest.fixed_width_payload

@@ -168,7 +168,8 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         gen = _generation(conn, info, model, tokenizer, prompts, options, progress)
 
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
-                       claims.describe_machine(conn, str(next(model.parameters()).device)))
+                       claims.describe_machine(conn, str(next(model.parameters()).device)),
+                       atom_set_summary(info, key_dimensions(conn, info)))
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -264,7 +265,8 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
     return rows
 
 
-def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine):
+def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
+              atom_set):
     spatial = fid_mod.summarise_path(fid.paths["spatial"])
     base = {name: fid_mod.summarise_path(fid.paths[name]) for name in predictors}
     exact = {"perplexity": metrics.perplexity(fid.exact.array("nll")),
@@ -275,7 +277,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
         "schema_version": SCHEMA_VERSION,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": options.command,
-        "atom_set": atom_set_summary(info, key_dim),
+        "atom_set": atom_set,
         "machine": machine,
         "settings": {
             "max_positions": options.max_positions, "max_neighbors": options.max_neighbors,
