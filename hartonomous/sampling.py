@@ -2,14 +2,18 @@
 
 The exact (transformer) path runs these functions on torch tensors; the spatial path runs the
 SQL port in `sql/020_next_token.sql`, tested against this module. The rules are Hugging Face
-transformers' (RepetitionPenalty -> Temperature -> TopK -> TopP), with two documented choices:
+transformers' (RepetitionPenalty -> Temperature -> TopK -> TopP), with two documented
+differences (T = 0, top-p ties; docs/design.md "Sampler semantics"):
 
 1. repetition penalty over each distinct context token id: logit < 0 -> * penalty, else / penalty;
 2. temperature: logits / T for T > 0; T = 0 is greedy: the highest logit (lowest token id among
    equals) with probability 1 (transformers rejects T = 0; llama.cpp applies T last, we do not);
 3. top-k: keep every token whose logit is >= the k-th largest (ties kept); 0 or None = off;
 4. top-p: softmax, then walking by logit desc (token id asc among equals) keep a token while the
-   mass before it is < p; the first is always kept; 1 or None = off;
+   mass before it is < p; the first is always kept; 1 or None = off. When the cut falls inside a
+   group of equal probabilities we keep its lowest token ids; transformers' TopPLogitsWarper keeps
+   the highest (it sorts ascending and cuts from the low end); the same number of tokens is kept
+   either way. tests/test_sampling.py pins both behaviours;
 5. renormalise.
 Rows are ordered by probability descending, then token id ascending; sampling is the inverse
 CDF in that order with a uniform u, drawn from a torch.Generator or `seeded_uniform(seed, step)`

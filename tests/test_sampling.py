@@ -115,6 +115,69 @@ def test_agrees_with_transformers_processors(problem) -> None:
     torch.testing.assert_close(torch.softmax(ours, -1), torch.softmax(theirs, -1), rtol=0, atol=1e-12)
 
 
+# Ties, which the property test above excludes. Weights are chosen so that no cumulative mass
+# lies near top_p: only the order among equal probabilities can decide what is kept.
+def _log_weights(weights: list[float]) -> torch.Tensor:
+    return torch.tensor(weights, dtype=torch.float64).log()
+
+
+def _kept(scores: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(torch.isfinite(scores)).flatten().tolist())
+
+
+# (weights by token id, top_k, top_p, what we keep, what transformers keeps)
+TIES_AT_THE_TOP_P_CUT = [
+    # p 0.1, 0.25, 0.25, 0.4: after token 3 (0.4) the cut falls inside the tie {1, 2}
+    pytest.param([1, 2.5, 2.5, 4], 0, 0.5, {3, 1}, {3, 2}, id="pair-straddles-the-cut"),
+    pytest.param([1, 2.5, 2.5, 4], 3, 0.5, {3, 1}, {3, 2}, id="pair-straddles-the-cut-after-top-k"),
+    # three equal tokens, the cut after two of them: we keep the two lowest ids, they the two highest
+    pytest.param([1, 1, 1], 0, 0.5, {0, 1}, {1, 2}, id="three-way-tie-keep-two"),
+    # the always-kept first token is itself one of a tie
+    pytest.param([1, 1], 0, 0.3, {0}, {1}, id="tie-for-the-top-keep-one"),
+    pytest.param([0.5, 3, 0.5, 3, 3], 3, 0.2, {1}, {4}, id="tie-for-the-top-after-top-k"),
+]
+
+
+@pytest.mark.parametrize("weights, top_k, top_p, ours_kept, theirs_kept", TIES_AT_THE_TOP_P_CUT)
+def test_top_p_ties_at_the_cut_keep_the_lower_id_where_transformers_keeps_the_higher(
+        weights, top_k, top_p, ours_kept, theirs_kept) -> None:
+    """The documented difference: same number kept, but the lowest ids of the tie, not the highest."""
+    logits = _log_weights(weights)
+    ours = process_logits(logits, [0], top_k=top_k, top_p=top_p)
+    theirs = _transformers_chain(logits, [0], 1.0, top_k, top_p, 1.0)
+    assert _kept(ours) == ours_kept
+    assert _kept(theirs) == theirs_kept
+    # the kept logits are the same numbers, on different ids
+    assert sorted(ours[list(ours_kept)].tolist()) == sorted(theirs[list(theirs_kept)].tolist())
+    # and the rows of next_token order the kept tie lower-id first, as the cut did
+    rows = next_token_rows(logits, [0], top_k=top_k, top_p=top_p)
+    assert {r[0] for r in rows} == ours_kept
+
+
+TIES_WE_AGREE_ON = [
+    # the whole tie {1, 2} inside the nucleus (mass before token 0 is 0.9 >= 0.8)
+    pytest.param([1, 2.5, 2.5, 4], 0, 0.8, id="tie-inside-the-nucleus"),
+    # the whole tie {1, 2} outside it (0.5 + 0.3 >= 0.6 before either)
+    pytest.param([3, 1, 1, 5], 0, 0.6, id="tie-outside-the-nucleus"),
+    # top-k keeps every token equal to the k-th largest: {1, 2, 3} for k = 2
+    pytest.param([1, 3, 2, 2], 2, 1.0, id="tie-at-the-top-k-boundary"),
+    # top-k (k = 3) keeps the boundary tie {2, 3}, then top-p (mass 0.69 before either) drops it whole
+    pytest.param([3, 6, 2, 2, 0.5], 3, 0.6, id="top-k-boundary-tie-dropped-whole-by-top-p"),
+    # every token equal: top-k keeps them all
+    pytest.param([2, 2, 2, 2], 2, 1.0, id="all-equal-top-k"),
+]
+
+
+@pytest.mark.parametrize("weights, top_k, top_p", TIES_WE_AGREE_ON)
+def test_ties_not_split_by_the_top_p_cut_agree_with_transformers(weights, top_k, top_p) -> None:
+    logits = _log_weights(weights)
+    ours = process_logits(logits, [0], top_k=top_k, top_p=top_p)
+    theirs = _transformers_chain(logits, [0], 1.0, top_k, top_p, 1.0)
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    kept = torch.isfinite(ours)
+    assert torch.equal(ours[kept], theirs[kept])
+
+
 def test_greedy_is_one_hot_on_the_lowest_id_argmax() -> None:
     logits = torch.tensor([1.0, 3.0, 0.5, 3.0])
     probs = logits_to_probs(logits, temperature=0.0, top_k=1, top_p=0.5)
