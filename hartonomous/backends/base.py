@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class SamplerArgs:
-    """The sampler settings both paths share (DESIGN.md, 'Sampler semantics')."""
+    """The sampler settings both paths share (docs/design.md, 'Sampler semantics')."""
 
     temperature: float = 1.0
     top_k: int | None = 40

@@ -37,7 +37,7 @@ class Strict(BaseModel):
 
 
 class SamplerParams(Strict):
-    """The shared sampler (DESIGN.md: repetition penalty -> temperature -> top-k -> top-p)."""
+    """The shared sampler (docs/design.md: repetition penalty -> temperature -> top-k -> top-p)."""
 
     path: PathName = Field("spatial", description="spatial (PostGIS next_token) or exact (the transformer).")
     temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False, description="0 = greedy.")
