@@ -15,8 +15,9 @@ from hartonomous.compare import baselines, claims, fidelity as fid_mod, generati
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.compare.atomset import AtomSetInfo, Text, holdout_text, load_atom_set, read_prompts, read_texts
 from hartonomous.errors import UserError
+from hartonomous.measure import describe_machine
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 class Progress(Protocol):
@@ -160,7 +161,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         gen = _generation(conn, info, model, tokenizer, prompts, options, progress)
 
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
-                       claims.describe_machine(conn, str(next(model.parameters()).device)))
+                       describe_machine(conn, str(next(model.parameters()).device), model_name))
     return CompareResult(report, plots.all_figures(fid))
 
 
