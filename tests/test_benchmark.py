@@ -10,6 +10,7 @@ import pytest
 
 from hartonomous.benchmark import run, synthetic
 from hartonomous.atomset.hilbert import hilbert_codes_of_cells, hilbert_order
+from hartonomous.measure import MACHINE_KEYS
 
 LATENCY_FIELDS = {
     "atom_set", "atoms", "max_neighbors", "calls", "in_db_p50_ms", "in_db_p95_ms", "roundtrip_p50_ms",
@@ -30,7 +31,10 @@ def test_tiny_run_has_the_documented_fields(tiny_results):
     r = tiny_results
     assert {"mode", "started", "finished", "machine", "sizes", "load_1m", "method", "latency", "ingest",
             "concurrency", "targets", "throughput_note"} <= set(r)
-    assert r["sizes"] == [400] and r["machine"]["server"]["server_version"]
+    assert r["sizes"] == [400]
+    assert tuple(r["machine"]) == MACHINE_KEYS  # the same keys as a compare report's machine
+    assert r["machine"]["postgresql"] and r["machine"]["server_settings"]["jit"] in ("on", "off")
+    assert r["machine"]["exact_device"] is None and r["machine"]["exact_model"] is None  # no generation run
     (lat,) = r["latency"]
     assert set(lat) == LATENCY_FIELDS
     assert lat["atom_set"] == synthetic.synthetic_name(400) and lat["atoms"] == 400 and lat["calls"] == 20

@@ -19,7 +19,7 @@ from hartonomous.centroid import context_centroid as py_centroid
 from hartonomous.errors import UserError
 from hartonomous.atomset import write as ingest
 from projection.build import BuildOptions, build
-from projection.corpus import load_corpus
+from hartonomous.corpus import load_corpus
 from projection.distill import chunk_ids, distill, tokenize
 from projection.project import load_projector
 from tiny_model import tiny_model

@@ -198,7 +198,7 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
     from hartonomous.atomset import AtomSet, BuildStats
     from hartonomous.compare.baselines import CorpusUnavailable
     from hartonomous.compare.cli import build_corpus_loader
-    from projection.corpus import load_corpus
+    from hartonomous.corpus import load_corpus
 
     doc = tmp_path / "doc.txt"
     doc.write_text("\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(30)), encoding="utf-8")

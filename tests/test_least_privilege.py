@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import psycopg
 import pytest
 
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hartonomous.db.migrate import MIGRATIONS_DIR, sql_function_names
 
-INFERENCE_FUNCTIONS = ("next_token", "context_centroid", "sample_next_token", "generate_tokens",
-                       "next_token_batch", "seeded_uniform")
+
+def reader_statement_timeout() -> str:
+    """The value migration 0004 gives the reader role (READER_STATEMENT_TIMEOUT)."""
+    path = next(Path(MIGRATIONS_DIR, "versions").glob("0004_*.py"))
+    spec = importlib.util.spec_from_file_location("migration_0004", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.READER_STATEMENT_TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +71,44 @@ def test_reader_is_not_privileged(reader_url: str) -> None:
 
 
 def test_functions_are_invoker_with_pinned_search_path(conn: psycopg.Connection) -> None:
+    """Every function sql/ defines (names from pg_proc after a scratch install, not a list kept here)."""
+    names = sql_function_names(conn)
+    assert {"next_token", "generate_tokens"} <= set(names)
     rows = conn.execute(
         "SELECT p.proname, p.prosecdef, p.proconfig FROM pg_proc p "
         "JOIN pg_namespace n ON n.oid = p.pronamespace "
-        "WHERE n.nspname = 'public' AND p.proname = ANY(%s)", (list(INFERENCE_FUNCTIONS),)).fetchall()
-    assert {r[0] for r in rows} == set(INFERENCE_FUNCTIONS)
+        "WHERE n.nspname = 'public' AND p.proname = ANY(%s)", (names,)).fetchall()
+    assert {r[0] for r in rows} == set(names)
     for name, security_definer, config in rows:
         assert security_definer is False, name
         assert any(c.startswith("search_path=") for c in (config or [])), name
+
+
+# --- statement_timeout: a reader cannot hold a backend indefinitely ---------------------------
+
+def test_reader_sessions_start_with_the_migrations_statement_timeout(server_url: str, reader_url: str) -> None:
+    """Migration 0004 sets READER_STATEMENT_TIMEOUT as the role's default (pg_settings source 'user');
+    the owner, which builds and migrates, keeps the server's default (no limit)."""
+    with psycopg.connect(server_url) as owner:
+        expected = owner.execute("SELECT set_config('statement_timeout', %s, true)",
+                                 (reader_statement_timeout(),)).fetchone()[0]  # PostgreSQL's spelling
+        owner.rollback()
+        assert owner.execute("SHOW statement_timeout").fetchone()[0] == "0"
+    assert reader_statement_timeout() == "60s"
+    with psycopg.connect(reader_url) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == expected == "1min"
+        assert conn.execute("SELECT source FROM pg_settings WHERE name = 'statement_timeout'").fetchone()[0] == "user"
+
+
+def test_a_reader_statement_over_the_limit_is_cancelled(reader_url: str, small_set: str) -> None:
+    """The limit cancels the statement (SQLSTATE 57014) and the session stays usable; shown with the
+    limit lowered for one transaction so the test takes a fraction of a second, not a minute."""
+    with psycopg.connect(reader_url) as conn:
+        conn.execute("SET LOCAL statement_timeout = '100ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled) as caught:
+            conn.execute("SELECT pg_sleep(5)")
+        assert caught.value.sqlstate == "57014" and "statement timeout" in str(caught.value)
+        conn.rollback()
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "1min"  # the role default again
+        rows = conn.execute("SELECT * FROM next_token(ARRAY[1, 2], atom_set => %s)", (small_set,)).fetchall()
+        assert rows

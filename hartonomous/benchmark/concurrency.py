@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
 import psycopg
 
 from hartonomous.benchmark.latency import next_token_call
+from hartonomous.measure import percentile
 
 
 def run_clients(url: str, atom_set: str, contexts: list[list[int]], clients: int,
@@ -58,7 +58,7 @@ def run_clients(url: str, atom_set: str, contexts: list[list[int]], clients: int
         "seconds": round(elapsed, 2),
         "calls": len(flat),
         "calls_per_second": len(flat) / elapsed if elapsed > 0 else 0.0,
-        "p50_ms": float(np.percentile(flat, 50)) if flat else None,
-        "p99_ms": float(np.percentile(flat, 99)) if flat else None,
+        "p50_ms": percentile(flat, 50),
+        "p99_ms": percentile(flat, 99),
         "errors": errors,
     }

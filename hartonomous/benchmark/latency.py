@@ -22,7 +22,6 @@ How each number is taken (docs/benchmarks.md says the same):
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,8 +31,8 @@ import psycopg
 
 from hartonomous import sqlcalls
 from hartonomous.atomset import load_atom_set
+from hartonomous.measure import explain as explain_statement, percentile
 from hartonomous.sqlcalls import SpatialArgs
-
 
 
 def next_token_call(ctx: list[int], k: int, atom_set: str) -> tuple[str, dict]:
@@ -70,13 +69,13 @@ class LatencyResult:
     atoms: int
     max_neighbors: int
     calls: int
-    in_db_p50_ms: float
-    in_db_p95_ms: float
-    roundtrip_p50_ms: float
-    roundtrip_p95_ms: float
-    shared_buffers_p50: float
-    shared_buffers_p95: float
-    shared_buffers_max: float
+    in_db_p50_ms: float | None            # percentiles: None when there were no calls
+    in_db_p95_ms: float | None
+    roundtrip_p50_ms: float | None
+    roundtrip_p95_ms: float | None
+    shared_buffers_p50: float | None
+    shared_buffers_p95: float | None
+    shared_buffers_max: float | None
     in_db_cpu_ms: float | None = None       # mean backend CPU per call (None: server not local)
     in_db_round_p50_ms: list[float] = field(default_factory=list)  # p50 of each interleaved round
     explain_p50_ms: float | None = None     # EXPLAIN ANALYZE's execution time, for comparison
@@ -88,10 +87,6 @@ class LatencyResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def backend_cpu_ns(conn: psycopg.Connection) -> int | None:
@@ -124,16 +119,8 @@ def in_database(conn: psycopg.Connection, atom_set: str, contexts: list[list[int
 def explain(conn: psycopg.Connection, atom_set: str, contexts: list[list[int]],
             k: int = 100) -> tuple[list[float], list[float]]:
     """Shared buffers (hit + read) of each call and EXPLAIN ANALYZE's execution time (ms)."""
-    times, buffers = [], []
-    for ctx in contexts:
-        sql, params = next_token_call(ctx, k, atom_set)
-        (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, params).fetchone()
-        plan = plan if isinstance(plan, list) else json.loads(plan)
-        top = plan[0]
-        times.append(float(top["Execution Time"]))
-        node = top["Plan"]
-        buffers.append(float(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)))
-    return times, buffers
+    plans = [explain_statement(conn, *next_token_call(ctx, k, atom_set)) for ctx in contexts]
+    return [p.execution_ms for p in plans], [p.shared_buffers for p in plans]
 
 
 def buffers_by_relation(url: str, atom_set: str, contexts: list[list[int]], k: int = 100) -> dict:
@@ -206,7 +193,7 @@ def interleaved_in_database(url: str, work: list[tuple[str, list[list[int]]]], k
                 times, cpu = in_database(conns[atom_set], atom_set, part, k)
                 out[atom_set][0].extend(times)
                 out[atom_set][1].append(cpu * len(part) if cpu is not None else float("nan"))
-                out[atom_set][2].append(round(_pct(times, 50), 3))
+                out[atom_set][2].append(round(percentile(times, 50), 3))
         return {name: (times, (sum(cpus) / len(times)) if cpus and not np.isnan(sum(cpus)) else None, p50s)
                 for name, (times, cpus, p50s) in out.items()}
     finally:
@@ -224,7 +211,7 @@ def measure(url: str, atom_set: str, atoms: int, contexts: list[list[int]], k: i
         if in_db is None:
             in_database(conn, atom_set, contexts, k)  # warm-up: plans and every page the calls touch
             times, cpu = in_database(conn, atom_set, contexts, k)
-            in_db = (times, cpu, [round(_pct(times, 50), 3)])
+            in_db = (times, cpu, [round(percentile(times, 50), 3)])
         else:
             explain(conn, atom_set, contexts[:warmup], k)
         db_times, cpu, round_p50s = in_db
@@ -233,17 +220,17 @@ def measure(url: str, atom_set: str, atoms: int, contexts: list[list[int]], k: i
         rt_times = roundtrip(conn, atom_set, contexts, k)
     result = LatencyResult(
         atom_set=atom_set, atoms=atoms, max_neighbors=k, calls=len(db_times),
-        in_db_p50_ms=_pct(db_times, 50), in_db_p95_ms=_pct(db_times, 95),
-        roundtrip_p50_ms=_pct(rt_times, 50), roundtrip_p95_ms=_pct(rt_times, 95),
-        shared_buffers_p50=_pct(buffers, 50), shared_buffers_p95=_pct(buffers, 95),
-        shared_buffers_max=max(buffers) if buffers else float("nan"),
-        in_db_cpu_ms=cpu, in_db_round_p50_ms=round_p50s, explain_p50_ms=_pct(explain_times, 50),
+        in_db_p50_ms=percentile(db_times, 50), in_db_p95_ms=percentile(db_times, 95),
+        roundtrip_p50_ms=percentile(rt_times, 50), roundtrip_p95_ms=percentile(rt_times, 95),
+        shared_buffers_p50=percentile(buffers, 50), shared_buffers_p95=percentile(buffers, 95),
+        shared_buffers_max=max(buffers, default=None),
+        in_db_cpu_ms=cpu, in_db_round_p50_ms=round_p50s, explain_p50_ms=percentile(explain_times, 50),
         buffers_by_relation=buffers_by_relation(url, atom_set, contexts[:30], k),
     )
     if brute_contexts:
         bf = brute_force(url, atom_set, brute_contexts, k)
         result.brute_force_calls = len(bf)
-        result.brute_force_p50_ms = _pct(bf, 50)
+        result.brute_force_p50_ms = percentile(bf, 50)
         result.index_speedup = result.brute_force_p50_ms / result.in_db_p50_ms
     load.append(round(os.getloadavg()[0], 2))
     result.load_1m = load

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,9 @@ from rich.progress import Progress
 
 from hartonomous.atomset import atom_set_names, list_atom_sets
 from hartonomous.benchmark import concurrency, latency, synthetic, targets, throughput
+from hartonomous.config import get_settings
 from hartonomous.errors import UserError
+from hartonomous.measure import describe_machine, exact_path
 
 QUICK_SIZES = (10**4, 10**5, 10**6)
 FULL_SIZES = (10**4, 10**5, 10**6, 10**7)
@@ -27,38 +27,8 @@ CONCURRENCY_SET = 10**6            # the set the concurrency runs use (the large
 BYTES_PER_ATOM = 260               # heap + GiST + primary key, measured at 10^7 (2.57 GB)
 
 
-def machine() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                                 if line.startswith("model name"))
-        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (OSError, StopIteration, ValueError):
-        pass
-    return info
-
-
-def _torch_info() -> dict:
-    import torch
-
-    return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
-
-
-def _server_settings(conn: psycopg.Connection) -> dict:
-    names = ("server_version", "shared_buffers", "work_mem", "effective_cache_size", "jit")
-    rows = conn.execute("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
-                        (list(names),)).fetchall()
-    postgis = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'postgis'").fetchone()
-    return {**dict(rows), "postgis": postgis[0] if postgis else None}
 
 
 def _ingest_row(n: int, report, stored: dict | None) -> dict | None:
@@ -75,7 +45,6 @@ def _ingest_row(n: int, report, stored: dict | None) -> dict | None:
 
 def check_disk(url: str, sizes: tuple[int, ...]) -> None:
     """Refuse a run whose synthetic sets would not fit on the embedded cluster's disk."""
-    from hartonomous.config import get_settings
     from hartonomous.db.connection import embedded_cluster
 
     if get_settings().database_url:  # an external server: its disk is not ours to check
@@ -97,14 +66,14 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
     console = console or Console(stderr=True)
     sizes = tuple(sizes) if sizes else (FULL_SIZES if full else QUICK_SIZES)
     results: dict = {"mode": "full" if full else "quick", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "machine": machine(), "sizes": list(sizes), "load_1m": {"start": _load()},
+                     "machine": {}, "sizes": list(sizes), "load_1m": {"start": _load()},
                      "latency": [], "ingest": [], "concurrency": [],
                      "method": {"in_db_timer": latency.TIMER_NOTE, "in_db_rounds": LATENCY_ROUNDS,
                                 "max_neighbors": 100,
                                 "context_length": 8, "calls_per_set": calls,
                                 "brute_force_calls": brute_calls, "index_layout": synthetic.INDEX_LAYOUT}}
     with psycopg.connect(url) as conn, Progress(console=console, transient=True) as progress:
-        results["machine"]["server"] = _server_settings(conn)
+        results["machine"] = describe_machine(conn)  # the exact path's keys are filled in if it runs
         conn.commit()
         task = progress.add_task("synthetic atom sets", total=len(sizes))
         for n in sizes:
@@ -150,7 +119,6 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
 
     if generation:
         results["load_1m"]["generation_start"] = _load()
-        results["machine"].update(_torch_info())
         gen: dict = {}
         if "smollm2-context" in real:
             gen.update(throughput.spatial("smollm2-context"))
@@ -161,8 +129,11 @@ def run(url: str, *, full: bool = False, calls: int = 300, brute_calls: int = 10
         gen.update(throughput.exact("cpu"))
         import torch
 
+        devices = ["cpu"]
         if torch.cuda.is_available():
             gen.update(throughput.exact("cuda"))
+            devices.append("cuda")
+        results["machine"].update(exact_path(", ".join(devices), get_settings().model))  # the Client's model
         results["throughput"] = gen
     else:
         results["throughput_note"] = "generation throughput not measured (--no-generation)"
@@ -178,14 +149,15 @@ def _f(value, fmt: str = ".3f", none: str = "—") -> str:
 
 def markdown(results: dict, command: str) -> str:
     m = results["machine"]
-    s = m.get("server", {})
+    s = m.get("server_settings") or {}
     load = results.get("load_1m", {})
     lines = [f"Command: `{command}`  ",
-             f"Machine: {m.get('cpu_model', '?')}, {m.get('cpu_count')} cores, {m.get('memory_gib', '?')} GiB; "
-             f"PostgreSQL {s.get('server_version')}, PostGIS {s.get('postgis')}, shared_buffers "
+             f"Machine: {m.get('cpu', '?')}, {m.get('cores')} cores, {m.get('memory_gib', '?')} GiB; "
+             f"PostgreSQL {m.get('postgresql')}, PostGIS {m.get('postgis')}, shared_buffers "
              f"{s.get('shared_buffers')}, jit={s.get('jit')}"
-             + (f"; torch {m['torch']} ({m.get('torch_threads')} threads), CUDA: {m.get('cuda') or 'none'}"
+             + (f"; torch {m['torch']} ({m.get('torch_threads')} threads), GPU: {m.get('gpu') or 'none'}"
                 if m.get("torch") else "") + "  ",
+             *([f"Exact path: {m['exact_model']}  "] if m.get("exact_model") else []),
              f"Run: {results['started']} → {results['finished']}; load average (1 min): "
              + ", ".join(f"{k} {v}" for k, v in load.items()) + "  ",
              f"Index layout: {results['method']['index_layout']}  ",

@@ -3,10 +3,10 @@ in-database (generate_tokens), and exact (KV-cached transformer) on CPU and on C
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from hartonomous.client import Client
+from hartonomous.measure import percentile
 
 PROMPTS = (
     "The capital of France is",
@@ -19,7 +19,7 @@ def _rate(results) -> tuple[float, float]:
     tokens = sum(r.timings.tokens for r in results)
     seconds = sum(r.timings.total_s for r in results)
     per_token = [t for r in results for t in r.timings.per_token_s[1:]]
-    ms = statistics.median(per_token) * 1000 if per_token else (seconds / tokens * 1000 if tokens else float("nan"))
+    ms = percentile(per_token, 50) * 1000 if per_token else (seconds / tokens * 1000 if tokens else float("nan"))
     return (tokens / seconds if seconds > 0 else 0.0), ms
 
 

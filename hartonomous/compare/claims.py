@@ -1,4 +1,4 @@
-"""The original documents' headline claims next to what this run measured, and the machine.
+"""The original documents' headline claims next to what this run measured.
 
 Claims (from the original design documents, quoted as written):
 - "0.89 Pearson correlation to exact inference";
@@ -8,74 +8,14 @@ Claims (from the original design documents, quoted as written):
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-from collections.abc import Sequence
-
-import numpy as np
 import psycopg
 
 from hartonomous import sqlcalls
+from hartonomous.measure import explain, load_warning, percentile
 from hartonomous.sqlcalls import SpatialArgs
 
 KNN_ONLY = ("SELECT token_id, weight FROM atoms WHERE atom_set_id = {set_id} "
             "ORDER BY position <<->> 'POINT Z ({x!r} {y!r} {z!r})'::geometry LIMIT {k}")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
-
-
-def describe_machine(conn: psycopg.Connection, exact_device: str) -> dict:
-    """CPU, cores, memory, OS, library versions, the exact path's device, the database's versions."""
-    import torch
-
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = torch.cuda.get_device_name(0) if exact_device.startswith("cuda") and torch.cuda.is_available() else None
-    pg = conn.execute("SHOW server_version").fetchone()[0]
-    ext = dict(conn.execute("SELECT extname, extversion FROM pg_extension "
-                            "WHERE extname IN ('postgis', 'vector')").fetchall())
-    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {
-        "cpu": _cpu_model(), "cores": usable, "memory_gib": _memory_gib(), "load_average": load,
-        "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "exact_device": exact_device,
-        "gpu": gpu, "postgresql": pg, "postgis": ext.get("postgis"), "pgvector": ext.get("vector"),
-    }
-
-
-def _explain(conn: psycopg.Connection, sql: str, params: Sequence = ()) -> dict:
-    (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, params).fetchone()
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    return plan[0]
-
-
-def _buffers(top: dict) -> float:
-    node = top["Plan"]
-    return float(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0))
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
 
 
 def measure_queries(conn: psycopg.Connection, atom_set: str, set_id: int, contexts: list[list[int]],
@@ -88,20 +28,20 @@ def measure_queries(conn: psycopg.Connection, atom_set: str, set_id: int, contex
     """
     spatial = SpatialArgs(max_neighbors=max_neighbors)   # the sampler at its defaults
     for ctx in contexts[:warmup]:
-        _explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
+        explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
     full_buf, full_ms, knn_buf = [], [], []
     for ctx in contexts:
-        top = _explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
-        full_buf.append(_buffers(top))
-        full_ms.append(float(top["Execution Time"]))
+        top = explain(conn, *_sql(sqlcalls.next_token_query(ctx, spatial=spatial, atom_set=atom_set)))
+        full_buf.append(top.shared_buffers)
+        full_ms.append(top.execution_ms)
         x, y, z = sqlcalls.context_centroid(conn, ctx, atom_set)
-        knn = _explain(conn, KNN_ONLY.format(set_id=int(set_id), x=float(x), y=float(y), z=float(z),
-                                             k=int(max_neighbors)))
-        knn_buf.append(_buffers(knn))
+        knn = explain(conn, KNN_ONLY.format(set_id=int(set_id), x=float(x), y=float(y), z=float(z),
+                                            k=int(max_neighbors)))
+        knn_buf.append(knn.shared_buffers)
     return {"calls": len(contexts), "max_neighbors": max_neighbors,
-            "next_token_buffers_p50": _pct(full_buf, 50), "next_token_buffers_max": max(full_buf, default=None),
-            "next_token_exec_ms_p50": _pct(full_ms, 50), "next_token_exec_ms_p95": _pct(full_ms, 95),
-            "knn_buffers_p50": _pct(knn_buf, 50), "knn_buffers_max": max(knn_buf, default=None)}
+            "next_token_buffers_p50": percentile(full_buf, 50), "next_token_buffers_max": max(full_buf, default=None),
+            "next_token_exec_ms_p50": percentile(full_ms, 50), "next_token_exec_ms_p95": percentile(full_ms, 95),
+            "knn_buffers_p50": percentile(knn_buf, 50), "knn_buffers_max": max(knn_buf, default=None)}
 
 
 def _sql(query: sqlcalls.Query) -> tuple[str, dict]:
@@ -112,15 +52,6 @@ def _verdict(value: float | None, ok: bool | None) -> str:
     if value is None or ok is None:
         return "not measured"
     return "met" if ok else "not met"
-
-
-def load_warning(machine: dict | None) -> str:
-    """A sentence when other work competed for the CPUs while we timed (1-minute load > cores)."""
-    load, cores = (machine or {}).get("load_average"), (machine or {}).get("cores")
-    if load and cores and load[0] > cores:
-        return (f" Caution: the machine was busy (1-minute load average {load[0]:g} on {cores} cores) "
-                "while this was timed, so these latencies are inflated.")
-    return ""
 
 
 def claims_table(pearson_mean: float | None, pearson_median: float | None, generation: dict | None,

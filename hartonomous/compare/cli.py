@@ -45,9 +45,8 @@ def headline_table(report: dict) -> Table:
 
 
 def build_corpus_loader(info) -> tuple[str, str]:
-    """The build's training text: recorded in stats, or rebuilt with projection.corpus from the recorded
-    corpus settings and checked against the recorded holdout (the CLI is the composition root, so it
-    may import projection)."""
+    """The build's training text: recorded in stats, or rebuilt with hartonomous.corpus from the recorded
+    corpus settings and checked against the recorded holdout."""
     import platform
 
     from hartonomous.compare.baselines import CorpusUnavailable, build_corpus
@@ -66,7 +65,7 @@ def build_corpus_loader(info) -> tuple[str, str]:
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise CorpusUnavailable(f"the build corpus file {missing[0]} is not there any more")
-    from projection.corpus import load_corpus
+    from hartonomous.corpus import load_corpus
 
     from hartonomous.errors import UserError
 

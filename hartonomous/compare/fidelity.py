@@ -15,6 +15,7 @@ import numpy as np
 
 from hartonomous.compare import metrics as m
 from hartonomous.compare.signals import SIGNALS, signals
+from hartonomous.measure import percentile
 
 Predictor = Callable[[Sequence[int]], m.Sparse]
 
@@ -116,9 +117,9 @@ def distribution(values: np.ndarray) -> dict:
     out = {"n": int(len(ok)), "undefined": int(len(values) - len(ok))}
     if len(ok) == 0:
         return {**out, **{k: None for k in ("mean", "median", "p05", "p25", "p75", "p95", "min", "max")}}
-    q = np.percentile(ok, [5, 25, 50, 75, 95])
-    return {**out, "mean": float(ok.mean()), "median": float(q[2]), "p05": float(q[0]), "p25": float(q[1]),
-            "p75": float(q[3]), "p95": float(q[4]), "min": float(ok.min()), "max": float(ok.max())}
+    q = [percentile(ok, p) for p in (5, 25, 50, 75, 95)]
+    return {**out, "mean": float(ok.mean()), "median": q[2], "p05": q[0], "p25": q[1], "p75": q[3], "p95": q[4],
+            "min": float(ok.min()), "max": float(ok.max())}
 
 
 def summarise_path(col: Column) -> dict:

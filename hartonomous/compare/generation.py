@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from hartonomous.errors import UserError
+from hartonomous.measure import percentile
 
 PATHS = ("spatial", "exact")
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_k": 40, "top_p": 0.9}}
@@ -31,16 +30,16 @@ def _one(result) -> dict:
         "text": result.text, "token_ids": list(map(int, result.token_ids)), "tokens": len(result.token_ids),
         "finish_reason": result.finish_reason,
         "ttft_ms": steps[0] if steps else None,
-        "p50_ms": float(np.percentile(rest, 50)) if rest else None,
-        "p95_ms": float(np.percentile(rest, 95)) if rest else None,
+        "p50_ms": percentile(rest, 50),
+        "p95_ms": percentile(rest, 95),
         "tokens_per_s": result.timings.tokens_per_second or None,
     }
 
 
 def _latency(per_token_ms: list[float], tokens: int, total_s: float) -> dict:
     return {"tokens": tokens,
-            "p50_ms": float(np.percentile(per_token_ms, 50)) if per_token_ms else None,
-            "p95_ms": float(np.percentile(per_token_ms, 95)) if per_token_ms else None,
+            "p50_ms": percentile(per_token_ms, 50),
+            "p95_ms": percentile(per_token_ms, 95),
             "tokens_per_s": tokens / total_s if total_s > 0 else None}
 
 

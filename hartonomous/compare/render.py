@@ -64,6 +64,8 @@ def blocks(report: dict) -> list[Block]:
                           f"centroid window {a['centroid_window'] or 'all tokens'}, decay {a['centroid_decay']:g}; "
                           f"kernel {a['kernel']} (h = {a['bandwidth']:g}); K = {s['max_neighbors']} neighbours. "
                           f"Generated {report['generated_at']}."))
+    if report["machine"].get("exact_model"):
+        out.append(Block("p", f"Exact path: {report['machine']['exact_model']}."))
     texts = "; ".join(f"{t['source']} ({'held out' if t['held_out'] else 'user text'}, {t['positions']} positions "
                       f"of {t['tokens']} tokens)" for t in report["texts"])
     out.append(Block("p", f"Evaluation text: {texts}."))
@@ -122,7 +124,7 @@ def _fidelity(fid: dict, s: dict) -> list[Block]:
 
 
 def _generation(gen: dict, machine: dict) -> list[Block]:
-    from hartonomous.compare.claims import load_warning
+    from hartonomous.measure import load_warning
 
     out = [Block("h2", "2. Free generation")]
     if gen.get("skipped"):
@@ -178,8 +180,19 @@ def _claims(report: dict) -> list[Block]:
                       f"{f(q['next_token_buffers_max'])}); KNN alone p50 {f(q['knn_buffers_p50'])} (max "
                       f"{f(q['knn_buffers_max'])})."),
            Block("h2", "Machine"),
-           Block("table", headers=("what", "value"), rows=tuple([k, f(v)] for k, v in m.items()))]
+           Block("table", headers=("what", "value"), rows=tuple(_machine_rows(m)))]
     return out
+
+
+def _machine_rows(machine: dict) -> list[list[str]]:
+    """One row per machine key; a nested dict (server_settings) gives one row per entry."""
+    rows = []
+    for key, value in machine.items():
+        if isinstance(value, dict):
+            rows += [[f"{key}.{k}", f(v)] for k, v in value.items()]
+        else:
+            rows.append([key, f(value)])
+    return rows
 
 
 # --- renderers -------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
 from hartonomous.compare.atomset import Text, holdout_text, read_prompts, read_texts
 from hartonomous.errors import UserError
+from hartonomous.measure import describe_machine
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 class Progress(Protocol):
@@ -130,7 +131,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         progress.stage(f"loading {model_name}", 1)
         model, tokenizer = load_model(model_name, options.device), load_tokenizer(model_name)
         progress.advance()
-    model_name = model_name or info.model
+    model_name = model_name or info.model_key or info.model
     vocab = int(model.config.vocab_size)
     if vocab < info.vocab_size:
         raise UserError(f"the model has {vocab} tokens but atom set '{info.name}' has {info.vocab_size}; "
@@ -168,7 +169,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         gen = _generation(conn, info, model, tokenizer, prompts, options, progress)
 
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
-                       claims.describe_machine(conn, str(next(model.parameters()).device)),
+                       describe_machine(conn, str(next(model.parameters()).device), model_name),
                        atom_set_summary(info, key_dimensions(conn, info)))
     return CompareResult(report, plots.all_figures(fid))
 

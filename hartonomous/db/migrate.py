@@ -74,17 +74,31 @@ _FUNCTIONS = """
 """
 
 
+def _in_scratch_schema(conn: psycopg.Connection, query: str) -> list[tuple]:
+    """Install `sql/` into a scratch schema, run `query` (its one parameter: the scratch schema's
+    name) and roll everything back; inside an open transaction this is a savepoint."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(f"CREATE SCHEMA {SCRATCH_SCHEMA}")
+        conn.execute(f"SET LOCAL search_path = {SCRATCH_SCHEMA}, public")
+        for path in sql_sources():
+            conn.execute(path.read_text())
+        return conn.execute(query, (SCRATCH_SCHEMA,)).fetchall()
+
+
+def sql_function_names(conn: psycopg.Connection) -> list[str]:
+    """The name of every function `sql/` defines, as pg_proc lists them after a scratch install
+    (no list kept by hand: a function added to sql/ is found here)."""
+    rows = _in_scratch_schema(conn, "SELECT DISTINCT p.proname FROM pg_proc p JOIN pg_namespace n "
+                                    "ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1")
+    return [name for (name,) in rows]
+
+
 def function_drift(url: str | None = None) -> list[str]:
     """Functions whose installed definition differs from `sql/`, or that are missing."""
     url = url or owner_url()
     with psycopg.connect(url) as conn:
         installed = dict(conn.execute(_FUNCTIONS, ("public",)).fetchall())
-        with conn.transaction(force_rollback=True):
-            conn.execute(f"CREATE SCHEMA {SCRATCH_SCHEMA}")
-            conn.execute(f"SET LOCAL search_path = {SCRATCH_SCHEMA}, public")
-            for path in sql_sources():
-                conn.execute(path.read_text())
-            expected = dict(conn.execute(_FUNCTIONS, (SCRATCH_SCHEMA,)).fetchall())
+        expected = dict(_in_scratch_schema(conn, _FUNCTIONS))
     problems = []
     for signature, digest in sorted(expected.items()):
         if signature not in installed:

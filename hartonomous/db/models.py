@@ -13,7 +13,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-POINT_Z = Geometry(geometry_type="POINTZ", srid=0, dimension=3, spatial_index=False)
+
+
+def point_z() -> Geometry:
+    """geometry(PointZ) with no SRID: PostGIS stores 0 ("unknown"), geoalchemy2 spells it -1, its
+    default and what it reflects. One instance per column: geoalchemy2 copies a column's
+    nullability into its type, so a shared instance would make every column NOT NULL."""
+    return Geometry(geometry_type="POINTZ", dimension=3, spatial_index=False)
 
 
 class Base(DeclarativeBase):
@@ -65,7 +71,7 @@ class Token(Base):
     )
     token_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     text: Mapped[str | None] = mapped_column(Text, nullable=True)
-    position = mapped_column(POINT_Z, nullable=False)
+    position = mapped_column(point_z(), nullable=False)
     embedding = mapped_column(Vector(), nullable=True)
 
 
@@ -85,7 +91,7 @@ class Atom(Base):
     )
     atom_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     token_id: Mapped[int] = mapped_column(Integer)
-    position = mapped_column(POINT_Z, nullable=False)
+    position = mapped_column(point_z(), nullable=False)
     weight: Mapped[float] = mapped_column(Double, server_default=text("1"))
     key = mapped_column(Vector(), nullable=True)
 
@@ -100,4 +106,4 @@ class Landmark(Base):
     )
     landmark_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     embedding = mapped_column(Vector(), nullable=False)
-    position = mapped_column(POINT_Z, nullable=True)
+    position = mapped_column(point_z(), nullable=True)

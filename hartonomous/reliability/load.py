@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+from hartonomous.measure import percentile
 
 KINDS = ("next_token", "generate", "generate_in_database")
 PROMPTS = ("The capital of France is", "def add(a, b):", "Return the sum of the numbers",
@@ -42,9 +43,9 @@ class LoadReport:
     error_samples: list[str]
     requests_per_second: float
     tokens_per_second: float
-    p50_ms: float
-    p99_ms: float
-    by_kind: dict[str, dict[str, float]]
+    p50_ms: float | None                  # None: no request finished in the measured time
+    p99_ms: float | None
+    by_kind: dict[str, dict[str, float | None]]
     connections: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -55,23 +56,18 @@ class LoadReport:
         out = [f"{self.clients} clients for {self.seconds:.1f} s (after {self.warmup_seconds:g} s of warm-up): "
                f"{self.requests} requests, {self.errors} errors",
                f"throughput {self.requests_per_second:.1f} requests/s, {self.tokens_per_second:.1f} generated "
-               f"tokens/s; latency p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms"]
+               f"tokens/s; latency p50 {_ms(self.p50_ms)} ms, p99 {_ms(self.p99_ms)} ms"]
         for kind, s in self.by_kind.items():
-            out.append(f"  {kind:22s} {int(s['requests']):6d} requests  p50 {s['p50_ms']:8.1f} ms  "
-                       f"p99 {s['p99_ms']:8.1f} ms")
+            out.append(f"  {kind:22s} {int(s['requests']):6d} requests  p50 {_ms(s['p50_ms']):>8} ms  "
+                       f"p99 {_ms(s['p99_ms']):>8} ms")
         if self.connections:
             out.append("database connections: " + ", ".join(f"{k} {v}" for k, v in self.connections.items()))
         out.extend(f"  error: {e}" for e in self.error_samples)
         return out
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _request(kind: str, i: int, max_new_tokens: int) -> tuple[str, dict]:

@@ -9,18 +9,12 @@ Revises: 0001
 """
 from alembic import op
 
-from hartonomous.db.migrate import install_sql_functions
+from hartonomous.db.migrate import install_sql_functions, sql_function_names
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
-
-FUNCTIONS = (
-    "generate_tokens", "sample_next_token", "ht_sample", "seeded_uniform",
-    "next_token_batch", "next_token", "ht_next_token", "ht_check_sampler_args",
-    "context_centroid", "ht_context_centroid", "ht_check_context", "ht_atom_set",
-)
 
 
 def upgrade() -> None:
@@ -29,15 +23,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    names = ", ".join(f"'{name}'" for name in FUNCTIONS)
-    op.get_bind().connection.driver_connection.execute(f"""
-        DO $$
-        DECLARE f regprocedure;
-        BEGIN
-            FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-                       JOIN pg_namespace n ON n.oid = p.pronamespace
-                      WHERE n.nspname = current_schema() AND p.proname IN ({names})
-            LOOP
-                EXECUTE 'DROP FUNCTION ' || f;
-            END LOOP;
-        END $$""")
+    """Drop every overload of every function that `sql/` defines, the names read from pg_proc."""
+    conn = op.get_bind().connection.driver_connection
+    signatures = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = current_schema() AND p.proname = ANY(%s)", (sql_function_names(conn),)).fetchall()
+    for (signature,) in signatures:
+        conn.execute(f"DROP FUNCTION {signature}")
