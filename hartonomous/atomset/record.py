@@ -96,6 +96,20 @@ class SyntheticStats(_Section):
     layout: str | None = None
 
 
+class SplitStats(_Section):
+    """One half of the holdout (hartonomous/splits.py): what it is and what the build measured on it."""
+
+    chars: int | None = None
+    tokens: int | None = None
+    positions: int | None = None
+
+
+class ControlStats(_Section):
+    """Control atom sets built beside this one, named by what they control for."""
+
+    random_positions: str | None = None   # same atoms, keys from random token positions
+
+
 class BuildStats(_Section):
     """Everything a build records about itself; each section is None when the build had no such step."""
 
@@ -110,6 +124,10 @@ class BuildStats(_Section):
     key_calibration: dict[str, Any] | None = None
     ingest: IngestStats | None = None
     synthetic: SyntheticStats | None = None
+    calibration_split: SplitStats | None = None    # what the build tuned on (bandwidth, history weight, ...)
+    test_split: SplitStats | None = None           # what `compare` scores by default; never tuned on
+    history: dict[str, Any] | None = None          # the history-weight calibration (grid and choice)
+    controls: ControlStats | None = None
 
     @model_validator(mode="before")
     @classmethod
