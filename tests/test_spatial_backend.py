@@ -1,4 +1,4 @@
-"""The spatial backend against a real database: Python loop == in-database generate_tokens, errors."""
+"""The spatial backends against a real database: Python loop == in-database generate_tokens, errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import psycopg
 import pytest
 
 from generation_helpers import drop_atom_set, write_tiny_atom_set
+from hartonomous.backends.in_database import InDatabaseBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import Engine, GenerationConfig, State
+from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
 from hartonomous.errors import UserError
 from tiny_model import tiny_tokenizer
 
@@ -32,7 +33,7 @@ def db(server_url):
 def engines(db, atom_set):
     tok = tiny_tokenizer()
     return (Engine(SpatialBackend(db, atom_set, tokenizer=tok)),
-            Engine(SpatialBackend(db, atom_set, tokenizer=tok, in_database=True)))
+            Engine(InDatabaseBackend(db, atom_set, tokenizer=tok)))
 
 
 @pytest.mark.parametrize("options", [
@@ -132,8 +133,8 @@ def test_in_database_generation_can_be_cancelled_mid_query(db, atom_set):
     cancel = threading.Event()
     timer = threading.Timer(0.5, cancel.set)
     timer.start()
-    result = in_database.generate(PROMPT, GenerationConfig(max_new_tokens=100_000, stop_at_eos=False, seed=1),
-                                  cancel=cancel)
+    result = in_database.generate(PROMPT, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, stop_at_eos=False,
+                                                           seed=1), cancel=cancel)
     timer.join()
     assert result.state is State.CANCELLED and result.token_ids == []
     assert db.execute("SELECT 1").fetchone() == (1,)
