@@ -128,6 +128,18 @@ def test_atom_set_tokenizer_comes_from_its_model(db, server_url, tmp_path):
             drop_atom_set(server_url, unknown)
 
 
+def test_in_database_generation_is_a_whole_loop_backend_of_its_own(db, atom_set):
+    from hartonomous.backends.base import WholeLoopBackend
+
+    stepped, whole = engines(db, atom_set)
+    assert isinstance(whole.backend, WholeLoopBackend) and not isinstance(stepped.backend, WholeLoopBackend)
+    assert stepped.atom_set == whole.atom_set == atom_set
+    with pytest.raises(TypeError):
+        SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer(), in_database=True)
+    events = list(whole.stream(PROMPT, GenerationConfig(max_new_tokens=4, seed=1, stop_at_eos=False)).events())
+    assert len(events) == 4 and all(e.distribution is None and e.probability is None for e in events)
+
+
 def test_in_database_generation_can_be_cancelled_mid_query(db, atom_set):
     _, in_database = engines(db, atom_set)
     cancel = threading.Event()
