@@ -13,14 +13,13 @@ from typing import Optional
 
 import typer
 
-from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig   # light: reading defaults loads no torch
+from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
 
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
 
 
 def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, model, device, dtype):
     from hartonomous.client import PATHS, Client
-    from hartonomous.engine import check_prompt
     from hartonomous.errors import UserError
 
     check_prompt(prompt)

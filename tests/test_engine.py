@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 from generation_helpers import drop_atom_set, write_tiny_atom_set
+from hartonomous.backends.base import Distribution, WholeLoopBackend
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.backends.base import Distribution, WholeLoopBackend
 from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
 from hartonomous.errors import InvalidArgument
 from hartonomous.exact import ExactModel
@@ -231,7 +231,6 @@ def test_sampler_defaults_live_in_generation_config():
 def test_vectorised_pick_for_large_distributions_equals_pick_by_uniform():
     import random
 
-    from hartonomous.backends.base import Distribution
     from hartonomous.engine import VECTOR_PICK_ABOVE, pick
     from hartonomous.sampling import pick_by_uniform, seeded_uniform
 
@@ -246,7 +245,6 @@ def test_vectorised_pick_for_large_distributions_equals_pick_by_uniform():
 
 
 def test_tokens_are_picked_by_inverse_cdf_of_seeded_uniform():
-    from hartonomous.backends.base import Distribution
     from hartonomous.sampling import seeded_uniform
 
     class Fixed:                                   # the same hand-made distribution at every step
