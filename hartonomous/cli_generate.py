@@ -1,6 +1,7 @@
 """`hartonomous generate` and `hartonomous next-token` (registered on the app in cli.py).
 
-Options are validated by GenerationConfig / the backends, so bad input is one UserError line.
+Defaults come from GenerationConfig; options are validated by GenerationConfig, the prompt rule
+and the backends (before connecting where they can be), so bad input is one UserError line.
 Generated text goes to stdout; the statistics line goes to stderr, so output can be piped.
 """
 
@@ -12,16 +13,17 @@ from typing import Optional
 
 import typer
 
+from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
+
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
 
 
 def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, model, device, dtype):
-    from hartonomous.client import Client
+    from hartonomous.client import PATHS, Client
     from hartonomous.errors import UserError
 
-    if not prompt.strip():
-        raise UserError("the prompt is empty; pass some text, e.g. hartonomous generate \"The capital of France is\"")
-    if path not in ("spatial", "exact"):
+    check_prompt(prompt)
+    if path not in PATHS:
         raise UserError(f"--path must be spatial or exact, got '{path}'")
     return Client(atom_set=atom_set, search_radius=search_radius, max_neighbors=max_neighbors,
                   model=model, device=device, dtype=dtype)
@@ -43,11 +45,13 @@ def register(app: typer.Typer) -> None:
         path: str = typer.Option("spatial", "--path", help=PATH_HELP),
         stream: bool = typer.Option(False, "--stream", help="Print tokens as they are made, then tokens/s."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most tokens to generate."),
-        temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
-        top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-        top_p: float = typer.Option(0.9, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
-        repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 0; 1 = off."),
+        max_new_tokens: int = typer.Option(GenerationConfig.max_new_tokens, "--max-new-tokens",
+                                           help=f"Most tokens to generate (1..{MAX_NEW_TOKENS})."),
+        temperature: float = typer.Option(GenerationConfig.temperature, "--temperature", help="0 = greedy."),
+        top_k: int = typer.Option(GenerationConfig.top_k, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+        top_p: float = typer.Option(GenerationConfig.top_p, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
+        repetition_penalty: float = typer.Option(GenerationConfig.repetition_penalty, "--repetition-penalty",
+                                                 help="> 0; 1 = off."),
         stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
         stop_token_id: list[int] = typer.Option([], "--stop-token-id", help="Stop token id (repeatable)."),
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the EOS token."),
@@ -93,10 +97,11 @@ def register(app: typer.Typer) -> None:
     def next_token_cmd(
         prompt: str = typer.Argument(..., help="Context text."),
         path: str = typer.Option("spatial", "--path", help=PATH_HELP),
-        temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
-        top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-        top_p: float = typer.Option(0.9, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
-        repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 0; 1 = off."),
+        temperature: float = typer.Option(GenerationConfig.temperature, "--temperature", help="0 = greedy."),
+        top_k: int = typer.Option(GenerationConfig.top_k, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+        top_p: float = typer.Option(GenerationConfig.top_p, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
+        repetition_penalty: float = typer.Option(GenerationConfig.repetition_penalty, "--repetition-penalty",
+                                                 help="> 0; 1 = off."),
         atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
         search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
         max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),

@@ -7,7 +7,9 @@
             print(piece, end="", flush=True)
         client.next_token("The capital of France is", top_k=5)   # rows with token texts
 
-Models, tokenizers and the database connection are opened on first use and reused.
+Models, tokenizers and the database connection are opened on first use and reused. Options
+are GenerationConfig's (its defaults, its checks); `in_database=True` runs the spatial loop in
+SQL `generate_tokens` (hartonomous.backends.in_database).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session
-from hartonomous.errors import UserError
+from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session, check_prompt
+from hartonomous.errors import InvalidArgument, UserError
 
 PATHS = ("spatial", "exact")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
@@ -51,9 +53,9 @@ class Client:
     # -- engines -------------------------------------------------------------------------
 
     def engine(self, path: str = "spatial", *, in_database: bool = False) -> Engine:
-        """The engine of a path (built on first use)."""
+        """The engine of a path (built on first use); `in_database` only applies to the spatial path."""
         if path not in PATHS:
-            raise UserError(f"path must be 'spatial' or 'exact', got '{path}'")
+            raise InvalidArgument("path", f"path must be 'spatial' or 'exact', got '{path}'")
         key = (path, in_database and path == "spatial")
         if key not in self._engines:
             self._engines[key] = Engine(self._spatial_backend(key[1]) if path == "spatial" else self._exact_backend())
@@ -70,14 +72,16 @@ class Client:
         return self._conn
 
     def _spatial_backend(self, in_database: bool):
+        from hartonomous.backends.in_database import InDatabaseBackend
         from hartonomous.backends.spatial import SpatialBackend
 
         tokenizer = self.spatial_tokenizer
         for (path, _), engine in self._engines.items():   # reuse the tokenizer of the other spatial mode
             if path == "spatial":
                 tokenizer = tokenizer or engine.tokenizer
-        return SpatialBackend(self._connection(), self.atom_set, tokenizer=tokenizer, search_radius=self.search_radius,
-                              max_neighbors=self.max_neighbors, in_database=in_database)
+        backend = InDatabaseBackend if in_database else SpatialBackend
+        return backend(self._connection(), self.atom_set, tokenizer=tokenizer, search_radius=self.search_radius,
+                       max_neighbors=self.max_neighbors)
 
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend
@@ -95,29 +99,33 @@ class Client:
     def generate(self, prompt: str | Sequence[int], path: str = "spatial", *, in_database: bool = False,
                  cancel: threading.Event | None = None, **options: Any) -> GenerationResult:
         """Blocking generation; options are GenerationConfig fields (max_new_tokens, seed, top_k, ...)."""
-        return self.engine(path, in_database=in_database).generate(prompt, make_config(**options), cancel)
+        config = make_config(**options)                  # validate before connecting or loading a model
+        return self.engine(path, in_database=in_database).generate(prompt, config, cancel)
 
     def stream(self, prompt: str | Sequence[int], path: str = "spatial", *, in_database: bool = False,
                cancel: threading.Event | None = None, **options: Any) -> Session:
         """Iterate for text pieces as they are made; `.cancel()` stops it, `.result` holds the outcome."""
-        return self.engine(path, in_database=in_database).stream(prompt, make_config(**options), cancel)
+        config = make_config(**options)
+        return self.engine(path, in_database=in_database).stream(prompt, config, cancel)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], path: str = "spatial", *,
                        in_database: bool = False, cancel: threading.Event | None = None,
                        **options: Any) -> list[GenerationResult]:
-        return self.engine(path, in_database=in_database).generate_batch(prompts, make_config(**options), cancel)
+        config = make_config(**options)
+        return self.engine(path, in_database=in_database).generate_batch(prompts, config, cancel)
 
-    def next_token(self, prompt_or_ids: str | Sequence[int], path: str = "spatial", *, temperature: float = 1.0,
-                   top_k: int | None = 40, top_p: float = 0.9,
-                   repetition_penalty: float = 1.0) -> list[TokenProbability]:
+    def next_token(self, prompt_or_ids: str | Sequence[int], path: str = "spatial", *,
+                   temperature: float = GenerationConfig.temperature, top_k: int | None = GenerationConfig.top_k,
+                   top_p: float = GenerationConfig.top_p,
+                   repetition_penalty: float = GenerationConfig.repetition_penalty) -> list[TokenProbability]:
         """The next-token distribution after the sampler, most likely first, with token texts."""
         from hartonomous.textstream import decode
 
         config = make_config(temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty)      # validate before connecting
+        check_prompt(prompt_or_ids)
         engine = self.engine(path)
-        backend = engine.backend
-        dist = backend.distribution(backend.start(engine.encode(prompt_or_ids)), config.sampler)
+        dist = engine.distribution(prompt_or_ids, config)
         rows, total = [], 0.0
         for token_id, p in zip(dist.token_ids, dist.probabilities):
             total += p

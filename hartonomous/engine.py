@@ -6,9 +6,22 @@ The token is picked the same way on both paths, by inverse CDF with
 `seeded_uniform(seed, step)`, which is also what the database's `generate_tokens` does; so a
 seed reproduces a run, and the same seed gives both paths the same random numbers.
 
-A `Session` is one generation: iterate it for text pieces (never half a character), or call
-`run()` for the result. Its state moves ready -> generating -> complete | stopped | cancelled
-(or failed if the backend raised). `cancel()` (or the `cancel` event) stops it within one step.
+A step `Backend` is driven token by token; a `WholeLoopBackend` (in-database generation) runs
+the loop in one call, and the engine turns its ids into the same events.
+
+A `Session` is one generation: iterate it for text pieces (never half a character), iterate
+`events()` for one `TokenEvent` per token (with the step's distribution), or call `run()` for the
+result. Text held back until the end (an unfinished character, a possible stop-string prefix)
+comes out in the last token's event; when the generation ends without a token to carry it
+(cancelled, or no candidates left), it is `session.tail` once the events are exhausted. So the
+events' texts plus `tail` join to `result.text` (the pieces of `iter(session)` include it). The
+state moves ready -> generating -> complete | stopped |
+cancelled (or failed if the backend raised). `cancel()` (or the `cancel` event) stops it within
+one step.
+
+`GenerationConfig` is the one home of the sampler defaults and of the input rules of a
+generation (the SQL functions check the same rules); callers (CLI, HTTP, client) take their
+defaults from it and only translate its `InvalidArgument` errors.
 """
 
 from __future__ import annotations
@@ -21,15 +34,17 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-import torch
-
-from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs
-from hartonomous.errors import UserError
-from hartonomous.sampling import pick_by_uniform, pick_index, seeded_uniform, validate_sampler_args
+from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs, WholeLoopBackend
+from hartonomous.errors import InvalidArgument
 from hartonomous.textstream import TextStream, cut_at_stop, decode
 
+# torch and hartonomous.sampling are imported where they are used, so that the CLI can read
+# GenerationConfig's defaults without loading torch.
+
+MAX_NEW_TOKENS = 4096          # the upper bound of max_new_tokens; SQL generate_tokens enforces the same
 MAX_SEED = 2**63 - 1
 VECTOR_PICK_ABOVE = 1024
+SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty")
 
 
 class State(str, Enum):
@@ -43,7 +58,11 @@ class State(str, Enum):
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Options of one generation; the sampler defaults are SQL next_token's defaults."""
+    """Options of one generation, validated on construction (InvalidArgument naming the option).
+
+    The one home of the defaults: SQL next_token's defaults equal the sampler's here, and the
+    CLI, the HTTP schemas and the client read theirs from this class.
+    """
 
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -59,14 +78,19 @@ class GenerationConfig:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
         object.__setattr__(self, "stop_strings", tuple(s for s in self.stop_strings or () if s))
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            raise UserError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise InvalidArgument("max_new_tokens", f"max_new_tokens must be an integer between 1 and "
+                                                    f"{MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
         if self.seed is not None and not (-MAX_SEED - 1 <= int(self.seed) <= MAX_SEED):
-            raise UserError(f"seed must fit in a signed 64-bit integer, got {self.seed}")
+            raise InvalidArgument("seed", f"seed must fit in a signed 64-bit integer, got {self.seed}")
+        from hartonomous.sampling import validate_sampler_args
+
         try:
             validate_sampler_args(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
-        except (ValueError, TypeError) as exc:
-            raise UserError(str(exc)) from exc
+        except (ValueError, TypeError) as exc:     # the message starts with the argument's name
+            message = str(exc)
+            name = next((f for f in SAMPLER_FIELDS if message.startswith(f)), "sampler")
+            raise InvalidArgument(name, message) from exc
 
     @property
     def sampler(self) -> SamplerArgs:
@@ -78,13 +102,17 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One generated token: the text piece it released ('' while a character is incomplete)."""
+    """One generated token: the text piece it released ('' while a character is incomplete).
+
+    The last token's event also carries the text held back until the end.
+    """
 
     step: int
     token_id: int
     probability: float | None    # None when the database ran the whole loop
     text: str
     seconds: float | None
+    distribution: Distribution | None = None   # the step's distribution; None for the whole loop
 
 
 @dataclass
@@ -125,7 +153,7 @@ class GenerationResult:
 
 
 class Session:
-    """One generation; iterate for text pieces, `events()` for tokens, `run()` for the result."""
+    """One generation; iterate for text pieces, `events()` for events, `run()` for the result."""
 
     def __init__(self, engine: "Engine", prompt_ids: list[int], config: GenerationConfig,
                  cancel: threading.Event | None = None):
@@ -142,7 +170,7 @@ class Session:
         self._tokens: list[int] = []
         self._probs: list[float] = []
         self._timings = Timings()
-        self._tail = ""
+        self.tail = ""        # held-back text no event carried; see the module docstring
         self._events: Iterator[TokenEvent] | None = None
 
     def cancel(self) -> None:
@@ -161,8 +189,8 @@ class Session:
                     yield event.text
         finally:
             events.close()
-        if self._tail:
-            yield self._tail
+        if self.tail:
+            yield self.tail
 
     def run(self) -> GenerationResult:
         for _ in self.events():
@@ -171,6 +199,7 @@ class Session:
         return self.result
 
     def events(self) -> Iterator[TokenEvent]:
+        """One TokenEvent per token; afterwards, `tail` holds any text no event carried."""
         if self._events is not None:
             raise RuntimeError("a session runs once; start a new session to generate again")
         self._events = self._run()
@@ -181,8 +210,10 @@ class Session:
     def _run(self) -> Iterator[TokenEvent]:
         self.state = State.GENERATING
         try:
-            whole = getattr(self.backend, "whole_loop", False)
-            yield from (self._run_whole() if whole else self._run_steps())
+            if isinstance(self.backend, WholeLoopBackend):
+                yield from self._run_whole()
+            else:
+                yield from self._run_steps()
         except GeneratorExit:
             if self.result is None:
                 self._finish(State.CANCELLED, "cancelled")
@@ -218,13 +249,10 @@ class Session:
             seconds = time.perf_counter() - t0
             self._timings.per_token_s.append(seconds)
             self._timings.total_s += seconds
-            event, reason = self._accept(step, token, prob, seconds)
-            if reason:
-                self._finish(State.COMPLETE if reason == "eos" else State.STOPPED, reason)
-            yield event
-            if reason:
+            last = "length" if step == cfg.max_new_tokens - 1 else None
+            yield self._accept(step, token, prob, seconds, dist, last)
+            if self.result is not None:
                 return
-        self._finish(State.COMPLETE, "length")
 
     def _run_whole(self) -> Iterator[TokenEvent]:
         cfg = self.config
@@ -232,30 +260,35 @@ class Session:
         ids = self.backend.generate_all(self.prompt_ids, cfg.max_new_tokens, cfg.sampler, self.seed,
                                         sorted(self.stop_ids | self.eos_ids), self.cancel_event)
         self._timings.total_s = time.perf_counter() - t0
-        for step, token in enumerate(ids[:cfg.max_new_tokens]):
-            event, reason = self._accept(step, int(token), None, None)
-            if reason:
-                self._finish(State.COMPLETE if reason == "eos" else State.STOPPED, reason)
-            yield event
-            if reason:
+        ids = [int(t) for t in ids[:cfg.max_new_tokens]]
+        out_of_tokens = "length" if len(ids) == cfg.max_new_tokens else "no_candidates"
+        for step, token in enumerate(ids):
+            yield self._accept(step, token, None, None, None, out_of_tokens if step == len(ids) - 1 else None)
+            if self.result is not None:
                 return
-        if len(ids) < cfg.max_new_tokens:
-            return self._finish(State.STOPPED, "no_candidates")
-        self._finish(State.COMPLETE, "length")
+        self._finish(State.STOPPED, "no_candidates")          # the database generated nothing
 
-    def _accept(self, step: int, token: int, prob: float | None, seconds: float | None):
-        """Record a token; return its event and the finish reason it causes (or None)."""
+    def _accept(self, step: int, token: int, prob: float | None, seconds: float | None,
+                dist: Distribution | None, ends: str | None) -> TokenEvent:
+        """Record a token and return its event. When the token ends the generation (a stop or EOS
+        token, a stop string, or `ends`: the last token there will be), finish the session first
+        and put the held-back text into this event."""
         self._tokens.append(token)
         self._probs.append(prob if prob is not None else float("nan"))
         if token in self.stop_ids:
-            return TokenEvent(step, token, prob, "", seconds), "stop_token"
-        if token in self.eos_ids:
-            return TokenEvent(step, token, prob, "", seconds), "eos"
-        piece = self._stream.push(token)
-        return TokenEvent(step, token, prob, piece, seconds), "stop_string" if self._stream.stopped else None
+            piece, reason = "", "stop_token"
+        elif token in self.eos_ids:
+            piece, reason = "", "eos"
+        else:
+            piece = self._stream.push(token)
+            reason = "stop_string" if self._stream.stopped else ends
+        if reason:
+            self._finish(State.COMPLETE if reason in ("eos", "length") else State.STOPPED, reason)
+            piece, self.tail = piece + self.tail, ""
+        return TokenEvent(step, token, prob, piece, seconds, dist)
 
     def _finish(self, state: State, reason: str) -> None:
-        self._tail = self._stream.finish()
+        self.tail = self._stream.finish()
         self._timings.tokens = len(self._tokens)
         self.state = state
         self.result = GenerationResult(
@@ -276,34 +309,62 @@ def pick(dist: Distribution, seed: int, step: int) -> tuple[int, float]:
     Large distributions (no top-k) use the vectorised `pick_index`, the same rule in torch:
     the rows are already in the documented order, so index order is token-id order for ties.
     """
+    from hartonomous.sampling import pick_by_uniform, pick_index, seeded_uniform
+
     u = seeded_uniform(seed, step)
     if len(dist) > VECTOR_PICK_ABOVE:
+        import torch
+
         index = int(pick_index(torch.tensor(dist.probabilities, dtype=torch.float64), u))
         return dist.token_ids[index], dist.probabilities[index]
     token = int(pick_by_uniform(dist.token_ids, dist.probabilities, u))
     return token, dist.probabilities[dist.token_ids.index(token)]
 
 
-class Engine:
-    """Prompt in, text out, over any backend (exact or spatial)."""
+def check_prompt(prompt: str | Sequence[int]) -> None:
+    """The one rule for prompts: text that is not only whitespace, or at least one token id."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InvalidArgument("prompt", "the prompt is empty; pass some text to continue")
+    elif len(prompt) == 0:
+        raise InvalidArgument("prompt", "the prompt is empty; pass at least one token id")
 
-    def __init__(self, backend: Backend):
+
+def check_prompts(prompts: Sequence[str | Sequence[int]]) -> None:
+    """`check_prompt` for each prompt of a batch; the error names `prompts` and the index."""
+    for i, prompt in enumerate(prompts):
+        try:
+            check_prompt(prompt)
+        except InvalidArgument as exc:
+            raise InvalidArgument("prompts", f"prompt {i}: {exc}") from exc
+
+
+class Engine:
+    """Prompt in, text out, over any backend (exact, spatial step by step, or in-database)."""
+
+    def __init__(self, backend: Backend | WholeLoopBackend):
         self.backend = backend
 
     @property
     def tokenizer(self):
         return self.backend.tokenizer
 
+    @property
+    def atom_set(self) -> str | None:
+        """The atom set the backend reads (None for the exact path)."""
+        return self.backend.atom_set_name
+
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt (text, or ids passed through)."""
+        check_prompt(prompt)
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise UserError("the prompt is empty; pass some text to continue")
             return list(self.tokenizer.encode(prompt))
-        ids = [int(i) for i in prompt]
-        if not ids:
-            raise UserError("the prompt is empty; pass at least one token id")
-        return ids
+        return [int(i) for i in prompt]
+
+    def distribution(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Distribution:
+        """The next-token distribution after the prompt, after the sampler (one step, nothing picked)."""
+        config = config or GenerationConfig()
+        return self.backend.distribution(self.backend.start(self.encode(prompt)), config.sampler)
 
     def session(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
                 cancel: threading.Event | None = None) -> Session:
@@ -322,7 +383,8 @@ class Engine:
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
                        cancel: threading.Event | None = None) -> list[GenerationResult]:
         """Every prompt with the same config (and seed), one after another; equal to one-by-one calls."""
-        sessions = [self.session(p, config, cancel) for p in prompts]   # validate all prompts first
+        check_prompts(prompts)
+        sessions = [self.session(p, config, cancel) for p in prompts]   # encode all prompts first
         return [s.run() for s in sessions]
 
     def close(self) -> None:

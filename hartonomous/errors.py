@@ -7,3 +7,11 @@ class UserError(Exception):
 
 class DatabaseUnavailable(UserError):
     """The configured database cannot be reached."""
+
+
+class InvalidArgument(UserError):
+    """A bad value for one named option (the HTTP API answers 422 naming `name` as the field)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name

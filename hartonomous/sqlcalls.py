@@ -3,7 +3,7 @@
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens` and `context_centroid`
 are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
-sampler's defaults are `SamplerArgs`' (the generation config's); the test suite checks that the
+sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
 SQL functions' own defaults are the same values.
 
 Bad input raises SQLSTATE 22023 in the database; `run` turns it into a `UserError` carrying the
@@ -74,26 +74,34 @@ CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
 
 
-def _knn_params(sampler: SamplerArgs, spatial: SpatialArgs, atom_set: str | None) -> dict:
+def default_sampler() -> SamplerArgs:
+    """The generation config's sampler defaults (the one place they are written)."""
+    from hartonomous.engine import GenerationConfig
+
+    return GenerationConfig().sampler
+
+
+def _knn_params(sampler: SamplerArgs | None, spatial: SpatialArgs, atom_set: str | None) -> dict:
+    sampler = sampler or default_sampler()
     return {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
             "search_radius": spatial.search_radius, "max_neighbors": spatial.max_neighbors,
             "atom_set": atom_set, "repetition_penalty": sampler.repetition_penalty}
 
 
-def next_token_query(context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+def next_token_query(context: Sequence[int], sampler: SamplerArgs | None = None,
                      spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None) -> Query:
     """`next_token(context, ...)`: rows (token_id, probability, cumulative_probability)."""
     return Query(NEXT_TOKEN_SQL, {"context": [int(t) for t in context], **_knn_params(sampler, spatial, atom_set)})
 
 
-def next_token_batch_query(contexts: Sequence[Sequence[int]], sampler: SamplerArgs = SamplerArgs(),
+def next_token_batch_query(contexts: Sequence[Sequence[int]], sampler: SamplerArgs | None = None,
                            spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None) -> Query:
     """`next_token_batch(contexts, ...)`: rows (context_index, token_id, probability, cumulative_probability)."""
     payload = json.dumps([[int(t) for t in ctx] for ctx in contexts])
     return Query(NEXT_TOKEN_BATCH_SQL, {"contexts": payload, **_knn_params(sampler, spatial, atom_set)})
 
 
-def sample_next_token_query(context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+def sample_next_token_query(context: Sequence[int], sampler: SamplerArgs | None = None,
                             spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
                             seed: int | None = None, step: int = 0) -> Query:
     """`sample_next_token(context, ..., seed, step)`: one token id."""
@@ -101,7 +109,7 @@ def sample_next_token_query(context: Sequence[int], sampler: SamplerArgs = Sampl
                                          **_knn_params(sampler, spatial, atom_set), "seed": seed, "step": step})
 
 
-def generate_tokens_query(context: Sequence[int], max_new_tokens: int, sampler: SamplerArgs = SamplerArgs(),
+def generate_tokens_query(context: Sequence[int], max_new_tokens: int, sampler: SamplerArgs | None = None,
                           spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
                           seed: int | None = None, stop_tokens: Sequence[int] | None = None) -> Query:
     """`generate_tokens(context, max_new_tokens, ..., seed, stop_tokens)`: the generated ids."""
@@ -125,7 +133,7 @@ def run(conn: psycopg.Connection, query: Query, *, prepare: bool | None = None) 
         raise UserError(exc.diag.message_primary or str(exc)) from exc
 
 
-def next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+def next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs | None = None,
                spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
                prepare: bool | None = True) -> list[tuple[int, float]]:
     """(token_id, probability) rows of `next_token`, in its order (probability desc, token id asc)."""
@@ -134,7 +142,7 @@ def next_token(conn: psycopg.Connection, context: Sequence[int], sampler: Sample
 
 
 def next_token_batch(conn: psycopg.Connection, contexts: Sequence[Sequence[int]],
-                     sampler: SamplerArgs = SamplerArgs(), spatial: SpatialArgs = SpatialArgs(),
+                     sampler: SamplerArgs | None = None, spatial: SpatialArgs = SpatialArgs(),
                      atom_set: str | None = None) -> list[list[tuple[int, float]]]:
     """One `next_token` row list per context, in one database call."""
     out: list[list[tuple[int, float]]] = [[] for _ in contexts]
@@ -143,7 +151,7 @@ def next_token_batch(conn: psycopg.Connection, contexts: Sequence[Sequence[int]]
     return out
 
 
-def sample_next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs = SamplerArgs(),
+def sample_next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs | None = None,
                       spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
                       seed: int | None = None, step: int = 0) -> int | None:
     """The token `generate_tokens` would pick at `step` for this context and seed (None: no candidates)."""
@@ -152,7 +160,7 @@ def sample_next_token(conn: psycopg.Connection, context: Sequence[int], sampler:
 
 
 def generate_tokens(conn: psycopg.Connection, context: Sequence[int], max_new_tokens: int,
-                    sampler: SamplerArgs = SamplerArgs(), spatial: SpatialArgs = SpatialArgs(),
+                    sampler: SamplerArgs | None = None, spatial: SpatialArgs = SpatialArgs(),
                     atom_set: str | None = None, seed: int | None = None,
                     stop_tokens: Sequence[int] | None = None) -> list[int]:
     """The whole generation loop in the database: the generated ids (a stop token included)."""

@@ -111,6 +111,9 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     (["generate", "hi", "--top-p", "1.5"], "top_p"),
     (["generate", "hi", "--temperature", "-1"], "temperature"),
     (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "hi", "--max-new-tokens", "4097"], "max_new_tokens must be an integer between 1 and 4096"),
+    (["generate", "hi", "--in-database", "--max-new-tokens", "100000"], "max_new_tokens"),
+    (["next-token", "  "], "the prompt is empty"),
     (["generate", "hi", "--path", "quantum"], "--path must be spatial or exact"),
     (["next-token", "hi", "--top-k", "-2"], "top_k"),
 ])
@@ -124,6 +127,24 @@ def test_cli_bad_input_is_one_line_and_nonzero(capsys, monkeypatch, args, messag
         reload_settings()
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+def test_cli_and_client_defaults_are_generation_configs():
+    import inspect
+
+    from typer.main import get_command
+
+    from hartonomous import cli
+    from hartonomous.engine import GenerationConfig
+
+    commands = get_command(cli.app).commands
+    for command, names in (("generate", ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")),
+                           ("next-token", ("temperature", "top_k", "top_p", "repetition_penalty"))):
+        defaults = {p.name: p.default for p in commands[command].params}
+        assert {n: defaults[n] for n in names} == {n: getattr(GenerationConfig, n) for n in names}, command
+    signature = inspect.signature(Client.next_token).parameters
+    for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
+        assert signature[name].default == getattr(GenerationConfig, name)
 
 
 def test_cli_unknown_atom_set(capsys, database_env):

@@ -8,9 +8,11 @@ import psycopg
 import pytest
 
 from generation_helpers import drop_atom_set, write_tiny_atom_set
+from hartonomous.backends.base import Distribution, WholeLoopBackend
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import Engine, GenerationConfig, State
+from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
+from hartonomous.errors import InvalidArgument
 from hartonomous.exact import ExactModel
 from hartonomous.textstream import REPLACEMENT, decode
 from tiny_model import tiny_model
@@ -205,17 +207,30 @@ def test_a_session_runs_once(engine):
     ({"top_k": -1}, "top_k"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
 ])
-def test_out_of_range_options_are_user_errors(options, message):
-    from hartonomous.errors import UserError
-
-    with pytest.raises(UserError, match=message):
+def test_out_of_range_options_are_user_errors_naming_the_option(options, message):
+    with pytest.raises(InvalidArgument, match=message) as err:
         SAMPLED.with_options(**options)
+    assert err.value.name == message
+
+
+def test_max_new_tokens_has_one_documented_upper_bound():
+    assert MAX_NEW_TOKENS == 4096
+    assert SAMPLED.with_options(max_new_tokens=MAX_NEW_TOKENS).max_new_tokens == MAX_NEW_TOKENS
+    for too_many in (MAX_NEW_TOKENS + 1, 100_000):
+        with pytest.raises(InvalidArgument, match="max_new_tokens must be an integer between 1 and 4096") as err:
+            SAMPLED.with_options(max_new_tokens=too_many)
+        assert err.value.name == "max_new_tokens"
+
+
+def test_sampler_defaults_live_in_generation_config():
+    config = GenerationConfig()
+    assert (config.temperature, config.top_k, config.top_p, config.repetition_penalty) == (1.0, 40, 0.9, 1.0)
+    assert config.sampler.top_k == 40 and config.sampler.top_p == 0.9
 
 
 def test_vectorised_pick_for_large_distributions_equals_pick_by_uniform():
     import random
 
-    from hartonomous.backends.base import Distribution
     from hartonomous.engine import VECTOR_PICK_ABOVE, pick
     from hartonomous.sampling import pick_by_uniform, seeded_uniform
 
@@ -230,7 +245,6 @@ def test_vectorised_pick_for_large_distributions_equals_pick_by_uniform():
 
 
 def test_tokens_are_picked_by_inverse_cdf_of_seeded_uniform():
-    from hartonomous.backends.base import Distribution
     from hartonomous.sampling import seeded_uniform
 
     class Fixed:                                   # the same hand-made distribution at every step
@@ -255,3 +269,119 @@ def test_tokens_are_picked_by_inverse_cdf_of_seeded_uniform():
         expected.append(50 if u < 0.5 else 30 if u < 0.8 else 90)
     assert result.token_ids == expected and len(set(expected)) > 1
     assert result.probabilities == [{50: 0.5, 30: 0.3, 90: 0.2}[t] for t in expected]
+
+
+# -- what the events carry ---------------------------------------------------------------------
+
+
+def test_each_event_carries_the_distribution_the_backend_returned(engine):
+    backend, returned = engine.backend, []
+    original = backend.distribution
+
+    def distribution(state, sampler):
+        returned.append(original(state, sampler))
+        return returned[-1]
+
+    backend.distribution = distribution
+    try:
+        events = list(engine.stream(PROMPTS[0], SAMPLED).events())
+    finally:
+        del backend.distribution
+    assert len(events) == len(returned) == SAMPLED.max_new_tokens
+    assert all(e.distribution is d for e, d in zip(events, returned))
+    assert all(e.probability == d.probabilities[d.token_ids.index(e.token_id)] for e, d in zip(events, returned))
+    assert engine.distribution(PROMPTS[0], SAMPLED) == returned[0]
+
+
+def test_engine_names_the_atom_set_of_its_backend(engine, request):
+    expected = request.getfixturevalue("atom_set") if engine.backend.name == "spatial" else None
+    assert engine.atom_set == expected
+
+
+class Scripted:
+    """A step backend that proposes the scripted tokens in turn (probability 1), then nothing."""
+
+    name, atom_set_name = "scripted", None
+
+    def __init__(self, script):
+        self.script, self.tokenizer = list(script), tiny_model(0)[1]
+
+    def eos_token_ids(self):
+        return set()
+
+    def start(self, ids):
+        return [0]
+
+    def distribution(self, state, sampler):
+        i = state[0]
+        return Distribution([self.script[i]], [1.0]) if i < len(self.script) else Distribution([], [])
+
+    def advance(self, state, token):
+        state[0] += 1
+
+    def close(self):
+        pass
+
+
+class WholeScripted(WholeLoopBackend):
+    """A whole-loop backend that returns the script (cut at a stop id), like SQL generate_tokens."""
+
+    name, atom_set_name = "scripted", None
+
+    def __init__(self, script):
+        self.script, self.tokenizer, self.calls = list(script), tiny_model(0)[1], 0
+
+    def eos_token_ids(self):
+        return set()
+
+    def generate_all(self, prompt_ids, max_new_tokens, sampler, seed, stop_token_ids, cancel):
+        self.calls += 1
+        out = []
+        for token in self.script[:max_new_tokens]:
+            out.append(token)
+            if token in stop_token_ids:
+                break
+        return out
+
+    def close(self):
+        pass
+
+
+A, E_FIRST_BYTE, E_SECOND_BYTE = 65, 128, 103          # "a", and "é" as two byte tokens
+
+
+@pytest.mark.parametrize("backend", [Scripted, WholeScripted])
+def test_text_held_back_to_the_end_comes_in_the_last_event(backend):
+    engine = Engine(backend([A, E_FIRST_BYTE, E_SECOND_BYTE, A]))
+    cut_mid_character = engine.stream([1], GenerationConfig(max_new_tokens=2, seed=1))
+    events = list(cut_mid_character.events())
+    assert [e.text for e in events] == ["a", "\ufffd"] and cut_mid_character.result.text == "a\ufffd"
+    held_as_stop_prefix = engine.stream([1], GenerationConfig(max_new_tokens=2, seed=1, stop_strings=("ab",)))
+    assert [e.text for e in held_as_stop_prefix.events()] == ["", "a\ufffd"]
+    assert held_as_stop_prefix.tail == "" and held_as_stop_prefix.result.finish_reason == "length"
+    stopped_by_id = engine.stream([1], GenerationConfig(max_new_tokens=4, seed=1, stop_token_ids=(E_SECOND_BYTE,)))
+    assert [e.text for e in stopped_by_id.events()] == ["a", "", "\ufffd"]     # the stop token carries it
+    assert stopped_by_id.result.text == "a\ufffd" and stopped_by_id.result.finish_reason == "stop_token"
+
+
+@pytest.mark.parametrize("backend, texts, tail", [
+    (Scripted, ["a", ""], "\ufffd"),          # stepping finds out only at the next step: the tail
+    (WholeScripted, ["a", "\ufffd"], ""),     # the whole loop knows its last token: that event
+])
+def test_text_held_back_when_no_token_follows_is_the_sessions_tail(backend, texts, tail):
+    engine = Engine(backend([A, E_FIRST_BYTE]))         # no candidates after the first half of "é"
+    session = engine.stream([1], GenerationConfig(max_new_tokens=5, seed=1))
+    events = list(session.events())
+    assert [e.text for e in events] == texts and session.tail == tail
+    assert session.result.finish_reason == "no_candidates" and session.result.text == "a\ufffd"
+    assert list(engine.stream([1], GenerationConfig(max_new_tokens=5, seed=1))) == ["a", "\ufffd"]
+
+
+def test_a_whole_loop_backend_is_called_once_and_its_events_carry_no_step_data():
+    backend = WholeScripted([A, A, E_FIRST_BYTE, E_SECOND_BYTE])
+    session = Engine(backend).stream([1], GenerationConfig(max_new_tokens=4, seed=1))
+    events = list(session.events())
+    assert backend.calls == 1 and [e.token_id for e in events] == [A, A, E_FIRST_BYTE, E_SECOND_BYTE]
+    assert all(e.distribution is None and e.probability is None and e.seconds is None for e in events)
+    assert "".join(e.text for e in events) == session.result.text == "aaé"
+    assert session.state is State.COMPLETE and session.result.finish_reason == "length"

@@ -32,7 +32,7 @@ from hartonomous.client import Client
 from hartonomous.db import migrate
 from hartonomous.db.cluster import EmbeddedCluster, free_port
 from hartonomous.db.retry import ReconnectingConnection, RetryPolicy
-from hartonomous.engine import State
+from hartonomous.engine import MAX_NEW_TOKENS, State
 from hartonomous.errors import DatabaseUnavailable
 from server_helpers import live_app
 from tiny_model import tiny_tokenizer
@@ -240,7 +240,7 @@ def test_a_cancelled_query_is_not_mistaken_for_a_lost_connection(up, atom_set) -
     client = _client(up, atom_set)
     cancel = threading.Event()
     _after(0, lambda: (_wait_for_query(up, "generate_tokens"), cancel.set()))
-    result = client.generate(PROMPT, seed=3, max_new_tokens=100_000, in_database=True, cancel=cancel)
+    result = client.generate(PROMPT, seed=3, max_new_tokens=MAX_NEW_TOKENS, in_database=True, cancel=cancel)
     assert result.state is State.CANCELLED and client._conn.reconnects == 0
     assert client.generate(PROMPT, seed=3, max_new_tokens=3, stop_at_eos=False).token_ids    # still usable
     _close(client)

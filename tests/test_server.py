@@ -272,6 +272,11 @@ def test_concurrent_requests_each_get_their_own_connection(http, served, direct)
     ("/api/generate", {}, "prompt"),
     ("/api/generate/stream", {"prompt": PROMPT, "top_n": 1000}, "top_n"),
     ("/api/generate/stream", {"prompt": PROMPT, "max_new_tokens": 513}, "max_new_tokens"),
+    ("/api/generate", {"prompt": PROMPT, "max_new_tokens": 4097}, "max_new_tokens"),
+    ("/api/generate", {"prompt": PROMPT, "temperature": 1e-7}, "temperature"),       # GenerationConfig's rule
+    ("/api/generate/stream", {"prompt": " \n", "path": "exact"}, "prompt"),          # the engine's prompt rule
+    ("/api/next_token", {"prompt": PROMPT, "temperature": 1e-7}, "temperature"),
+    ("/api/next_token", {"prompt": "  "}, "prompt"),
     ("/api/generate/batch", {"prompts": []}, "prompts"),
     ("/api/generate/batch", {"prompts": ["ok"] * 17}, "prompts"),
     ("/api/generate/batch", {"prompts": ["ok", " "]}, "prompts"),
@@ -285,6 +290,16 @@ def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, fi
     assert field in [d["field"] for d in payload["detail"]]
     assert payload["error"].startswith(field) or f"; {field}:" in payload["error"]
     assert "x" * 100 not in response.text          # the input is not echoed back
+
+
+def test_the_servers_limits_and_defaults_come_from_the_engine(http):
+    from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig
+    from hartonomous.server.schemas import MAX_NEW_TOKENS_PER_REQUEST
+
+    assert MAX_NEW_TOKENS_PER_REQUEST <= MAX_NEW_TOKENS          # the server may only be stricter
+    properties = http.get("/openapi.json").json()["components"]["schemas"]["GenerateRequest"]["properties"]
+    for name in ("temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens"):
+        assert properties[name]["default"] == getattr(GenerationConfig, name), name
 
 
 def test_a_body_that_is_not_json_is_422(http):

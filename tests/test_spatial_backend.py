@@ -1,4 +1,4 @@
-"""The spatial backend against a real database: Python loop == in-database generate_tokens, errors."""
+"""The spatial backends against a real database: Python loop == in-database generate_tokens, errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import psycopg
 import pytest
 
 from generation_helpers import drop_atom_set, write_tiny_atom_set
+from hartonomous.backends.in_database import InDatabaseBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import Engine, GenerationConfig, State
+from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
 from hartonomous.errors import UserError
 from tiny_model import tiny_tokenizer
 
@@ -32,7 +33,7 @@ def db(server_url):
 def engines(db, atom_set):
     tok = tiny_tokenizer()
     return (Engine(SpatialBackend(db, atom_set, tokenizer=tok)),
-            Engine(SpatialBackend(db, atom_set, tokenizer=tok, in_database=True)))
+            Engine(InDatabaseBackend(db, atom_set, tokenizer=tok)))
 
 
 @pytest.mark.parametrize("options", [
@@ -127,13 +128,25 @@ def test_atom_set_tokenizer_comes_from_its_model(db, server_url, tmp_path):
             drop_atom_set(server_url, unknown)
 
 
+def test_in_database_generation_is_a_whole_loop_backend_of_its_own(db, atom_set):
+    from hartonomous.backends.base import WholeLoopBackend
+
+    stepped, whole = engines(db, atom_set)
+    assert isinstance(whole.backend, WholeLoopBackend) and not isinstance(stepped.backend, WholeLoopBackend)
+    assert stepped.atom_set == whole.atom_set == atom_set
+    with pytest.raises(TypeError):
+        SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer(), in_database=True)
+    events = list(whole.stream(PROMPT, GenerationConfig(max_new_tokens=4, seed=1, stop_at_eos=False)).events())
+    assert len(events) == 4 and all(e.distribution is None and e.probability is None for e in events)
+
+
 def test_in_database_generation_can_be_cancelled_mid_query(db, atom_set):
     _, in_database = engines(db, atom_set)
     cancel = threading.Event()
     timer = threading.Timer(0.5, cancel.set)
     timer.start()
-    result = in_database.generate(PROMPT, GenerationConfig(max_new_tokens=100_000, stop_at_eos=False, seed=1),
-                                  cancel=cancel)
+    result = in_database.generate(PROMPT, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, stop_at_eos=False,
+                                                           seed=1), cancel=cancel)
     timer.join()
     assert result.state is State.CANCELLED and result.token_ids == []
     assert db.execute("SELECT 1").fetchone() == (1,)

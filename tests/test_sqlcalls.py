@@ -49,9 +49,11 @@ def test_sql_sampler_defaults_equal_the_generation_config(conn, function):
     assert as_python(defaults["search_radius"]) is spatial.search_radius is None
 
 
-def test_sampler_args_default_to_the_generation_config():
+def test_calls_without_a_sampler_use_the_generation_config():
+    query = sqlcalls.next_token_query([1, 2])
     config = GenerationConfig()
-    assert SamplerArgs() == config.sampler
+    assert {name: query.params[name] for name in SAMPLER_FIELDS} == {name: getattr(config, name)
+                                                                       for name in SAMPLER_FIELDS}
 
 
 def test_every_called_function_exists_with_the_arguments_the_module_names(conn):
@@ -86,4 +88,4 @@ def test_spatial_args_are_validated_where_they_are_made(kwargs, message):
 
 def test_bad_sql_input_becomes_a_user_error_naming_the_argument(conn):
     with pytest.raises(UserError, match="top_p"):
-        sqlcalls.next_token(conn, [1, 2], SamplerArgs(top_p=1.5))
+        sqlcalls.next_token(conn, [1, 2], SamplerArgs(temperature=1.0, top_k=40, top_p=1.5, repetition_penalty=1.0))

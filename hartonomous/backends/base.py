@@ -1,26 +1,34 @@
-"""The backend interface the generation engine drives, and the distribution it returns.
+"""The backend interfaces the generation engine drives, and the distribution they return.
 
-A backend turns a context into the next-token distribution after the shared sampler
-(`hartonomous.sampling`); the engine picks the token, so both paths draw their randomness the
-same way. Backends that can run the whole loop elsewhere (the database's `generate_tokens`)
-also implement `generate_all`.
+Two kinds of backend, and the engine dispatches on which one it is given:
+
+- a step `Backend` turns a context into the next-token distribution after the shared sampler
+  (`hartonomous.sampling`); the engine picks the token, so both paths draw their randomness the
+  same way;
+- a `WholeLoopBackend` runs the entire loop in one call elsewhere (the database's
+  `generate_tokens`; see `hartonomous.backends.in_database`) and returns the generated ids.
 """
 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
 class SamplerArgs:
-    """The sampler settings both paths share (docs/design.md, 'Sampler semantics')."""
+    """The sampler settings both paths share (docs/design.md, 'Sampler semantics').
 
-    temperature: float = 1.0
-    top_k: int | None = 40
-    top_p: float = 0.9
-    repetition_penalty: float = 1.0
+    No defaults here: they live in `hartonomous.engine.GenerationConfig`, whose `.sampler`
+    builds this object.
+    """
+
+    temperature: float
+    top_k: int | None
+    top_p: float
+    repetition_penalty: float
 
 
 @dataclass(frozen=True)
@@ -36,10 +44,11 @@ class Distribution:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the engine needs from a path."""
+    """What the engine needs from a path that it drives step by step."""
 
     name: str
     tokenizer: Any
+    atom_set_name: str | None       # the atom set the path reads; None for the exact path
 
     def eos_token_ids(self) -> set[int]:
         """Token ids that end a generation when EOS stopping is on."""
@@ -57,12 +66,29 @@ class Backend(Protocol):
         """Release resources (connections, caches)."""
 
 
-class WholeLoopBackend(Backend, Protocol):
-    """A backend that can also run the entire loop in one call (in-database generation)."""
+class WholeLoopBackend(ABC):
+    """A backend that runs the entire generation loop in one call (in-database generation).
 
+    The engine recognises it by type and calls `generate_all` once instead of stepping; the
+    events it then yields carry no probabilities, timings per token or distributions.
+    """
+
+    name: str
+    tokenizer: Any
+    atom_set_name: str | None
+
+    @abstractmethod
+    def eos_token_ids(self) -> set[int]:
+        """Token ids that end a generation when EOS stopping is on."""
+
+    @abstractmethod
     def generate_all(self, prompt_ids: list[int], max_new_tokens: int, sampler: SamplerArgs, seed: int,
                      stop_token_ids: list[int], cancel: threading.Event) -> list[int]:
         """Generated ids (a stop token included); raises Cancelled if `cancel` fires first."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources (connections)."""
 
 
 class Cancelled(Exception):

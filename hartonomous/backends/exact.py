@@ -40,6 +40,7 @@ class ExactBackend:
     """Prefill once in `start`, one `decode_one_token` per `advance`; logits through the shared sampler."""
 
     name = "exact"
+    atom_set_name = None            # the exact path reads no atom set
 
     def __init__(self, model: ExactModel):
         self.model = model

@@ -1,4 +1,4 @@
-"""The spatial backend: SQL `next_token` per step on one connection, or `generate_tokens` in one call.
+"""The spatial backend: SQL `next_token` per step on one connection.
 
 Per step, `next_token` runs as a prepared statement (psycopg `prepare=True`) and returns the
 distribution after the shared sampler; the engine picks the token with
@@ -6,19 +6,18 @@ distribution after the shared sampler; the engine picks the token with
 give the same ids for the same seed. next_token takes ids, not a centroid, so the context sent
 each step is cut to the atom set's centroid window when no repetition penalty needs the rest:
 the work per step then stays constant as the text grows, with identical results.
+The whole loop in one `generate_tokens` call is `hartonomous.backends.in_database.InDatabaseBackend`.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import psycopg
-from psycopg import errors as pg_errors
 
 from hartonomous import sqlcalls
 from hartonomous.atomset import AtomSet, load_atom_set, tokenizer_for
-from hartonomous.backends.base import Cancelled, Distribution, SamplerArgs
+from hartonomous.backends.base import Distribution, SamplerArgs
 from hartonomous.errors import UserError
 from hartonomous.sqlcalls import SpatialArgs
 
@@ -34,14 +33,13 @@ class SpatialBackend:
     name = "spatial"
 
     def __init__(self, conn: psycopg.Connection, atom_set: str | None = None, *, tokenizer=None,
-                 search_radius: float | None = None, max_neighbors: int = 100, in_database: bool = False,
+                 search_radius: float | None = None, max_neighbors: int = 100,
                  owns_connection: bool = False):
         self.spatial = SpatialArgs(search_radius, max_neighbors)
         self.conn = conn
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(self.atom_set)
-        self.whole_loop = in_database
 
     @classmethod
     def connect(cls, url: str, atom_set: str | None = None, **kwargs) -> "SpatialBackend":
@@ -53,6 +51,11 @@ class SpatialBackend:
         except BaseException:
             conn.close()
             raise
+
+    @property
+    def atom_set_name(self) -> str:
+        """The name of the atom set this backend reads."""
+        return self.atom_set.name
 
     def eos_token_ids(self) -> set[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -70,29 +73,6 @@ class SpatialBackend:
     def advance(self, state: SpatialState, token_id: int) -> None:
         state.ids.append(int(token_id))
 
-    def generate_all(self, prompt_ids: list[int], max_new_tokens: int, sampler: SamplerArgs, seed: int,
-                     stop_token_ids: list[int], cancel: threading.Event) -> list[int]:
-        """The whole loop in the database (`generate_tokens`); `cancel` interrupts the query."""
-        query = sqlcalls.generate_tokens_query(prompt_ids, max_new_tokens, sampler, self.spatial, self.atom_set.name,
-                                               seed, stop_token_ids)
-        if cancel.is_set():
-            raise Cancelled()
-        done = threading.Event()
-        watcher = threading.Thread(target=self._cancel_when, args=(cancel, done), daemon=True)
-        watcher.start()
-        try:
-            row = sqlcalls.run(self.conn, query).fetchone()
-        except pg_errors.QueryCanceled as exc:
-            if not self.conn.autocommit:
-                self.conn.rollback()
-            if cancel.is_set():
-                raise Cancelled() from exc
-            raise
-        finally:
-            done.set()
-            watcher.join()
-        return [int(t) for t in (row[0] or [])]
-
     def close(self) -> None:
         if self.owns_connection:
             self.conn.close()
@@ -106,10 +86,3 @@ class SpatialBackend:
             return state.ids[-window:]
         return state.ids
 
-    def _cancel_when(self, cancel: threading.Event, done: threading.Event) -> None:
-        while not done.is_set():
-            if cancel.wait(0.05):
-                if not done.is_set():
-                    cancel_query = getattr(self.conn, "cancel_safe", None) or self.conn.cancel
-                    cancel_query()
-                return

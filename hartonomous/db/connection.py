@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 import psycopg
-from sqlalchemy import Engine, create_engine
 
 from hartonomous.config import Settings, get_settings
 from hartonomous.db.cluster import EmbeddedCluster
@@ -70,8 +68,3 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
             f"cannot connect to {redact(url)} ({first}); check HARTONOMOUS_DATABASE_URL, "
             "or unset it and run `hartonomous db up`"
         ) from exc
-
-
-@lru_cache(maxsize=8)
-def engine_for(url: str) -> Engine:
-    return create_engine(sqlalchemy_url(url), pool_pre_ping=True, connect_args={"connect_timeout": 10})

@@ -1,6 +1,7 @@
 """Errors as JSON `{"error": "..."}`; a traceback never reaches the client.
 
-422: the request is outside the limits (each entry of `detail` names its field in `loc`);
+422: the request is outside the limits (each entry of `detail` names its field in `loc`): the
+     schema's ranges, or an InvalidArgument from the engine's rules (GenerationConfig, prompts);
 400: a problem the user can fix (UserError, e.g. an unknown atom set);
 503: the database or the exact model is unavailable now;
 500: anything else; logged server-side with an error id that the response repeats.
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hartonomous.errors import DatabaseUnavailable, UserError
+from hartonomous.errors import DatabaseUnavailable, InvalidArgument, UserError
 from hartonomous.server.runtime import ServiceUnavailable
 from hartonomous.server.streaming import internal_error_message
 
@@ -38,6 +39,13 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
                "type": e.get("type", "")} for e in exc.errors()]
     summary = "; ".join(f"{d['field']}: {d['msg']}" for d in detail[:3]) or "invalid request"
     return JSONResponse(status_code=422, content={"error": summary, "detail": detail})
+
+
+async def invalid_argument(request: Request, exc: InvalidArgument) -> JSONResponse:
+    """The engine rejected an option: the same 422 as a schema error, naming the field."""
+    message = " ".join(str(exc).split())
+    detail = [{"loc": ["body", exc.name], "msg": message, "field": exc.name, "type": "value_error"}]
+    return JSONResponse(status_code=422, content={"error": f"{exc.name}: {message}", "detail": detail})
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -94,6 +102,7 @@ def install(app: FastAPI) -> None:
     """Register the handlers and the catch-all middleware on `app`."""
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(InvalidArgument, invalid_argument)
     app.add_exception_handler(UserError, user_error)
     app.add_exception_handler(psycopg.OperationalError, database_error)
     app.add_middleware(CatchAll)

@@ -1,4 +1,9 @@
-"""The blocking work behind each endpoint; runs in a worker thread, never on the event loop."""
+"""The blocking work behind each endpoint; runs in a worker thread, never on the event loop.
+
+Each request's options are validated first (GenerationConfig and the prompt rule; their
+InvalidArgument becomes a 422 naming the field), before a connection is borrowed or a model
+loaded.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hartonomous.client import make_config
-from hartonomous.engine import Engine, GenerationResult, TokenEvent
-from hartonomous.server.runtime import ObservedBackend, Runtime
+from hartonomous.engine import GenerationConfig, GenerationResult, TokenEvent, check_prompt, check_prompts
+from hartonomous.server.runtime import Runtime
 from hartonomous.server.schemas import BatchRequest, GenerateRequest, NextTokenRequest, StreamRequest
 from hartonomous.textstream import decode
 
@@ -18,11 +23,6 @@ READY = "ready"                       # produce_stream emits this once the gener
 
 class Result(dict):
     """The final summary of a streamed generation (sent as `event: result`)."""
-
-
-def _atom_set(engine: Engine) -> str | None:
-    info = getattr(engine.backend, "atom_set", None)
-    return getattr(info, "name", None)
 
 
 def result_out(result: GenerationResult, atom_set: str | None) -> dict:
@@ -39,59 +39,66 @@ def _client(runtime: Runtime, req):
     return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors)
 
 
+def _config(req, *prompts: str) -> GenerationConfig:
+    """The request's GenerationConfig; raises InvalidArgument (-> 422) for options or prompts it rejects."""
+    config = make_config(**req.config_options())
+    for prompt in prompts:
+        check_prompt(prompt)
+    return config
+
+
 def next_token(runtime: Runtime, req: NextTokenRequest) -> dict:
+    _config(req, req.prompt)
     with _client(runtime, req) as client:
-        rows = client.next_token(req.prompt, req.path, temperature=req.temperature, top_k=req.top_k,
-                                 top_p=req.top_p, repetition_penalty=req.repetition_penalty)
-        atom_set = _atom_set(client.engine(req.path))
+        rows = client.next_token(req.prompt, req.path, **req.sampler_options())
+        atom_set = client.engine(req.path).atom_set
     return {"path": req.path, "atom_set": atom_set, "total_rows": len(rows),
             "rows": [r.__dict__ for r in rows[:req.limit]]}
 
 
 def generate(runtime: Runtime, req: GenerateRequest, cancel: threading.Event) -> dict:
+    config = _config(req, req.prompt)
     with _client(runtime, req) as client:
         engine = client.engine(req.path, in_database=req.in_database)
-        session = engine.stream(req.prompt, make_config(**req.config_options()), cancel)
+        session = engine.stream(req.prompt, config, cancel)
         with runtime.tracking(session):
             result = session.run()
-        return result_out(result, _atom_set(engine))
+        return result_out(result, engine.atom_set)
 
 
 def generate_batch(runtime: Runtime, req: BatchRequest, cancel: threading.Event) -> dict:
+    config = _config(req)
+    check_prompts(req.prompts)
     with _client(runtime, req) as client:
         engine = client.engine(req.path, in_database=req.in_database)
-        results = engine.generate_batch(req.prompts, make_config(**req.config_options()), cancel)
-        return {"results": [result_out(r, _atom_set(engine)) for r in results]}
+        results = engine.generate_batch(req.prompts, config, cancel)
+        return {"results": [result_out(r, engine.atom_set) for r in results]}
 
 
 def produce_stream(runtime: Runtime, req: StreamRequest, emit: Callable[[Any], None],
                    cancel: threading.Event) -> None:
-    """Emit READY, then one payload per token ({"token": text, ...}), then a Result."""
+    """Emit READY, then one payload per event ({"token": text, ...}), then a Result (with details)."""
+    config = _config(req, req.prompt)
     with _client(runtime, req) as client:
-        base = client.engine(req.path, in_database=req.in_database)
-        observed = ObservedBackend(base.backend)
-        session = Engine(observed).stream(req.prompt, make_config(**req.config_options()), cancel)
+        engine = client.engine(req.path, in_database=req.in_database)
+        session = engine.stream(req.prompt, config, cancel)
         emit(READY)
-        sent = []
         with runtime.tracking(session):
             for event in session.events():
-                if event.text:
-                    sent.append(event.text)
                 if req.details:
-                    emit(_details(event, observed.last, base.tokenizer, req.top_n))
+                    emit(_details(event, engine.tokenizer, req.top_n))
                 elif event.text:
                     emit({"token": event.text})
-        result = session.result
-        so_far = "".join(sent)
-        if result.text.startswith(so_far) and len(result.text) > len(so_far):   # text held back to the end
-            emit({"token": result.text[len(so_far):]})
+        if session.tail:                   # held-back text that no token event carried
+            emit({"token": session.tail})
         if req.details:
-            emit(Result(result_out(result, _atom_set(base))))
+            emit(Result(result_out(session.result, engine.atom_set)))
 
 
-def _details(event: TokenEvent, dist, tokenizer, top_n: int) -> dict:
+def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:
     payload = {"token": event.text, "token_id": event.token_id, "step": event.step,
                "probability": _finite(event.probability), "seconds": event.seconds}
+    dist = event.distribution
     if dist is not None and top_n:
         payload["distribution"] = [
             {"token_id": t, "text": decode(tokenizer, [t]), "probability": p}

@@ -66,21 +66,6 @@ class SharedModel:
             return self._model.full_logits(*args, **kwargs)
 
 
-class ObservedBackend:
-    """A backend wrapper that remembers the last distribution it returned (for the playground)."""
-
-    def __init__(self, backend: Any):
-        self._backend = backend
-        self.last = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-    def distribution(self, state, sampler):
-        self.last = self._backend.distribution(state, sampler)
-        return self.last
-
-
 class Runtime:
     """Shared resources of one server; `open()` before use, `close()` at shutdown."""
 
