@@ -6,8 +6,10 @@
 - `model_key`: what `hartonomous build --model` was given ('smollm2' or a local model folder), so
   readers load the right tokenizer without guessing from the model's name. Rows built before this
   revision are backfilled here, once: 'smollm2' when the recorded model name says so.
-- `hartonomous_reader` gets `statement_timeout` (READER_STATEMENT_TIMEOUT): an inference role
-  cannot hold a backend for longer than that, whatever it asks for.
+- `hartonomous_reader` gets a role default `statement_timeout` (READER_STATEMENT_TIMEOUT): a
+  statement of a reader session that does not change the setting (the HTTP server and the
+  client never do) is cancelled after that long. It is a default, not a hard cap: a reader may
+  `SET statement_timeout` itself; the hard bounds are in the functions (max_new_tokens <= 4096).
 
 Revision ID: 0004
 Revises: 0003
