@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from hartonomous import teacher
 from hartonomous.centroid import context_centroid
-from hartonomous.compare import ngram, spatial, teacher
+from hartonomous.compare import ngram, spatial
 from hartonomous.compare.atomset import AtomSetInfo
 from hartonomous.compare.metrics import Sparse
 
