@@ -67,8 +67,8 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
     """Run the model over every chunk (teacher forcing, T = 1) and keep what is asked for.
 
     `top_k` > 0 keeps the k most probable next tokens per position (soft labels; k is capped at
-    the vocabulary); `log_probs`
-    keeps the full float32 log-softmax rows (positions x vocabulary: memory grows with both).
+    the vocabulary); `log_probs` keeps the full float32 log-softmax rows (positions x vocabulary:
+    memory grows with both).
     `advance(n)` is called after each batch with its number of tokens.
     """
     import torch
@@ -84,12 +84,8 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
     body = model.base_model
     head = model.get_output_embeddings()
     top_k = min(top_k, int(head.weight.shape[0]))
-    n_chunks = len(chunks)
-    argmax: list[np.ndarray | None] = [None] * n_chunks
-    top_ids: list[np.ndarray | None] = [None] * n_chunks
-    top_probs: list[np.ndarray | None] = [None] * n_chunks
-    rows: list[np.ndarray | None] = [None] * n_chunks
-    order = sorted(range(n_chunks), key=lambda i: -len(chunks[i]))
+    kept: dict[str, list] = {}  # output name -> one array per chunk, in the caller's order
+    order = sorted(range(len(chunks)), key=lambda i: -len(chunks[i]))
     start = time.perf_counter()
     pos = 0
     with torch.inference_mode():
@@ -103,20 +99,21 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
             for row, i in enumerate(batch):
                 ids[row, :lengths[row]] = torch.from_numpy(chunks[i])
                 mask[row, :lengths[row]] = 1
-            hidden = body(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
-            real = hidden[mask.to(device).bool()]  # the batch's real positions, chunk after chunk
-            parts = _head_outputs(head, real, top_k, log_probs)
-            bounds = np.cumsum(lengths)[:-1]
-            for name, store in (("argmax", argmax), ("top_ids", top_ids), ("top_probs", top_probs),
-                                ("log_probs", rows)):
-                if name in parts:
-                    for i, piece in zip(batch, np.split(parts[name], bounds)):
-                        store[i] = piece
+            mask = mask.to(device)
+            hidden = body(input_ids=ids.to(device), attention_mask=mask, use_cache=False).last_hidden_state
+            real = hidden[mask.bool()]  # the batch's real positions, chunk after chunk
+            for name, values in _head_outputs(head, real, top_k, log_probs).items():
+                store = kept.setdefault(name, [None] * len(chunks))
+                for i, piece in zip(batch, np.split(values, np.cumsum(lengths)[:-1])):
+                    store[i] = piece
             if advance:
                 advance(int(sum(lengths)))
-    return Forced(chunks, _filled(argmax), _filled(top_ids) if top_k else None,
-                  _filled(top_probs) if top_k else None, _filled(rows) if log_probs else None,
-                  time.perf_counter() - start)
+
+    def output(name: str, wanted: bool = True) -> list[np.ndarray] | None:
+        return kept.get(name, []) if wanted else None
+
+    return Forced(chunks, output("argmax"), output("top_ids", top_k > 0), output("top_probs", top_k > 0),
+                  output("log_probs", log_probs), time.perf_counter() - start)
 
 
 def _head_outputs(head, hidden, top_k: int, log_probs: bool) -> dict[str, np.ndarray]:
@@ -131,22 +128,17 @@ def _head_outputs(head, hidden, top_k: int, log_probs: bool) -> dict[str, np.nda
     for lo in range(0, n, HEAD_SLICE):
         logits = head(hidden[lo:lo + HEAD_SLICE])
         out["argmax"][lo:lo + len(logits)] = logits.argmax(-1).cpu().numpy()
-        if top_k or log_probs:
+        if top_k:  # the k largest logits, normalised without materialising the log-softmax
+            x = logits.float()
+            values, idx = x.topk(top_k, dim=-1)
+            out["top_ids"][lo:lo + len(x)] = idx.cpu().numpy()
+            out["top_probs"][lo:lo + len(x)] = (values - torch.logsumexp(x, -1, keepdim=True)).exp().cpu().numpy()
+        if log_probs:
             lp = torch.log_softmax(logits.float(), dim=-1)
-            if top_k:
-                values, idx = lp.topk(top_k, dim=-1)
-                out["top_ids"][lo:lo + len(lp)] = idx.cpu().numpy()
-                out["top_probs"][lo:lo + len(lp)] = values.exp().cpu().numpy()
-            if log_probs:
-                if "log_probs" not in out:
-                    out["log_probs"] = np.empty((n, lp.shape[-1]), dtype=np.float32)
-                out["log_probs"][lo:lo + len(lp)] = lp.cpu().numpy()
+            if "log_probs" not in out:
+                out["log_probs"] = np.empty((n, lp.shape[-1]), dtype=np.float32)
+            out["log_probs"][lo:lo + len(lp)] = lp.cpu().numpy()
     return out
-
-
-def _filled(values: list[np.ndarray | None]) -> list[np.ndarray]:
-    assert all(v is not None for v in values)
-    return [v for v in values if v is not None]
 
 
 def argmax_labels(model, ids: Sequence[int] | np.ndarray, window: int = 512,
