@@ -213,25 +213,25 @@ def _print_build_summary(result) -> None:
     table = Table(title=f"atom set '{result.name}' (id {result.atom_set_id})", show_header=False)
     rows = [
         ("kind", result.kind),
-        ("atoms", f"{result.atoms:,} (before merging: {s['atoms']['before_merge']:,})"),
+        ("atoms", f"{result.atoms:,} (before merging: {s.atoms.before_merge:,})"),
         ("tokens", f"{result.tokens:,}"),
-        ("projection", f"trustworthiness {s['projection']['trustworthiness']:.3f}, "
-                       f"recall@10 {s['projection']['recall_at_10']:.3f}"),
+        ("projection", f"trustworthiness {s.projection.trustworthiness:.3f}, "
+                       f"recall@10 {s.projection.recall_at_10:.3f}"),
         ("centroid", f"window {result.window or 'all'}, decay {result.decay}"),
-        ("bandwidth", f"h = {result.bandwidth:.4g} ({s['bandwidth']['kernel']})"),
-        ("held-out top-1", f"{s['bandwidth']['top1']:.3f} vs the exact argmax "
-                           f"({s['holdout']['tokens']:,} held-out tokens)"),
-        ("forward pass", f"{s['distill']['tokens_per_second']:,.0f} tokens/s ({s['distill']['device']})"),
-        ("ingest", f"{s['ingest']['atoms_per_second']:,.0f} atoms/s ({s['ingest']['total_seconds']:.1f}s)"),
+        ("bandwidth", f"h = {result.bandwidth:.4g} ({getattr(s.bandwidth, 'kernel', '')})"),
+        ("held-out top-1", f"{s.bandwidth.top1:.3f} vs the exact argmax "
+                           f"({s.holdout.tokens:,} held-out tokens)"),
+        ("forward pass", f"{s.distill.tokens_per_second:,.0f} tokens/s ({s.distill.device})"),
+        ("ingest", f"{s.ingest.atoms_per_second:,.0f} atoms/s ({s.ingest.total_seconds:.1f}s)"),
         ("total", f"{result.seconds:.1f}s"),
     ]
     for key, value in rows:
         table.add_row(key, value)
-    if s.get("centroid_sweep"):
+    if s.centroid_sweep:
         sweep = Table(title="centroid sweep (held-out, calibrated h each)")
         for column in ("window", "decay", "atoms", "h", "top-1", "log-likelihood"):
             sweep.add_column(column, justify="right")
-        for r in s["centroid_sweep"]:
+        for r in s.centroid_sweep:
             sweep.add_row("all" if r["window"] is None else str(r["window"]), f"{r['decay']:g}", f"{r['atoms']:,}",
                           f"{r['h']:.4g}", f"{r['top1']:.3f}", f"{r['log_likelihood']:.3f}")
         console.print(sweep)

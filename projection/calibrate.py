@@ -170,3 +170,28 @@ def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_
             "at_grid_edge": bool(chosen["h"] in (curve[0]["h"], curve[-1]["h"])),
             "log_likelihood_definition": "mean log((1-eps) p_spatial(exact argmax) + eps/V) on the holdout",
             "curve": curve}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Calibrated bandwidth of one set of atoms on held-out queries, with the neighbours it used."""
+
+    neighbours: Neighbours
+    calibration: dict  # calibrate_bandwidth's record: h, scores, the whole curve
+
+
+def fit(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weights: np.ndarray | None,
+        queries: np.ndarray, targets: np.ndarray, kernel: str, max_neighbors: int, vocab_size: int,
+        objective: str = "log-likelihood") -> Fit:
+    """KNN of the queries among the atoms, then the bandwidth that best predicts `targets`."""
+    nb = nearest_atoms(atom_positions, atom_tokens, atom_weights, queries, max_neighbors)
+    return Fit(nb, calibrate_bandwidth(nb, targets, kernel, vocab_size, objective))
+
+
+def with_given_bandwidth(fitted: Fit, targets: np.ndarray, bandwidth: float, kernel: str,
+                         vocab_size: int) -> dict:
+    """The calibration record with a user-given h: the curve and calibrated h are kept (as
+    'calibrated_h'), the held-out scores are those of the given h."""
+    given = score(fitted.neighbours, targets, bandwidth, kernel, vocab_size)
+    return {**fitted.calibration, "calibrated_h": fitted.calibration["h"], "h": bandwidth, "given": True,
+            "log_likelihood": given.log_likelihood, "top1": given.top1}

@@ -87,7 +87,7 @@ def test_token_build_writes_every_token_as_an_atom(server_url: str, token_set) -
                               centroid_window, centroid_decay, bandwidth, kind
                          FROM atom_sets s WHERE name = 'tiny-token'""")
     assert (count, tokens, landmarks, window, decay, kind) == (vocab, vocab, 32, None, 1.0, "token")
-    assert h == pytest.approx(token_set.stats["bandwidth"]["h"]) and h > 0
+    assert h == pytest.approx(token_set.stats.bandwidth.h) and h > 0
     stats = one(server_url, "SELECT stats FROM atom_sets WHERE name = 'tiny-token'")[0]
     assert 0 <= stats["projection"]["trustworthiness"] <= 1 and 0 <= stats["projection"]["recall_at_10"] <= 1
     assert len(stats["bandwidth"]["curve"]) > 20
@@ -198,12 +198,12 @@ def test_sweep_keeps_the_best_held_out_window_and_decay(server_url: str, corpus_
 
     result = run_build(server_url, options("tiny-sweep", "context", corpus_file, sweep=True, replace=True,
                                            bandwidth_objective="top1"))
-    rows = result.stats["centroid_sweep"]
+    rows = result.stats.centroid_sweep
     assert [(r["window"], r["decay"]) for r in rows] == CANDIDATES
     best = max(rows, key=lambda r: (r["top1"], r["log_likelihood"]))
     stored = one(server_url, "SELECT centroid_window, centroid_decay, bandwidth FROM atom_sets WHERE name = 'tiny-sweep'")
     assert stored == (best["window"], best["decay"], pytest.approx(best["h"]))
-    assert result.stats["bandwidth"]["top1"] == best["top1"] == result.stats["bandwidth"]["best_top1"]["top1"]
+    assert result.stats.bandwidth.top1 == best["top1"] == result.stats.bandwidth.best_top1["top1"]
 
 
 def test_bad_options_are_user_errors_before_any_work(server_url: str, corpus_file: Path) -> None:

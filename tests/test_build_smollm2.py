@@ -28,14 +28,14 @@ def test_smollm2_token_and_context_sets(server_url: str) -> None:
                                   model=model, tokenizer=tokenizer)
         token, context = results["token"], results["context"]
         assert token.atoms == token.tokens == 49152
-        trained = context.stats["corpus"]["train_tokens"]
+        trained = context.stats.corpus.train_tokens
         assert trained == 3000
-        assert context.stats["atoms"]["before_merge"] == trained - -(-trained // 512)  # one per position but the last
-        assert token.stats["holdout"]["text"] == context.stats["holdout"]["text"]  # same seed, same holdout
+        assert context.stats.atoms.before_merge == trained - -(-trained // 512)  # one per position but the last
+        assert token.stats.holdout.text == context.stats.holdout.text  # same seed, same holdout
         # measured: LMDS on SmolLM2's 49152 x 576 embeddings keeps trustworthiness ~0.75
-        assert 0.65 < token.stats["projection"]["trustworthiness"] < 0.9
+        assert 0.65 < token.stats.projection.trustworthiness < 0.9
         # distilled context atoms agree with the exact argmax far more often than token atoms
-        assert context.stats["bandwidth"]["top1"] > 0.1 > token.stats["bandwidth"]["top1"]
+        assert context.stats.bandwidth.top1 > 0.1 > token.stats.bandwidth.top1
         ids = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
         for kind in ("token", "context"):
             rows = conn.execute("SELECT token_id, probability FROM next_token(%s, atom_set => %s)",

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from hartonomous import teacher
 from hartonomous.centroid import context_centroid
-from hartonomous.compare import ngram, spatial, teacher
 from hartonomous.atomset import AtomSet
+from hartonomous.compare import ngram, spatial
 from hartonomous.compare.metrics import Sparse
 
 Predictor = Callable[[Sequence[int]], Sparse]

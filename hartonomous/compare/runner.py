@@ -11,7 +11,8 @@ from typing import Protocol
 import numpy as np
 import psycopg
 
-from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots, teacher
+from hartonomous import teacher
+from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
 from hartonomous.compare.atomset import Text, holdout_text, read_prompts, read_texts
@@ -150,11 +151,9 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     total = sum(max(k - 1, 0) for k in keep)
     progress.stage("teacher-forced fidelity", total)
     paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors), **predictors}
-    for index, (ids, k) in enumerate(zip(encoded, keep)):
-        if k < 2:
-            continue
-        ids = ids[:k]
-        log_probs = teacher.log_probs(model, ids)
+    kept = [(index, ids[:k]) for index, (ids, k) in enumerate(zip(encoded, keep)) if k >= 2]
+    exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
+    for (index, ids), log_probs in zip(kept, exact.log_probs or []):
         fid_mod.evaluate_text(fid, index, ids, log_probs, paths, on_position=progress.advance)
 
     # --- queries: buffers and in-database time -----------------------------------------

@@ -1,0 +1,155 @@
+"""Teacher forcing with the exact model: one batched forward pass over token chunks.
+
+Each chunk is one context: the model sees its tokens 0..t and predicts token t+1, and the
+context restarts at every chunk. Chunks are run longest first in batches of about
+`batch_tokens` tokens (right-padded; under the causal mask padding never reaches a real
+position), and the language-model head is applied in slices of HEAD_SLICE positions so the
+full (batch x length x vocab) logits never exist at once. From each slice the pass keeps what
+the caller asks for: always the argmax, optionally the top-k probabilities (soft labels) and
+the full log-probabilities (the comparison's exact distribution), all from the same logits.
+
+The build's distillation (projection/distill.py) and `hartonomous compare` both use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+HEAD_SLICE = 2048
+DEFAULT_BATCH_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Per chunk (in the caller's order), what the exact model predicts after each position.
+
+    argmax[i][t] is the argmax after chunk i's tokens 0..t; top_ids/top_probs[i][t] are the k
+    most probable next tokens and their probabilities (descending), log_probs[i][t] the whole
+    log-softmax row. top_* and log_probs are None unless asked for.
+    """
+
+    chunks: list[np.ndarray]
+    argmax: list[np.ndarray]                   # (n,) int64 each
+    top_ids: list[np.ndarray] | None           # (n, k) int64 each
+    top_probs: list[np.ndarray] | None         # (n, k) float32 each
+    log_probs: list[np.ndarray] | None         # (n, V) float32 each
+    seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(c) for c in self.chunks))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def max_context(model) -> int:
+    """The longest sequence the model accepts (positions it was configured for)."""
+    return int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+
+
+def windows(ids: Sequence[int] | np.ndarray, length: int) -> list[np.ndarray]:
+    """Consecutive non-overlapping windows of at most `length` tokens (the last may be shorter)."""
+    if length < 1:
+        raise ValueError(f"window length must be positive, got {length}")
+    ids = np.asarray(ids, dtype=np.int64)
+    return [ids[lo:lo + length] for lo in range(0, len(ids), length)]
+
+
+def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAULT_BATCH_TOKENS, *,
+                  top_k: int = 0, log_probs: bool = False,
+                  advance: Callable[[int], None] | None = None) -> Forced:
+    """Run the model over every chunk (teacher forcing, T = 1) and keep what is asked for.
+
+    `top_k` > 0 keeps the k most probable next tokens per position (soft labels; k is capped at
+    the vocabulary); `log_probs` keeps the full float32 log-softmax rows (positions x vocabulary:
+    memory grows with both).
+    `advance(n)` is called after each batch with its number of tokens.
+    """
+    import torch
+
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    chunks = [np.asarray(c, dtype=np.int64) for c in chunks]
+    if any(len(c) == 0 for c in chunks):
+        raise ValueError("every chunk needs at least one token")
+    device = next(model.parameters()).device
+    body = model.base_model
+    head = model.get_output_embeddings()
+    top_k = min(top_k, int(head.weight.shape[0]))
+    kept: dict[str, list] = {}  # output name -> one array per chunk, in the caller's order
+    order = sorted(range(len(chunks)), key=lambda i: -len(chunks[i]))
+    start = time.perf_counter()
+    pos = 0
+    with torch.inference_mode():
+        while pos < len(order):
+            length = len(chunks[order[pos]])
+            batch = order[pos:pos + max(1, batch_tokens // length)]
+            pos += len(batch)
+            lengths = [len(chunks[i]) for i in batch]
+            ids = torch.zeros((len(batch), length), dtype=torch.long)
+            mask = torch.zeros((len(batch), length), dtype=torch.long)
+            for row, i in enumerate(batch):
+                ids[row, :lengths[row]] = torch.from_numpy(chunks[i])
+                mask[row, :lengths[row]] = 1
+            mask = mask.to(device)
+            hidden = body(input_ids=ids.to(device), attention_mask=mask, use_cache=False).last_hidden_state
+            real = hidden[mask.bool()]  # the batch's real positions, chunk after chunk
+            for name, values in _head_outputs(head, real, top_k, log_probs).items():
+                store = kept.setdefault(name, [None] * len(chunks))
+                for i, piece in zip(batch, np.split(values, np.cumsum(lengths)[:-1])):
+                    store[i] = piece
+            if advance:
+                advance(int(sum(lengths)))
+
+    def output(name: str, wanted: bool = True) -> list[np.ndarray] | None:
+        return kept.get(name, []) if wanted else None
+
+    return Forced(chunks, output("argmax"), output("top_ids", top_k > 0), output("top_probs", top_k > 0),
+                  output("log_probs", log_probs), time.perf_counter() - start)
+
+
+def _head_outputs(head, hidden, top_k: int, log_probs: bool) -> dict[str, np.ndarray]:
+    """The head over `hidden` (positions x d) in slices; argmax [+ top-k] [+ log-softmax rows]."""
+    import torch
+
+    n = hidden.shape[0]
+    out: dict[str, np.ndarray] = {"argmax": np.empty(n, dtype=np.int64)}
+    if top_k:
+        out["top_ids"] = np.empty((n, top_k), dtype=np.int64)
+        out["top_probs"] = np.empty((n, top_k), dtype=np.float32)
+    for lo in range(0, n, HEAD_SLICE):
+        logits = head(hidden[lo:lo + HEAD_SLICE])
+        out["argmax"][lo:lo + len(logits)] = logits.argmax(-1).cpu().numpy()
+        if top_k:  # the k largest logits, normalised without materialising the log-softmax
+            x = logits.float()
+            values, idx = x.topk(top_k, dim=-1)
+            out["top_ids"][lo:lo + len(x)] = idx.cpu().numpy()
+            out["top_probs"][lo:lo + len(x)] = (values - torch.logsumexp(x, -1, keepdim=True)).exp().cpu().numpy()
+        if log_probs:
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            if "log_probs" not in out:
+                out["log_probs"] = np.empty((n, lp.shape[-1]), dtype=np.float32)
+            out["log_probs"][lo:lo + len(lp)] = lp.cpu().numpy()
+    return out
+
+
+def argmax_labels(model, ids: Sequence[int] | np.ndarray, window: int = 512,
+                  batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """The exact argmax after every prefix of a long text, in non-overlapping windows.
+
+    Each window restarts the context, as the builder's teacher forcing does when it distils a
+    corpus longer than one forward pass; a last window of one token is kept (its label too).
+    """
+    if len(ids) == 0:
+        return np.empty(0, dtype=np.int64)
+    forced = teacher_force(model, windows(ids, min(window, max_context(model))), batch_tokens, advance=progress)
+    return np.concatenate(forced.argmax)

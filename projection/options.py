@@ -1,0 +1,99 @@
+"""What `hartonomous build` takes (BuildOptions), its defaults, and the checks run before any work."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hartonomous.centroid import validate as validate_centroid
+from hartonomous.errors import UserError
+from projection.calibrate import OBJECTIVES
+
+# Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
+# 0.01 was at the top of held-out top-1 at both 20K and 100K training tokens ((2|4, 0.01) within
+# 0.01); uniform or long windows were far worse.
+DEFAULT_CONTEXT_WINDOW: int | None = 3
+DEFAULT_CONTEXT_DECAY = 0.01
+# Token atoms keep the original design's centroid: every context token, uniform weights.
+DEFAULT_TOKEN_WINDOW: int | None = None
+DEFAULT_TOKEN_DECAY = 1.0
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+KEEP = object()
+
+
+@dataclass
+class BuildOptions:
+    """Everything `hartonomous build` takes; validated by `check`."""
+
+    name: str
+    kind: str = "context"
+    model: str = "smollm2"
+    corpus: list[Path] = field(default_factory=list)
+    max_tokens: int = 100_000
+    projection: str = "lmds"
+    landmarks: int = 512
+    landmark_method: str = "kmeans++"
+    metric: str = "euclidean"
+    window: int | None | object = KEEP  # KEEP = the kind's default; None = every token
+    decay: float | None = None  # None = the kind's default
+    target: str = "argmax"
+    merge_radius: float = 0.0
+    full_keys: bool = False
+    kernel: str = "gaussian"
+    bandwidth: float | None = None  # None = calibrate on the holdout
+    bandwidth_objective: str = "log-likelihood"
+    max_neighbors: int = 100
+    sweep: bool = False
+    context_length: int = 512
+    batch_tokens: int = 4096
+    holdout_chars: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    replace: bool = False
+    make_default: bool = False
+
+    def resolved_window(self) -> int | None:
+        if self.window is KEEP:
+            return DEFAULT_CONTEXT_WINDOW if self.kind == "context" else DEFAULT_TOKEN_WINDOW
+        return self.window  # type: ignore[return-value]
+
+    def resolved_decay(self) -> float:
+        if self.decay is None:
+            return DEFAULT_CONTEXT_DECAY if self.kind == "context" else DEFAULT_TOKEN_DECAY
+        return self.decay
+
+    def check(self) -> None:
+        if not NAME_PATTERN.match(self.name or ""):
+            raise UserError(f"--name must be 1-63 letters, digits, '.', '_' or '-' (starting with a letter "
+                            f"or digit), got '{self.name}'")
+        if self.kind not in ("token", "context"):
+            raise UserError(f"--kind must be 'token' or 'context', got '{self.kind}'")
+        if self.max_tokens < 2:
+            raise UserError(f"--max-tokens must be at least 2, got {self.max_tokens}")
+        if self.target not in ("argmax", "corpus"):
+            raise UserError(f"--target must be 'argmax' or 'corpus', got '{self.target}'")
+        if self.kernel not in ("gaussian", "exponential"):
+            raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
+        if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):
+            raise UserError(f"--bandwidth must be a positive number, got {self.bandwidth}")
+        if self.bandwidth_objective not in OBJECTIVES:
+            raise UserError(f"--bandwidth-objective must be one of {', '.join(OBJECTIVES)}, "
+                            f"got '{self.bandwidth_objective}'")
+        if not 1 <= self.max_neighbors <= 100_000:
+            raise UserError(f"--max-neighbors must be between 1 and 100000, got {self.max_neighbors}")
+        if self.merge_radius < 0 or not np.isfinite(self.merge_radius):
+            raise UserError(f"--merge-radius must be >= 0, got {self.merge_radius}")
+        if self.batch_tokens < 1:
+            raise UserError(f"--batch-tokens must be positive, got {self.batch_tokens}")
+        if self.holdout_chars is not None and self.holdout_chars < 1:
+            raise UserError(f"--holdout-chars must be positive, got {self.holdout_chars}")
+        for path in self.corpus:
+            if not Path(path).is_file():
+                raise UserError(f"corpus file '{path}' does not exist")
+        try:
+            validate_centroid(self.resolved_window(), self.resolved_decay())
+        except ValueError as exc:
+            raise UserError(f"--window/--decay: {exc}") from None

@@ -1,0 +1,78 @@
+"""The shared teacher-forcing pass (hartonomous.teacher): batched over chunks of any length, it gives
+what one plain forward pass per chunk gives: argmax, top-k probabilities, full log-probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hartonomous.teacher import argmax_labels, max_context, teacher_force, windows
+from tiny_model import tiny_model
+
+TEXT = "The capital of France is Paris. def add(a, b): return a + b. héllo wörld 東京 " * 3
+
+
+def plain_log_probs(model, chunk: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.from_numpy(chunk)[None]).logits[0].float(), -1).numpy()
+
+
+@pytest.fixture(scope="module")
+def chunks() -> list[np.ndarray]:
+    _, tokenizer = tiny_model(0)
+    ids = np.asarray(tokenizer(TEXT)["input_ids"], dtype=np.int64)
+    # lengths out of order, one a single token: the batches pad, the results come back in order
+    return [ids[:7], ids[7:40], ids[40:41], ids[41:61], ids[61:90]]
+
+
+@pytest.mark.parametrize("batch_tokens", [1, 40, 10_000])
+def test_batched_pass_equals_one_forward_pass_per_chunk(chunks, batch_tokens: int) -> None:
+    model, _ = tiny_model(0)
+    seen: list[int] = []
+    forced = teacher_force(model, chunks, batch_tokens, top_k=4, log_probs=True, advance=seen.append)
+    assert sum(seen) == forced.tokens == sum(map(len, chunks))
+    assert [c.tolist() for c in forced.chunks] == [c.tolist() for c in chunks]
+    for chunk, best, ids, probs, rows in zip(chunks, forced.argmax, forced.top_ids, forced.top_probs,
+                                             forced.log_probs):
+        expected = plain_log_probs(model, chunk)
+        assert rows.shape == expected.shape and rows.dtype == np.float32
+        assert rows == pytest.approx(expected, abs=1e-5)
+        assert best.tolist() == expected.argmax(-1).tolist()
+        assert ids.shape == probs.shape == (len(chunk), 4)
+        assert ids[:, 0].tolist() == best.tolist()
+        assert probs == pytest.approx(np.exp(np.take_along_axis(expected, ids, 1)), abs=1e-6)
+        assert np.all(np.diff(probs, axis=1) <= 0)  # most probable first
+        assert np.sort(expected, axis=1)[:, -4:][:, ::-1] == pytest.approx(np.log(probs), abs=1e-5)
+
+
+def test_only_the_argmax_unless_asked_and_top_k_capped_at_the_vocabulary(chunks) -> None:
+    model, _ = tiny_model(0)
+    plain = teacher_force(model, chunks)
+    assert plain.top_ids is None and plain.top_probs is None and plain.log_probs is None
+    wide = teacher_force(model, chunks[:1], top_k=10_000)
+    assert wide.top_ids[0].shape == (len(chunks[0]), model.config.vocab_size)
+    assert wide.top_probs[0].sum(axis=1) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_argmax_labels_restart_the_context_at_every_window(chunks) -> None:
+    model, _ = tiny_model(0)
+    ids = np.concatenate(chunks)  # 90 tokens: windows of 16, the last one 10 tokens long
+    labels = argmax_labels(model, ids, window=16, batch_tokens=32)
+    expected = np.concatenate([plain_log_probs(model, w).argmax(-1) for w in windows(ids, 16)])
+    assert labels.tolist() == expected.tolist() and len(labels) == len(ids)
+    assert len(argmax_labels(model, ids[:17], window=16)) == 17  # a last window of one token is labelled too
+    assert windows(ids, 1000)[0].tolist() == ids.tolist()
+    assert max_context(model) == model.config.max_position_embeddings
+
+
+def test_bad_arguments_are_refused(chunks) -> None:
+    model, _ = tiny_model(0)
+    with pytest.raises(ValueError, match="batch_tokens"):
+        teacher_force(model, chunks, 0)
+    with pytest.raises(ValueError, match="at least one token"):
+        teacher_force(model, [chunks[0], chunks[0][:0]])
+    with pytest.raises(ValueError, match="top_k"):
+        teacher_force(model, chunks, top_k=-1)
+    with pytest.raises(ValueError, match="window length"):
+        windows(chunks[0], 0)
