@@ -6,7 +6,10 @@ extra atoms per token, so KNN around a context centroid finds a varied distribut
 
 from __future__ import annotations
 
+import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -49,3 +52,29 @@ def drop_atom_set(url: str, name: str) -> None:
 
     with psycopg.connect(url) as conn:
         drop(conn, name)
+
+
+@contextmanager
+def tiny_atom_set(url: str, model: str = "tiny", seed: int = 0) -> Iterator[str]:
+    """A tiny token atom set for the duration of a `with` block (a module fixture's lifetime)."""
+    name = write_tiny_atom_set(url, model=model, seed=seed)
+    try:
+        yield name
+    finally:
+        drop_atom_set(url, name)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run `hartonomous ARGS...` in this process: (exit code, stdout, stderr)."""
+    from hartonomous import cli
+
+    argv, sys.argv = sys.argv, ["hartonomous", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

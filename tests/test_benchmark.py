@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from hartonomous.benchmark import run, synthetic
 from hartonomous.atomset.hilbert import hilbert_codes_of_cells, hilbert_order
 from hartonomous.measure import MACHINE_KEYS
+from generation_helpers import run_cli
 
 LATENCY_FIELDS = {
     "atom_set", "atoms", "max_neighbors", "calls", "in_db_p50_ms", "in_db_p95_ms", "roundtrip_p50_ms",
@@ -72,21 +72,6 @@ def test_existing_set_with_the_current_layout_is_reused(server_url, tiny_results
     assert window == 1
 
 
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    from hartonomous import cli
-
-    argv, sys.argv = sys.argv, ["hartonomous", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    finally:
-        sys.argv = argv
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.parametrize("args, message", [
     (["--quick", "--full"], "--quick and --full exclude each other"),
     (["--sizes", "ten"], "--sizes must be comma-separated atom counts"),
@@ -96,12 +81,12 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     (["--concurrency-seconds", "0.5"], "--concurrency-seconds must be at least 1"),
 ])
 def test_bad_options_give_one_line(capsys, args, message):
-    code, _, err = _cli(capsys, "bench", *args)
+    code, _, err = run_cli(capsys, "bench", *args)
     assert code == 1 and err.count("\n") == 1 and message in err
 
 
 def test_help_explains_the_command(capsys):
-    code, out, _ = _cli(capsys, "bench", "--help")
+    code, out, _ = run_cli(capsys, "bench", "--help")
     assert code == 0
     out = " ".join(out.split())  # the help is re-wrapped to the terminal's width
     for text in ("--quick", "--full", "--no-generation", "--sizes", "clock_timestamp", "brute force"):

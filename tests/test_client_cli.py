@@ -8,7 +8,7 @@ import sys
 import psycopg
 import pytest
 
-from generation_helpers import drop_atom_set, save_tiny_model, write_tiny_atom_set
+from generation_helpers import drop_atom_set, run_cli, save_tiny_model, write_tiny_atom_set
 from hartonomous.client import Client
 from hartonomous.config import reload_settings
 from hartonomous.errors import UserError
@@ -87,22 +87,6 @@ def test_client_rejects_unknown_paths_and_options(client):
         client.generate(PROMPT, path="quantum")
     with pytest.raises(UserError, match="unknown option"):
         client.generate(PROMPT, temprature=0.5)
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    from hartonomous import cli
-
-    argv = sys.argv
-    sys.argv = ["hartonomous", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,7 +7,7 @@ import threading
 import psycopg
 import pytest
 
-from generation_helpers import drop_atom_set, write_tiny_atom_set
+from generation_helpers import tiny_atom_set
 from hartonomous.backends.base import Distribution, WholeLoopBackend
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
@@ -23,9 +23,8 @@ SAMPLED = GenerationConfig(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0
 
 @pytest.fixture(scope="module")
 def atom_set(server_url):
-    name = write_tiny_atom_set(server_url, model="tiny")
-    yield name
-    drop_atom_set(server_url, name)
+    with tiny_atom_set(server_url, seed=0) as name:
+        yield name
 
 
 @pytest.fixture(params=["exact", "spatial"])

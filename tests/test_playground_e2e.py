@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from browser import CHROMIUM, Browser
-from generation_helpers import drop_atom_set, write_tiny_atom_set
+from generation_helpers import tiny_atom_set
 from server_helpers import GatedModel, live_app
 
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground.png"
@@ -26,9 +26,8 @@ if not os.path.exists(CHROMIUM):
 
 @pytest.fixture(scope="module")
 def atom_set(server_url):
-    name = write_tiny_atom_set(server_url, model="tiny", seed=8)
-    yield name
-    drop_atom_set(server_url, name)
+    with tiny_atom_set(server_url, seed=8) as name:
+        yield name
 
 
 def pane(path: str, what: str) -> str:

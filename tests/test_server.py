@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 
-from generation_helpers import drop_atom_set, write_tiny_atom_set
+from generation_helpers import tiny_atom_set
 from hartonomous.client import Client
 from hartonomous.engine import State
 from server_helpers import WAIT_S, GatedModel, live_app, tiny_exact_model
@@ -27,9 +27,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def atom_set(server_url):
-    name = write_tiny_atom_set(server_url, model="tiny", seed=5)
-    yield name
-    drop_atom_set(server_url, name)
+    with tiny_atom_set(server_url, seed=5) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

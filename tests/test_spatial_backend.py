@@ -7,7 +7,7 @@ import threading
 import psycopg
 import pytest
 
-from generation_helpers import drop_atom_set, write_tiny_atom_set
+from generation_helpers import drop_atom_set, tiny_atom_set, write_tiny_atom_set
 from hartonomous.backends.in_database import InDatabaseBackend
 from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
@@ -19,9 +19,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def atom_set(server_url):
-    name = write_tiny_atom_set(server_url, model="tiny", seed=1)
-    yield name
-    drop_atom_set(server_url, name)
+    with tiny_atom_set(server_url, seed=1) as name:
+        yield name
 
 
 @pytest.fixture

@@ -72,22 +72,24 @@ def key_dimensions(conn: psycopg.Connection, atom_set: AtomSet) -> int | None:
     return None if row is None else int(row[0])
 
 
+def _locked_id(conn: psycopg.Connection, name: str) -> int:
+    """Inside a transaction: the set's id, its row locked; a UserError when there is no such set."""
+    row = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE", (name,)).fetchone()
+    if row is None:
+        raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
+    return int(row[0])
+
+
 def drop_atom_set(conn: psycopg.Connection, name: str) -> None:
     """Remove an atom set, its partition, tokens and landmarks; commits."""
     with conn.transaction():
-        row = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE", (name,)).fetchone()
-        if row is None:
-            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
-        delete_atom_set_rows(conn, row[0])
+        delete_atom_set_rows(conn, _locked_id(conn, name))
 
 
 def set_default_atom_set(conn: psycopg.Connection, name: str) -> None:
     """Make `name` the set that `next_token(..., atom_set => NULL)` uses; commits."""
     with conn.transaction():
-        row = conn.execute("SELECT id FROM atom_sets WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
-        mark_default(conn, row[0])
+        mark_default(conn, _locked_id(conn, name))
 
 
 def partition_name(atom_set_id: int) -> str:

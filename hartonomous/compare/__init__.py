@@ -8,8 +8,7 @@ Names are imported on first use, so `hartonomous --help` does not pay for torch 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from hartonomous.lazy import lazy_exports
 
 _EXPORTS = {
     "write_report": "hartonomous.compare.render",
@@ -20,7 +19,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hartonomous.compare' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

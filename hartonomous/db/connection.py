@@ -23,10 +23,7 @@ def owner_url(settings: Settings | None = None, autostart: bool = True) -> str:
     settings = settings or get_settings()
     if settings.database_url:
         return _plain(settings.database_url)
-    cluster = embedded_cluster(settings)
-    if autostart and cluster.running_pid() is None:
-        cluster.up()
-    return cluster.url("owner")
+    return _embedded_url(settings, "owner", autostart)
 
 
 def reader_url(settings: Settings | None = None, autostart: bool = True) -> str:
@@ -36,10 +33,15 @@ def reader_url(settings: Settings | None = None, autostart: bool = True) -> str:
         return _plain(settings.reader_database_url)
     if settings.database_url:
         return _plain(settings.database_url)
+    return _embedded_url(settings, "reader", autostart)
+
+
+def _embedded_url(settings: Settings, role: str, autostart: bool) -> str:
+    """The embedded cluster's URL for `role`, starting the cluster first when asked to."""
     cluster = embedded_cluster(settings)
     if autostart and cluster.running_pid() is None:
         cluster.up()
-    return cluster.url("reader")
+    return cluster.url(role)
 
 
 def _plain(url: str) -> str:

@@ -5,8 +5,7 @@ Names are imported on first use, so the CLI starts without loading FastAPI and t
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from hartonomous.lazy import lazy_exports
 
 _EXPORTS = {
     "create_app": "hartonomous.server.app",
@@ -16,7 +15,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hartonomous.server' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
