@@ -72,13 +72,23 @@ def key_dimensions(conn: psycopg.Connection, atom_set: AtomSet) -> int | None:
     return None if row is None else int(row[0])
 
 
-def drop_atom_set(conn: psycopg.Connection, name: str) -> None:
-    """Remove an atom set, its partition, tokens and landmarks; commits."""
+def drop_atom_set(conn: psycopg.Connection, name: str) -> list[str]:
+    """Remove an atom set, its partition, tokens and landmarks, and the control sets its build
+    recorded (stats.controls, e.g. NAME.random-positions) in the same transaction; commits.
+    Returns the names of the controls dropped with it."""
     with conn.transaction():
-        row = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE", (name,)).fetchone()
+        row = conn.execute("SELECT id, stats -> 'controls' FROM atom_sets WHERE name = %s FOR UPDATE",
+                           (name,)).fetchone()
         if row is None:
             raise UserError(f"no atom set named '{name}'; list them with `hartonomous atom-sets`")
+        dropped = []
+        for control in sorted(set((row[1] or {}).values()) - {None, name}):
+            found = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE", (control,)).fetchone()
+            if found is not None:
+                delete_atom_set_rows(conn, found[0])
+                dropped.append(control)
         delete_atom_set_rows(conn, row[0])
+    return dropped
 
 
 def set_default_atom_set(conn: psycopg.Connection, name: str) -> None:
