@@ -97,16 +97,16 @@ def test_token_build_writes_every_token_as_an_atom(server_url: str, token_set) -
 
 def test_context_build_keeps_every_position_as_weight(server_url: str, context_set, corpus_file: Path) -> None:
     stats = context_set.stats
-    positions = stats["atoms"]["before_merge"]
+    positions = stats.atoms.before_merge
     total_weight, count, keyed, dim = one(
         server_url, """SELECT sum(weight), count(*), count(key), max(vector_dims(key)) FROM atoms a
                         JOIN atom_sets s ON s.id = a.atom_set_id WHERE s.name = 'tiny-context'""")
     assert total_weight == pytest.approx(positions)
     assert count == context_set.atoms < positions  # window 3 over a small vocabulary repeats (key, value)
     assert keyed == count and dim == tiny_model(0)[0].config.hidden_size
-    holdout = stats["holdout"]["text"]
-    assert holdout and holdout not in stats["corpus"]["text"]
-    assert all(p not in stats["corpus"]["text"] for p in holdout.split("\n\n"))
+    holdout = stats.holdout.text
+    assert holdout and holdout not in stats.corpus.text
+    assert all(p not in stats.corpus.text for p in holdout.split("\n\n"))
 
 
 def test_context_atoms_sit_where_sql_puts_their_context(server_url: str, context_set, corpus_file: Path) -> None:
