@@ -120,7 +120,8 @@ def _segment_logsumexp(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     sizes = np.diff(np.append(starts, len(values)))
     peak = np.maximum.reduceat(values, starts)
     safe = np.where(np.isfinite(peak), peak, 0.0)
-    return safe + np.log(np.add.reduceat(np.exp(values - np.repeat(safe, sizes)), starts))
+    with np.errstate(divide="ignore"):  # a group of -inf (history atoms at weight 0) has logit -inf
+        return safe + np.log(np.add.reduceat(np.exp(values - np.repeat(safe, sizes)), starts))
 
 
 @dataclass
