@@ -4,7 +4,9 @@ A context of n tokens with 3D positions p_0..p_{n-1} (oldest first) has centroid
     c = sum_k w_k p_{n-1-k} / sum_k w_k,   w_k = decay**k for k < window, else 0,
 where k counts steps back from the newest token (k = 0 is the last token). `window=None`
 means every token counts (the original clr_ComputeCentroid); `decay=1` means uniform weights.
-The SQL function is tested against this module, and context atoms are keyed with it.
+The SQL function is tested against this module, and context atoms are keyed with it, stored ones
+(`prefix_centroids`) and the history atoms `next_token` makes from the context itself
+(`history_atoms`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,40 @@ def context_centroid(positions: np.ndarray, window: int | None = None, decay: fl
         raise ValueError("positions must be a non-empty (n, dim) array")
     weights = centroid_weights(positions.shape[0], window, decay)
     return weights @ positions / weights.sum()
+
+
+HISTORY_WINDOW_MAX = 4096   # the bound of next_token's history_window (SQL and atom_sets)
+
+
+def validate_history(weight: float | None, window: int | None) -> None:
+    """The checks SQL next_token makes on history_weight / history_window (None = the set's)."""
+    if weight is not None and not (np.isfinite(weight) and weight >= 0):
+        raise ValueError(f"history_weight must be a finite number >= 0, got {weight}")
+    if window is not None and not 0 <= window <= HISTORY_WINDOW_MAX:
+        raise ValueError(f"history_window must be between 0 and {HISTORY_WINDOW_MAX}, got {window}")
+
+
+def history_atoms(context: list[int] | np.ndarray, positions: np.ndarray, window: int | None = None,
+                  decay: float = 1.0, history_window: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, token ids) of the context's own history atoms, as SQL next_token makes them.
+
+    `positions` holds the context tokens' positions (rows, oldest first). With n tokens and
+    m = min(history_window, n - 1), prefix i = n - m .. n - 1 gives an atom keyed at the centroid
+    of the first i tokens, whose token is the one that followed it, context[i] (0-based). Keys
+    come oldest first; only the last m + window tokens are read when the window is finite.
+    """
+    validate_history(None, history_window)
+    context = np.asarray(context)
+    positions = np.asarray(positions, dtype=np.float64)
+    n = len(context)
+    if positions.shape[0] != n:
+        raise ValueError(f"positions has {positions.shape[0]} rows for a context of {n} tokens")
+    m = min(history_window, n - 1)
+    if m <= 0:
+        return np.empty((0, positions.shape[1] if positions.ndim == 2 else 3)), context[:0].astype(np.int64)
+    start = 0 if window is None else max(0, n - m - window)
+    keys = prefix_centroids(positions[start:n - 1], window, decay)[n - m - 1 - start:]
+    return keys, context[n - m:].astype(np.int64)
 
 
 def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: float = 1.0) -> np.ndarray:

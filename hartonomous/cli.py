@@ -164,7 +164,10 @@ def build_cmd(
                                "default 3 for context sets, all for token sets (the original design)."),
     decay: float = typer.Option(None, "--decay", help="Centroid decay in (0, 1]; default 0.01 for context "
                                 "sets, 1 for token sets."),
-    target: str = typer.Option("argmax", "--target", help="argmax (the exact model's next token) or corpus."),
+    target: str = typer.Option("soft", "--target", help="soft (the exact model's top-k next tokens as atoms "
+                               "weighing their probabilities), argmax (its next token) or corpus (the text's)."),
+    soft_k: int = typer.Option(8, "--soft-k", help="How many of the exact model's most probable next tokens "
+                               "--target soft keeps per position (1-64)."),
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
                                        "3D distance into one weighted atom (0 = exact duplicates only)."),
     full_keys: bool = typer.Option(False, "--full-keys", help="Also store full-dimensional keys (pgvector)."),
@@ -183,6 +186,13 @@ def build_cmd(
     device: str = typer.Option(None, "--device", help="auto, cpu or cuda (default: HARTONOMOUS_DEVICE)."),
     replace: bool = typer.Option(False, "--replace", help="Replace an atom set of the same name."),
     default: bool = typer.Option(False, "--default", help="Make it the default atom set."),
+    history_weight: float = typer.Option(None, "--history-weight", help="Weight of the context's own history "
+                                         "atoms (0 = off; default: calibrated on the holdout's calibration half "
+                                         "for context sets, 0 for token sets)."),
+    history_window: int = typer.Option(512, "--history-window", help="How many earlier context positions "
+                                       "become history atoms (0-4096)."),
+    controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
+                                  "the same atoms keyed with randomly permuted token positions (a control)."),
 ) -> None:
     """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
     from pathlib import Path
@@ -195,7 +205,8 @@ def build_cmd(
     options = BuildOptions(
         name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
         max_tokens=max_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
-        metric=metric, window=_parse_window(window), decay=decay, target=target, merge_radius=merge_radius,
+        metric=metric, window=_parse_window(window), decay=decay, target=target, soft_k=soft_k,
+        merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls,
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
@@ -219,12 +230,20 @@ def _print_build_summary(result) -> None:
                        f"recall@10 {s.projection.recall_at_10:.3f}"),
         ("centroid", f"window {result.window or 'all'}, decay {result.decay}"),
         ("bandwidth", f"h = {result.bandwidth:.4g} ({getattr(s.bandwidth, 'kernel', '')})"),
-        ("held-out top-1", f"{s.bandwidth.top1:.3f} vs the exact argmax "
-                           f"({s.holdout.tokens:,} held-out tokens)"),
+        ("history", f"weight {result.history_weight:g}, window {result.history_window}"),
+        ("held-out top-1", f"{s.bandwidth.top1:.3f} vs the exact argmax, log-likelihood "
+                           f"{s.bandwidth.log_likelihood:.3f} (calibration half: {s.calibration_split.positions:,} "
+                           f"positions; test half {s.test_split.positions:,})"),
         ("forward pass", f"{s.distill.tokens_per_second:,.0f} tokens/s ({s.distill.device})"),
         ("ingest", f"{s.ingest.atoms_per_second:,.0f} atoms/s ({s.ingest.total_seconds:.1f}s)"),
-        ("total", f"{result.seconds:.1f}s"),
+        ("total", f"{result.seconds:.1f}s ("
+                  + ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items()) + ")"),
     ]
+    if result.control is not None:
+        c = result.control
+        rows.append(("control", f"'{c.name}': {c.atoms:,} atoms, h = {c.bandwidth:.4g}, history weight "
+                                f"{c.history_weight:g}, held-out top-1 {c.stats.bandwidth.top1:.3f}, "
+                                f"log-likelihood {c.stats.bandwidth.log_likelihood:.3f}"))
     for key, value in rows:
         table.add_row(key, value)
     if s.centroid_sweep:
@@ -300,8 +319,8 @@ def atom_sets_drop(name: str = typer.Argument(..., help="The atom set to remove.
     from hartonomous.db.connection import connect, owner_url
 
     with connect(owner_url()) as conn:
-        drop_atom_set(conn, name)
-    console.print(f"dropped atom set '{name}'")
+        controls = drop_atom_set(conn, name)
+    console.print(f"dropped atom set '{name}'" + (f" and its controls {', '.join(controls)}" if controls else ""))
 
 
 @atom_sets_app.command("default")

@@ -1,6 +1,8 @@
 """The kernel step of `next_token`: neighbour distances -> per-token logits (NumPy reference).
 
-Each atom a with weight w_a at distance d_a from the context centroid contributes
+Each atom a, a stored KNN neighbour or one of the context's own history atoms
+(`centroid.history_atoms`, weight history_weight), with weight w_a at distance d_a from the
+context centroid contributes
     gaussian:     w_a * exp(-d_a^2 / h^2)   (h = bandwidth; h = 1 is the original exp(-d^2))
     exponential:  w_a * exp(-d_a / h)       (the original's exp(-d) score)
 and a token's logit is log(sum of its atoms' contributions), computed with log-sum-exp.

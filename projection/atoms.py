@@ -5,6 +5,11 @@ A context atom for position t of a chunk (t = 0 .. n-2) has
             computes it (hartonomous.centroid, the atom set's window and decay);
     value = the exact model's argmax after token t (`target='argmax'`), or the corpus's own
             token t+1 (`target='corpus'`).
+Soft distillation (`target='soft'`, soft_context_atoms) keeps the exact model's top-k next
+tokens at each key instead, one atom each, weighing its probability p: the kernel sum then
+votes with the model's distribution rather than its argmax. Identical (key, token) pairs are
+merged by merge_atoms like any others: one atom whose weight is the SUM of their weights, which
+scores exactly like the separate atoms (the kernel sum is linear in the weights).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from hartonomous.centroid import prefix_centroids
 from hartonomous.errors import UserError
 from hartonomous.atomset import AtomRows
 
-TARGETS = ("argmax", "corpus")
+TARGETS = ("argmax", "corpus")  # one atom per position; 'soft' (top-k atoms) is soft_context_atoms
 
 
 def token_atoms(positions: np.ndarray, embeddings: np.ndarray | None = None) -> AtomRows:
@@ -53,6 +58,26 @@ def context_atoms(chunks: list[np.ndarray], argmax: list[np.ndarray] | None, tok
     if token_embeddings is not None:
         full = context_keys(chunks, np.asarray(token_embeddings), window, decay, np.float32)
     return AtomRows(values, keys, None, full)
+
+
+def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_probs: list[np.ndarray],
+                       token_positions: np.ndarray, window: int | None, decay: float,
+                       token_embeddings: np.ndarray | None = None) -> AtomRows:
+    """k atoms per position t = 0..n-2 of each chunk, all at its context centroid: the exact
+    model's top-k next tokens after token t, each weighing its probability (probabilities that
+    underflow to 0 are left out: atom weights are > 0)."""
+    ids = np.concatenate([i[:-1] for i in top_ids]).astype(np.int64)
+    probs = np.concatenate([p[:-1] for p in top_probs]).astype(np.float64)
+    if ids.shape != probs.shape or ids.ndim != 2:
+        raise ValueError("top_ids and top_probs must be (n, k) arrays of the same shape per chunk")
+    k = ids.shape[1]
+    keep = (probs > 0).ravel()
+    keys = np.repeat(context_keys(chunks, np.asarray(token_positions, dtype=np.float64), window, decay), k, axis=0)
+    full = None
+    if token_embeddings is not None:
+        full = np.repeat(context_keys(chunks, np.asarray(token_embeddings), window, decay, np.float32), k,
+                         axis=0)[keep]
+    return AtomRows(ids.ravel()[keep], keys[keep], probs.ravel()[keep], full)
 
 
 def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:

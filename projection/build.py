@@ -1,16 +1,18 @@
-"""`hartonomous build`: model -> 3D projection -> labels -> atoms -> bandwidth -> ingest.
+"""`hartonomous build`: model -> 3D projection -> labels -> atoms -> bandwidth -> history -> ingest.
 
 The stages live in projection.stages; `build` runs them in order. Nothing is written to the
-database until the last stage, which is one transaction (hartonomous.atomset.write), so an
-interrupted build leaves nothing behind.
+database until the last stage, one transaction per set (hartonomous.atomset.write), so an
+interrupted build leaves nothing behind. With --controls the random-positions control is
+written first and the set second (the set records the control's name); if the set's write
+fails, the control is dropped again.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from hartonomous.atomset import BuildStats, atom_set_exists
+from hartonomous.atomset import BuildStats, atom_set_exists, list_atom_sets
 from hartonomous.errors import UserError
 from projection import stages
 from projection.options import KEEP, BuildOptions
@@ -31,16 +33,31 @@ class BuildResult:
     window: int | None
     decay: float
     bandwidth: float
+    history_weight: float
+    history_window: int
     stats: BuildStats
     seconds: float
+    stage_seconds: dict[str, float]
+    control: "BuildResult | None" = None
 
 
 def require_new_name(conn, options: BuildOptions) -> None:
-    """Refuse to overwrite an existing set unless --replace; leaves the connection idle."""
-    if not options.replace and atom_set_exists(conn, options.name):
-        raise UserError(f"atom set '{options.name}' already exists; pass --replace or run "
-                        f"`hartonomous atom-sets drop {options.name}`")
+    """Refuse to overwrite an existing set (or its control) unless --replace; leaves the connection idle."""
+    names = [options.name] + ([options.random_positions_name] if options.controls else [])
+    for name in names:
+        if not options.replace and atom_set_exists(conn, name):
+            raise UserError(f"atom set '{name}' already exists; pass --replace or run "
+                            f"`hartonomous atom-sets drop {name}`")
     conn.rollback()  # write_atom_set needs an idle connection: it runs its own transaction
+
+
+def becomes_default(conn, options: BuildOptions) -> bool:
+    """Whether the set should be the default: --default, or no other set is (the control, written
+    first, would otherwise take the place of a first set); leaves the connection idle."""
+    others = [s.name for s in list_atom_sets(conn) if s.is_default
+              and s.name not in (options.name, options.random_positions_name)]
+    conn.rollback()
+    return options.make_default or not others
 
 
 def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Reporter | None = None) -> BuildResult:
@@ -49,14 +66,45 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     options.check()
     started = time.perf_counter()
     require_new_name(conn, options)
-    loaded = stages.load(options, model, tokenizer, ui)
-    projected = stages.project(options, loaded, ui)
-    labelled = stages.label(options, loaded, ui)
-    centroid = stages.choose_centroid(options, loaded, projected, labelled, ui)
-    atoms = stages.make_atoms(options, loaded, projected, labelled, centroid, ui)
-    calibrated = stages.calibrate(options, loaded, labelled, atoms, ui)
-    stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated)
-    report = stages.ingest(conn, options, loaded, projected, atoms, calibrated, stats, ui)
+    seconds: dict[str, float] = {}
+
+    def timed(stage: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - t0
+        return result
+
+    loaded = timed("load", stages.load, options, model, tokenizer, ui)
+    projected = timed("project", stages.project, options, loaded, ui)
+    labelled = timed("label", stages.label, options, loaded, ui)
+    centroid = timed("choose_centroid", stages.choose_centroid, options, loaded, projected, labelled, ui)
+    atoms = timed("make_atoms", stages.make_atoms, options, loaded, projected.positions, labelled, centroid, ui)
+    calibrated = timed("calibrate", stages.calibrate, options, loaded, labelled, atoms, ui)
+    history = timed("calibrate_history", stages.calibrate_history, options, loaded, projected.positions, labelled,
+                    atoms, calibrated, ui)
+    control = None
+    if options.controls:
+        control = timed("random_positions", stages.random_positions, options, loaded, projected, labelled,
+                        centroid, ui)
+    stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated, history, control)
+    control_result = None
+    if control is not None:
+        default = becomes_default(conn, options)
+        control_stats = stages.control_stats(options, loaded, projected, labelled, control)
+        report = timed("ingest_control", stages.ingest_control, conn, options, loaded, control, control_stats, ui)
+        control_stats = control_stats.model_copy(update={"ingest": report.stats()})
+        control_result = BuildResult(report.atom_set_id, control.name, options.kind, report.atoms, loaded.vocab_size,
+                                     centroid.window, centroid.decay, control.history.bandwidth,
+                                     control.history.weight, control.history.window, control_stats,
+                                     seconds["random_positions"] + seconds["ingest_control"], {})
+        options = replace(options, make_default=default)
+    try:
+        report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui)
+    except BaseException:
+        if control is not None:
+            stages.drop_control(conn, control)
+        raise
     stats = stats.model_copy(update={"ingest": report.stats()})
     return BuildResult(report.atom_set_id, options.name, options.kind, report.atoms, loaded.vocab_size,
-                       centroid.window, centroid.decay, calibrated.bandwidth, stats, time.perf_counter() - started)
+                       centroid.window, centroid.decay, history.bandwidth, history.weight, history.window, stats,
+                       time.perf_counter() - started, seconds, control_result)

@@ -29,19 +29,28 @@ GRID_OCTAVES = (-10, 6)
 
 @dataclass
 class Neighbours:
-    """The K nearest atoms of every query, grouped by (query, token) once for fast re-scoring."""
+    """The candidate atoms of every query, flat and grouped by (query, token) once for fast re-scoring.
 
-    distances: np.ndarray  # Q x K
-    log_weights: np.ndarray  # Q x K
-    order: np.ndarray  # flat (Q*K) order that sorts by (query, token)
+    The candidates are a query's `max_neighbors` nearest stored atoms and, after `with_history`,
+    its history atoms (projection/history.py), whose weight is given to `score` as `history_weight`.
+    """
+
+    query: np.ndarray  # (N,) the query of each candidate
+    tokens: np.ndarray  # (N,) its token
+    distances: np.ndarray  # (N,) its distance to the query
+    log_weights: np.ndarray  # (N,) log weight of each stored candidate (history candidates: 0)
+    history: np.ndarray | None  # (N,) True for history candidates; None when there are none
+    order: np.ndarray  # flat order that sorts the candidates by (query, token)
     starts: np.ndarray  # start of each (query, token) group in `order`
     group_query: np.ndarray
     group_token: np.ndarray
     query_starts: np.ndarray  # first group of each query
+    queries: int
+    max_neighbors: int  # stored neighbours per query
 
     @property
-    def queries(self) -> int:
-        return self.distances.shape[0]
+    def stored_distances(self) -> np.ndarray:
+        return self.distances if self.history is None else self.distances[~self.history]
 
 
 def knn(points: np.ndarray, queries: np.ndarray, k: int, tree: cKDTree | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +75,21 @@ def knn(points: np.ndarray, queries: np.ndarray, k: int, tree: cKDTree | None = 
     return dist, idx
 
 
+def _grouped(query: np.ndarray, tokens: np.ndarray, distances: np.ndarray, log_weights: np.ndarray,
+             history: np.ndarray | None, queries: int, max_neighbors: int) -> Neighbours:
+    """Sort flat candidates by (query, token) (stable: stored before history within a group)."""
+    order = np.lexsort((tokens, query))
+    keys_q, keys_t = query[order], tokens[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (keys_q[1:] != keys_q[:-1]) | (keys_t[1:] != keys_t[:-1])
+    starts = np.flatnonzero(new)
+    group_query = keys_q[starts]
+    qnew = np.ones(len(starts), dtype=bool)
+    qnew[1:] = group_query[1:] != group_query[:-1]
+    return Neighbours(query, tokens, distances, log_weights, history, order, starts, group_query, keys_t[starts],
+                      np.flatnonzero(qnew), queries, max_neighbors)
+
+
 def nearest_atoms(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weights: np.ndarray | None,
                   queries: np.ndarray, k: int = 100, tree: cKDTree | None = None) -> Neighbours:
     """KNN of every query among the atoms (k capped at the number of atoms), grouped by token."""
@@ -73,25 +97,31 @@ def nearest_atoms(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weig
         raise UserError("bandwidth calibration needs atoms and held-out positions")
     dist, idx = knn(np.asarray(atom_positions), np.asarray(queries), k, tree)
     k = dist.shape[1]
-    tokens = np.asarray(atom_tokens, dtype=np.int64)[idx]
+    tokens = np.asarray(atom_tokens, dtype=np.int64)[idx].ravel()
     weights = np.ones(len(atom_positions)) if atom_weights is None else np.asarray(atom_weights, dtype=np.float64)
     q = np.repeat(np.arange(len(queries)), k)
-    order = np.lexsort((tokens.ravel(), q))
-    keys_q, keys_t = q[order], tokens.ravel()[order]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (keys_q[1:] != keys_q[:-1]) | (keys_t[1:] != keys_t[:-1])
-    starts = np.flatnonzero(new)
-    group_query = keys_q[starts]
-    qnew = np.ones(len(starts), dtype=bool)
-    qnew[1:] = group_query[1:] != group_query[:-1]
-    return Neighbours(dist, np.log(weights[idx]), order, starts, group_query, keys_t[starts], np.flatnonzero(qnew))
+    return _grouped(q, tokens, dist.ravel(), np.log(weights[idx]).ravel(), None, len(queries), k)
+
+
+def with_history(nb: Neighbours, query: np.ndarray, tokens: np.ndarray, distances: np.ndarray) -> Neighbours:
+    """`nb`'s stored candidates plus history candidates (query index, token, distance each)."""
+    if nb.history is not None:
+        raise ValueError("these neighbours already include history atoms")
+    n_hist = len(query)
+    return _grouped(np.concatenate([nb.query, np.asarray(query, dtype=np.int64)]),
+                    np.concatenate([nb.tokens, np.asarray(tokens, dtype=np.int64)]),
+                    np.concatenate([nb.distances, np.asarray(distances, dtype=np.float64)]),
+                    np.concatenate([nb.log_weights, np.zeros(n_hist)]),
+                    np.concatenate([np.zeros(len(nb.query), dtype=bool), np.ones(n_hist, dtype=bool)]),
+                    nb.queries, nb.max_neighbors)
 
 
 def _segment_logsumexp(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     sizes = np.diff(np.append(starts, len(values)))
     peak = np.maximum.reduceat(values, starts)
     safe = np.where(np.isfinite(peak), peak, 0.0)
-    return safe + np.log(np.add.reduceat(np.exp(values - np.repeat(safe, sizes)), starts))
+    with np.errstate(divide="ignore"):  # a group of -inf (history atoms at weight 0) has logit -inf
+        return safe + np.log(np.add.reduceat(np.exp(values - np.repeat(safe, sizes)), starts))
 
 
 @dataclass
@@ -104,9 +134,13 @@ class Score:
 
 
 def score(nb: Neighbours, targets: np.ndarray, bandwidth: float, kernel: str, vocab_size: int,
-          smoothing: float = SMOOTHING) -> Score:
-    """The spatial distribution's fit to `targets` at one bandwidth."""
-    contrib = (log_contributions(nb.distances, None, kernel, bandwidth) + nb.log_weights).ravel()[nb.order]
+          smoothing: float = SMOOTHING, history_weight: float = 0.0) -> Score:
+    """The spatial distribution's fit to `targets` at one bandwidth (and history weight, when
+    `nb` has history candidates: each weighs `history_weight`; 0 leaves them out exactly)."""
+    log_w = nb.log_weights
+    if nb.history is not None:
+        log_w = np.where(nb.history, np.log(history_weight) if history_weight > 0 else -np.inf, log_w)
+    contrib = (log_contributions(nb.distances, None, kernel, bandwidth) + log_w)[nb.order]
     logits = _segment_logsumexp(contrib, nb.starts)
     log_z = _segment_logsumexp(logits, nb.query_starts)
     q_sizes = np.diff(np.append(nb.query_starts, len(logits)))
@@ -117,7 +151,7 @@ def score(nb: Neighbours, targets: np.ndarray, bandwidth: float, kernel: str, vo
     group_keys = nb.group_query * span + nb.group_token
     wanted = np.arange(nb.queries) * span + np.asarray(targets, dtype=np.int64)
     where = np.minimum(np.searchsorted(group_keys, wanted), len(group_keys) - 1)
-    present = group_keys[where] == wanted
+    present = (group_keys[where] == wanted) & np.isfinite(logits[where])
     log_p = np.where(present, logits[where] - log_z, -np.inf)
     p = np.where(np.isfinite(log_p), np.exp(np.minimum(log_p, 0.0)), 0.0)
     log_probs = np.log((1.0 - smoothing) * p + smoothing / vocab_size)
@@ -129,28 +163,33 @@ OBJECTIVES = ("log-likelihood", "top1")
 
 
 def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_size: int,
-                        objective: str = "log-likelihood") -> dict:
+                        objective: str = "log-likelihood", history_weight: float = 0.0,
+                        centre: float | None = None, octaves: tuple[int, int] = GRID_OCTAVES) -> dict:
     """The bandwidth that maximises `objective` on the holdout, and the whole search curve.
 
     'log-likelihood' (the default) is the smoothed mean log p(exact argmax); 'top1' is the
     fraction of positions where the spatial argmax is the exact argmax (ties: the higher
-    log-likelihood). The other objective's optimum is recorded too.
+    log-likelihood). The other objective's optimum is recorded too. The grid spans `octaves`
+    around `centre` (default: the median stored-neighbour distance); `history_weight` is passed
+    to `score`.
     """
     if objective not in OBJECTIVES:
         raise UserError(f"--bandwidth-objective must be one of {', '.join(OBJECTIVES)}, got '{objective}'")
-    positive = nb.distances[nb.distances > 0]
+    stored = nb.stored_distances
+    positive = stored[stored > 0]
     scale = float(np.median(positive)) if len(positive) else 1.0
-    lo, hi = GRID_OCTAVES
-    grid = scale * 2.0 ** (np.arange(lo * GRID_STEPS_PER_OCTAVE, hi * GRID_STEPS_PER_OCTAVE + 1) / GRID_STEPS_PER_OCTAVE)
+    lo, hi = octaves
+    centre = scale if centre is None else centre
+    grid = centre * 2.0 ** (np.arange(lo * GRID_STEPS_PER_OCTAVE, hi * GRID_STEPS_PER_OCTAVE + 1) / GRID_STEPS_PER_OCTAVE)
     curve = []
     for h in grid:
-        s = score(nb, targets, float(h), kernel, vocab_size)
+        s = score(nb, targets, float(h), kernel, vocab_size, history_weight=history_weight)
         curve.append({"h": float(h), "log_likelihood": s.log_likelihood, "top1": s.top1})
     best = max(range(len(curve)), key=lambda i: (curve[i]["log_likelihood"], -i))
     step = 2.0 ** (1.0 / GRID_STEPS_PER_OCTAVE)
 
     def negative_ll(log_h: float) -> float:  # refine between the best point's grid neighbours
-        s = score(nb, targets, float(np.exp(log_h)), kernel, vocab_size)
+        s = score(nb, targets, float(np.exp(log_h)), kernel, vocab_size, history_weight=history_weight)
         curve.append({"h": float(np.exp(log_h)), "log_likelihood": s.log_likelihood, "top1": s.top1})
         return -s.log_likelihood
 
@@ -161,11 +200,12 @@ def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_
     by_ll = max(curve, key=lambda c: c["log_likelihood"])
     by_top1 = max(curve, key=lambda c: (c["top1"], c["log_likelihood"]))
     chosen = by_ll if objective == "log-likelihood" else by_top1
-    final = score(nb, targets, chosen["h"], kernel, vocab_size)
+    final = score(nb, targets, chosen["h"], kernel, vocab_size, history_weight=history_weight)
     return {"h": chosen["h"], "objective": objective, "log_likelihood": final.log_likelihood, "top1": final.top1,
             "best_log_likelihood": {"h": by_ll["h"], "log_likelihood": by_ll["log_likelihood"], "top1": by_ll["top1"]},
             "best_top1": {"h": by_top1["h"], "log_likelihood": by_top1["log_likelihood"], "top1": by_top1["top1"]},
-            "coverage": final.coverage, "kernel": kernel, "max_neighbors": int(nb.distances.shape[1]),
+            "coverage": final.coverage, "kernel": kernel, "max_neighbors": nb.max_neighbors,
+            "history_weight": history_weight,
             "positions": int(nb.queries), "smoothing": SMOOTHING, "median_neighbour_distance": scale,
             "at_grid_edge": bool(chosen["h"] in (curve[0]["h"], curve[-1]["h"])),
             "log_likelihood_definition": "mean log((1-eps) p_spatial(exact argmax) + eps/V) on the holdout",
@@ -192,6 +232,13 @@ def with_given_bandwidth(fitted: Fit, targets: np.ndarray, bandwidth: float, ker
                          vocab_size: int) -> dict:
     """The calibration record with a user-given h: the curve and calibrated h are kept (as
     'calibrated_h'), the held-out scores are those of the given h."""
-    given = score(fitted.neighbours, targets, bandwidth, kernel, vocab_size)
-    return {**fitted.calibration, "calibrated_h": fitted.calibration["h"], "h": bandwidth, "given": True,
-            "log_likelihood": given.log_likelihood, "top1": given.top1}
+    return given_bandwidth(fitted.neighbours, fitted.calibration, targets, bandwidth, kernel, vocab_size)
+
+
+def given_bandwidth(nb: Neighbours, calibration: dict, targets: np.ndarray, bandwidth: float, kernel: str,
+                    vocab_size: int, history_weight: float = 0.0) -> dict:
+    """`calibration` (a calibrate_bandwidth record) rescored at a user-given h."""
+    given = score(nb, targets, bandwidth, kernel, vocab_size, history_weight=history_weight)
+    return {**calibration, "calibrated_h": calibration.get("h"), "h": bandwidth, "given": True,
+            "log_likelihood": given.log_likelihood, "top1": given.top1,
+            "coverage": given.coverage}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
@@ -21,6 +22,10 @@ DEFAULT_CONTEXT_DECAY = 0.01
 DEFAULT_TOKEN_WINDOW: int | None = None
 DEFAULT_TOKEN_DECAY = 1.0
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+TARGETS = ("soft", "argmax", "corpus")
+DEFAULT_SOFT_K = 8
+MAX_SOFT_K = 64
+RANDOM_POSITIONS_SUFFIX = ".random-positions"
 KEEP = object()
 
 
@@ -39,7 +44,8 @@ class BuildOptions:
     metric: str = "euclidean"
     window: int | None | object = KEEP  # KEEP = the kind's default; None = every token
     decay: float | None = None  # None = the kind's default
-    target: str = "argmax"
+    target: str = "soft"  # soft: the exact top-k as weighted atoms; argmax: one atom; corpus: the text's token
+    soft_k: int = DEFAULT_SOFT_K
     merge_radius: float = 0.0
     full_keys: bool = False
     kernel: str = "gaussian"
@@ -54,6 +60,13 @@ class BuildOptions:
     device: str = "cpu"
     replace: bool = False
     make_default: bool = False
+    history_weight: float | None = None  # None = calibrate (context sets) / 0 (token sets); 0 = off
+    history_window: int = 512
+    controls: bool = False  # also build <name>.random-positions
+
+    @property
+    def random_positions_name(self) -> str:
+        return self.name + RANDOM_POSITIONS_SUFFIX
 
     def resolved_window(self) -> int | None:
         if self.window is KEEP:
@@ -73,8 +86,19 @@ class BuildOptions:
             raise UserError(f"--kind must be 'token' or 'context', got '{self.kind}'")
         if self.max_tokens < 2:
             raise UserError(f"--max-tokens must be at least 2, got {self.max_tokens}")
-        if self.target not in ("argmax", "corpus"):
-            raise UserError(f"--target must be 'argmax' or 'corpus', got '{self.target}'")
+        if self.target not in TARGETS:
+            raise UserError(f"--target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+        if not 1 <= self.soft_k <= MAX_SOFT_K:
+            raise UserError(f"--soft-k must be between 1 and {MAX_SOFT_K}, got {self.soft_k}")
+        if self.history_weight is not None and not (self.history_weight >= 0 and np.isfinite(self.history_weight)):
+            raise UserError(f"--history-weight must be a finite number >= 0, got {self.history_weight}")
+        if not 0 <= self.history_window <= HISTORY_WINDOW_MAX:
+            raise UserError(f"--history-window must be between 0 and {HISTORY_WINDOW_MAX}, got {self.history_window}")
+        if self.controls and self.kind != "context":
+            raise UserError("--controls builds a random-positions control of a context set; pass --kind context")
+        if self.controls and not NAME_PATTERN.match(self.random_positions_name):
+            raise UserError(f"--name is too long for --controls: the control set '{self.random_positions_name}' "
+                            "needs a name of at most 63 characters")
         if self.kernel not in ("gaussian", "exponential"):
             raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
         if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):

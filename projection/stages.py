@@ -1,17 +1,23 @@
 """The stages of a build, each a function from the earlier stages' frozen results to its own.
 
-    load -> project -> label -> choose_centroid -> make_atoms -> calibrate -> (stats) -> ingest
+    load -> project -> label -> choose_centroid -> make_atoms -> calibrate -> calibrate_history
+         [-> random_positions] -> (stats) -> ingest [control first, then the set]
 
-load       the model, its input embeddings, and the tokenized corpus (training + held-out chunks)
+load       the model, its input embeddings, and the tokenized corpus: training chunks, and the
+           holdout split in halves (hartonomous.splits): calibration chunks, test chunks
 project    the embeddings to 3D (LMDS or PCA) and the projection's quality
-label      teacher forcing: the exact model's argmax at every training and held-out position
-choose_centroid  the centroid window/decay: the options' own, or the best of a held-out sweep
-make_atoms token or context atoms (merged), the held-out queries, full-dimensional keys if asked
-calibrate  the kernel bandwidth on the holdout (or score a given one); the keys' bandwidth too
-ingest     the one database write (hartonomous.atomset.write), a single transaction
+label      teacher forcing: the exact model's argmax (and top-k for --target soft) at every
+           training and calibration position (the test half is left to `compare`)
+choose_centroid  the centroid window/decay: the options' own, or the best of a calibration sweep
+make_atoms token or context atoms (merged), the calibration queries, full-dimensional keys if asked
+calibrate  the kernel bandwidth on the calibration half (or score a given one); the keys' too
+calibrate_history  the history weight (projection/history.py) with h re-fitted, or a given one
+random_positions   with --controls: the same atoms keyed with a seeded permutation of the token
+           positions, calibrated the same way (its own h and history weight)
+ingest     the database writes (hartonomous.atomset.write): one transaction per set
 
-Nothing touches the database before `ingest`. A new stage (soft labels, learned positions,
-history calibration) takes the results it needs and returns a frozen result of its own.
+Everything the build tunes is tuned on the calibration half; the test half is only counted.
+Nothing touches the database before `ingest`.
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ from typing import Any
 import numpy as np
 
 from hartonomous.errors import UserError
+from hartonomous.splits import split_holdout
 from hartonomous.teacher import Forced
 from projection import calibrate as cal
-from projection.atoms import context_atoms, context_keys, context_values, merge_atoms, token_atoms
+from projection.atoms import (context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
+                              token_atoms)
 from hartonomous.corpus import Corpus, load_corpus
 from projection.distill import chunk_ids, distill, tokenize
-from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, CorpusStats, DistillStats, HoldoutStats,
-                                 IngestReport, LandmarkRows, TokenRows, write_atom_set)
+from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, ControlStats, CorpusStats,
+                                 DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,
+                                 drop_atom_set, write_atom_set)
+from projection.history import choose_history_weight, history_pairs
 from projection.options import BuildOptions
 from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
@@ -43,13 +53,17 @@ KEY_CALIBRATION_QUERIES = 1000
 
 @dataclass(frozen=True)
 class Texts:
-    """The tokenized corpus of a build: training chunks (context sets only) and held-out chunks."""
+    """The tokenized corpus of a build: training chunks (context sets only) and the holdout's
+    halves, each cut into chunks (hartonomous.splits: calibration tunes, test is for `compare`)."""
 
     corpus: Corpus
     train_ids: np.ndarray
     train_text: str
     train_chunks: list[np.ndarray]
-    holdout_chunks: list[np.ndarray]
+    calibration_text: str
+    calibration_chunks: list[np.ndarray]
+    test_text: str
+    test_chunks: list[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -74,14 +88,18 @@ class Loaded:
 def load_texts(options: BuildOptions, tokenizer) -> Texts:
     is_context = options.kind == "context"
     corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context)
-    holdout_chunks = chunk_ids(tokenize(tokenizer, corpus.holdout_text)[0], options.context_length)
+    halves = split_holdout(corpus.holdout_text)
+    calibration_chunks = chunk_ids(tokenize(tokenizer, halves.calibration)[0], options.context_length)
+    test_chunks = chunk_ids(tokenize(tokenizer, halves.test)[0], options.context_length)
     train_ids, train_text = tokenize(tokenizer, corpus.train_text, options.max_tokens)
     train_chunks = chunk_ids(train_ids, options.context_length)
     if is_context and not train_chunks:
         raise UserError("the corpus left no training text after the holdout; pass more text with --corpus")
-    if not holdout_chunks:
-        raise UserError("the holdout is empty; pass more text with --corpus or raise --holdout-chars")
-    return Texts(corpus, train_ids, train_text, train_chunks, holdout_chunks)
+    if not calibration_chunks or not test_chunks:
+        raise UserError("the holdout is too short to split into calibration and test halves; pass more text "
+                        "with --corpus or raise --holdout-chars")
+    return Texts(corpus, train_ids, train_text, train_chunks, halves.calibration, calibration_chunks, halves.test,
+                 test_chunks)
 
 
 def load(options: BuildOptions, model, tokenizer, ui: Reporter) -> Loaded:
@@ -129,39 +147,45 @@ def project(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Projected:
 
 @dataclass(frozen=True)
 class Labelled:
-    """The chunks the atoms and the calibration use, with the exact model's argmax at each position.
+    """The chunks the atoms and the calibration use, with the exact model's labels at each position.
 
-    train_chunks is empty for token sets; train_argmax is None unless the set's atoms are
-    valued by the argmax (--target argmax). `forced` is the teacher-forcing pass itself.
+    train_chunks is empty for token sets; train_argmax is set for --target argmax, train_top_ids
+    and train_top_probs (the exact top-k) for --target soft. `forced` is the teacher-forcing pass.
     """
 
     train_chunks: list[np.ndarray]
-    holdout_chunks: list[np.ndarray]
+    calibration_chunks: list[np.ndarray]
     train_argmax: list[np.ndarray] | None
-    holdout_argmax: list[np.ndarray]
+    train_top_ids: list[np.ndarray] | None
+    train_top_probs: list[np.ndarray] | None
+    calibration_argmax: list[np.ndarray]
     forced: Forced
     device: str
 
     @property
-    def holdout_targets(self) -> np.ndarray:
-        """The exact argmax at every held-out atom position: what the calibration predicts."""
-        return context_values(self.holdout_chunks, self.holdout_argmax, "argmax")
+    def calibration_targets(self) -> np.ndarray:
+        """The exact argmax at every calibration atom position: what the calibration predicts."""
+        return context_values(self.calibration_chunks, self.calibration_argmax, "argmax")
 
 
 def label(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Labelled:
     texts = loaded.texts
     train_chunks = texts.train_chunks if options.kind == "context" else []
-    train_labelled = train_chunks if options.target == "argmax" else []
-    label_chunks = train_labelled + texts.holdout_chunks
+    train_labelled = train_chunks if options.target in ("argmax", "soft") else []
+    label_chunks = train_labelled + texts.calibration_chunks
+    top_k = options.soft_k if options.target == "soft" and train_labelled else 0
     ui.step(f"corpus: {texts.corpus.description}; {sum(map(len, train_chunks))} training tokens, "
-            f"{sum(map(len, texts.holdout_chunks))} held-out tokens")
+            f"{sum(map(len, texts.calibration_chunks))} calibration + {sum(map(len, texts.test_chunks))} "
+            "test held-out tokens")
     with ui.bar("teacher forcing", int(sum(map(len, label_chunks))), "tok") as advance:
-        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance)
+        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance, top_k=top_k)
     ui.step(f"forward pass: {forced.tokens} tokens in {forced.seconds:.1f}s "
             f"({forced.tokens_per_second:,.0f} tokens/s)")
-    return Labelled(train_chunks, texts.holdout_chunks,
-                    forced.argmax[:len(train_labelled)] if options.target == "argmax" else None,
-                    forced.argmax[len(train_labelled):], forced, str(next(loaded.model.parameters()).device))
+    n = len(train_labelled)
+    return Labelled(train_chunks, texts.calibration_chunks,
+                    forced.argmax[:n] if options.target == "argmax" else None,
+                    forced.top_ids[:n] if top_k else None, forced.top_probs[:n] if top_k else None,
+                    forced.argmax[n:], forced, str(next(loaded.model.parameters()).device))
 
 
 # --- choose_centroid -----------------------------------------------------------------------
@@ -180,39 +204,44 @@ def atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, 
     """The set's atoms for one (window, decay); full-dimensional keys from `full` when given."""
     if options.kind != "context":
         return token_atoms(positions, full)
-    raw = context_atoms(labelled.train_chunks, labelled.train_argmax, positions, window, decay, options.target, full)
+    if options.target == "soft":
+        raw = soft_context_atoms(labelled.train_chunks, labelled.train_top_ids, labelled.train_top_probs, positions,
+                                 window, decay, full)
+    else:
+        raw = context_atoms(labelled.train_chunks, labelled.train_argmax, positions, window, decay, options.target,
+                            full)
     return merge_atoms(raw, options.merge_radius)
 
 
-def holdout_queries(labelled: Labelled, vectors: np.ndarray, window: int | None, decay: float,
-                    dtype=np.float64) -> np.ndarray:
-    """The context centroid of every held-out atom position (row i predicts holdout_targets[i])."""
-    return context_keys(labelled.holdout_chunks, vectors, window, decay, dtype)
+def calibration_queries(labelled: Labelled, vectors: np.ndarray, window: int | None, decay: float,
+                        dtype=np.float64) -> np.ndarray:
+    """The context centroid of every calibration atom position (row i predicts calibration_targets[i])."""
+    return context_keys(labelled.calibration_chunks, vectors, window, decay, dtype)
 
 
 def fit_3d(options: BuildOptions, atoms: AtomRows, queries: np.ndarray, labelled: Labelled,
            vocab_size: int) -> cal.Fit:
-    return cal.fit(atoms.positions, atoms.token_ids, atoms.weights, queries, labelled.holdout_targets,
+    return cal.fit(atoms.positions, atoms.token_ids, atoms.weights, queries, labelled.calibration_targets,
                    options.kernel, options.max_neighbors, vocab_size, options.bandwidth_objective)
 
 
 def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
                     ui: Reporter) -> Centroid:
-    """The options' window and decay, or with --sweep the candidate with the best held-out top-1
+    """The options' window and decay, or with --sweep the candidate with the best calibration top-1
     (each candidate's 3D atoms and calibrated bandwidth are made and dropped in turn)."""
     if not options.sweep:
         return Centroid(options.resolved_window(), options.resolved_decay(), None)
 
     def evaluate(window: int | None, decay: float) -> Evaluated:
         atoms = atom_rows(options, labelled, projected.positions, window, decay)
-        queries = holdout_queries(labelled, projected.positions, window, decay)
+        queries = calibration_queries(labelled, projected.positions, window, decay)
         fitted = fit_3d(options, atoms, queries, labelled, loaded.vocab_size)
         return Evaluated(window, decay, int(len(atoms.token_ids)), fitted.calibration)
 
     with ui.bar("centroid sweep", len(CANDIDATES), "cand") as advance:
         best, rows = sweep(CANDIDATES, evaluate, advance)
     ui.step(f"sweep chose window={best.window or 'all'}, decay={best.decay} "
-            f"(held-out top-1 {best.calibration['top1']:.3f})")
+            f"(calibration top-1 {best.calibration['top1']:.3f})")
     return Centroid(best.window, best.decay, rows)
 
 
@@ -220,7 +249,8 @@ def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected,
 
 @dataclass(frozen=True)
 class Atoms:
-    """The atoms to ingest, their held-out 3D queries, and how many positions they came from."""
+    """The atoms to ingest, their calibration 3D queries, and how many atoms they came from
+    before merging (positions x k for soft atoms)."""
 
     centroid: Centroid
     rows: AtomRows
@@ -228,24 +258,34 @@ class Atoms:
     before_merge: int
 
 
-def make_atoms(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
-               centroid: Centroid, ui: Reporter) -> Atoms:
+def make_atoms(options: BuildOptions, loaded: Loaded, positions: np.ndarray, labelled: Labelled,
+               centroid: Centroid, ui: Reporter, full_keys: bool | None = None) -> Atoms:
+    """The set's atoms keyed with `positions` (the projection's, or a control's); full keys with
+    --full-keys unless `full_keys` says otherwise."""
     window, decay = centroid.window, centroid.decay
-    ui.step(f"building {options.kind} atoms (window={window or 'all'}, decay={decay})")
-    rows = atom_rows(options, labelled, projected.positions, window, decay,
-                     loaded.embeddings if options.full_keys else None)
-    before = sum(len(c) - 1 for c in labelled.train_chunks) if options.kind == "context" else loaded.vocab_size
-    return Atoms(centroid, rows, holdout_queries(labelled, projected.positions, window, decay), int(before))
+    full_keys = options.full_keys if full_keys is None else full_keys
+    ui.step(f"building {options.kind} atoms (target={options.target if options.kind == 'context' else 'token'}, "
+            f"window={window or 'all'}, decay={decay})")
+    rows = atom_rows(options, labelled, positions, window, decay, loaded.embeddings if full_keys else None)
+    if options.kind != "context":
+        before = loaded.vocab_size
+    elif options.target == "soft":
+        before = sum(int((p[:-1] > 0).sum()) for p in labelled.train_top_probs)
+    else:
+        before = sum(len(c) - 1 for c in labelled.train_chunks)
+    return Atoms(centroid, rows, calibration_queries(labelled, positions, window, decay), int(before))
 
 
 # --- calibrate -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Calibrated:
-    """stats['bandwidth'] (the set's h and its held-out scores) and, with full keys, the keys' own."""
+    """The stored atoms' bandwidth calibration on the calibration half (no history atoms), the
+    neighbours it used, and with full keys the keys' own calibration."""
 
     calibration: dict
     keys: dict | None
+    neighbours: cal.Neighbours
 
     @property
     def bandwidth(self) -> float:
@@ -254,42 +294,136 @@ class Calibrated:
 
 def key_calibration(options: BuildOptions, loaded: Loaded, labelled: Labelled, atoms: Atoms) -> dict:
     """Calibrate h for KNN on the full-dimensional keys (the pgvector baseline), on a seeded
-    sample of at most KEY_CALIBRATION_QUERIES held-out positions."""
-    queries = holdout_queries(labelled, loaded.embeddings, atoms.centroid.window, atoms.centroid.decay, np.float32)
+    sample of at most KEY_CALIBRATION_QUERIES calibration positions."""
+    queries = calibration_queries(labelled, loaded.embeddings, atoms.centroid.window, atoms.centroid.decay, np.float32)
     rng = np.random.default_rng(options.seed)
     pick = np.sort(rng.choice(len(queries), size=min(KEY_CALIBRATION_QUERIES, len(queries)), replace=False))
     return cal.fit(atoms.rows.keys, atoms.rows.token_ids, atoms.rows.weights, queries[pick],
-                   labelled.holdout_targets[pick], options.kernel, options.max_neighbors, loaded.vocab_size,
+                   labelled.calibration_targets[pick], options.kernel, options.max_neighbors, loaded.vocab_size,
                    options.bandwidth_objective).calibration
 
 
 def calibrate(options: BuildOptions, loaded: Loaded, labelled: Labelled, atoms: Atoms, ui: Reporter) -> Calibrated:
-    """The bandwidth that best predicts the held-out argmax (--bandwidth: keep the curve, score
-    the given h), and with --full-keys the bandwidth of the full-dimensional keys."""
+    """The bandwidth that best predicts the calibration half's exact argmax from the stored atoms
+    (--bandwidth: keep the curve, score the given h), and with --full-keys the bandwidth of the
+    full-dimensional keys."""
     fitted = fit_3d(options, atoms.rows, atoms.queries, labelled, loaded.vocab_size)
     calibration = fitted.calibration
     if options.bandwidth is not None:
-        calibration = cal.with_given_bandwidth(fitted, labelled.holdout_targets, options.bandwidth, options.kernel,
-                                               loaded.vocab_size)
-    ui.step(f"bandwidth h={float(calibration['h']):.4g}: held-out top-1 {calibration['top1']:.3f}, "
+        calibration = cal.with_given_bandwidth(fitted, labelled.calibration_targets, options.bandwidth,
+                                               options.kernel, loaded.vocab_size)
+    ui.step(f"bandwidth h={float(calibration['h']):.4g} (stored atoms): calibration top-1 {calibration['top1']:.3f}, "
             f"log-likelihood {calibration['log_likelihood']:.3f}, coverage {calibration['coverage']:.3f}")
     keys = None
-    if options.full_keys:
+    if options.full_keys and atoms.rows.keys is not None:
         ui.step("calibrating the bandwidth of the full-dimensional keys (pgvector baseline)")
         keys = key_calibration(options, loaded, labelled, atoms)
-    return Calibrated(calibration, keys)
+    return Calibrated(calibration, keys, fitted.neighbours)
+
+
+# --- calibrate_history ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class History:
+    """The set's history weight and window, its bandwidth with them, and stats['history'].
+
+    `calibration` is the record of the set's final (h, history weight): what stats['bandwidth']
+    holds; with weight 0 it is the stored-only calibration.
+    """
+
+    weight: float
+    window: int
+    calibration: dict
+    record: dict
+
+    @property
+    def bandwidth(self) -> float:
+        return float(self.calibration["h"])
+
+
+def calibrate_history(options: BuildOptions, loaded: Loaded, positions: np.ndarray, labelled: Labelled,
+                      atoms: Atoms, calibrated: Calibrated, ui: Reporter) -> History:
+    """Choose the history weight on the calibration half (projection/history.py): the grid with h
+    re-fitted at each weight, or --history-weight's value scored; off (0) for token sets unless
+    --history-weight is given, and whenever --history-window is 0."""
+    window = options.history_window
+    fixed = options.history_weight
+    if fixed is None and options.kind != "context":
+        fixed = 0.0
+    if window == 0 or fixed == 0:
+        record = {"weight": 0.0, "window": window, "calibrated": False, "split": "calibration"}
+        return History(0.0, window, {**calibrated.calibration, "history_weight": 0.0}, record)
+    pairs = history_pairs(labelled.calibration_chunks, positions, atoms.centroid.window, atoms.centroid.decay, window)
+    grid = (0.0, fixed) if fixed is not None else None
+    ui.step(f"history atoms: {len(pairs.query):,} (position, history atom) pairs on the calibration half; "
+            + (f"scoring --history-weight {fixed}" if fixed is not None else "choosing the history weight"))
+    kwargs = {"grid": grid} if grid is not None else {}
+    choice = choose_history_weight(calibrated.neighbours, calibrated.calibration, pairs,
+                                   labelled.calibration_targets, options.kernel, loaded.vocab_size,
+                                   options.bandwidth_objective, bandwidth=options.bandwidth, **kwargs)
+    weight = float(fixed) if fixed is not None else choice.weight
+    final = next(r for r in choice.records if r["history_weight"] == weight)
+    for row in choice.grid:
+        ui.step(f"  history weight {row['history_weight']:g}: h={row['h']:.4g}, top-1 {row['top1']:.3f}, "
+                f"log-likelihood {row['log_likelihood']:.3f}")
+    ui.step(f"history weight {weight:g} (window {window}), h={float(final['h']):.4g}: calibration top-1 "
+            f"{final['top1']:.3f}, log-likelihood {final['log_likelihood']:.3f}")
+    record = {"weight": weight, "window": window, "calibrated": fixed is None, "split": "calibration",
+              "objective": options.bandwidth_objective, "pairs": int(len(pairs.query)), "grid": choice.grid,
+              "bandwidth_refit": "given --bandwidth" if options.bandwidth is not None else
+              "re-calibrated at every weight (grid of 2^(k/4), k = -16..16, around the stored-only h, refined)"}
+    return History(weight, window, final, record)
+
+
+# --- random_positions (the control) --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Control:
+    """The random-positions control: the same labels keyed with permuted token positions, and
+    calibrated the same way (its own bandwidth and history weight)."""
+
+    name: str
+    positions: np.ndarray
+    permutation_seed: int
+    atoms: Atoms
+    calibrated: Calibrated
+    history: History
+
+
+def random_token_positions(positions: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded permutation of the token positions: the same 3D point cloud (so the same scale,
+    density and kernel geometry), with every token sent to another token's point."""
+    return np.asarray(positions)[np.random.default_rng(seed).permutation(len(positions))]
+
+
+def random_positions(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
+                     centroid: Centroid, ui: Reporter) -> Control:
+    """The control set `<name>.random-positions`: does the projection carry information?"""
+    ui.step(f"control '{options.random_positions_name}': the same atoms at randomly permuted token positions")
+    seed = options.seed + 1  # not the projection's own seed, so the permutation is not tied to its landmarks
+    positions = random_token_positions(projected.positions, seed)
+    atoms = make_atoms(options, loaded, positions, labelled, centroid, ui, full_keys=False)
+    calibrated = calibrate(options, loaded, labelled, atoms, ui)
+    history = calibrate_history(options, loaded, positions, labelled, atoms, calibrated, ui)
+    return Control(options.random_positions_name, positions, seed, atoms, calibrated, history)
 
 
 # --- stats and ingest ----------------------------------------------------------------------
 
+def split_stats(chunks: list[np.ndarray], text: str) -> SplitStats:
+    """A holdout half: characters, tokens, and atom positions (predictions) in its chunks."""
+    return SplitStats(chars=len(text), tokens=int(sum(map(len, chunks))), positions=int(sum(len(c) - 1 for c in chunks)))
+
+
 def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
-                  atoms: Atoms, calibrated: Calibrated) -> BuildStats:
+                  atoms: Atoms, calibrated: Calibrated, history: History, control: Control | None = None
+                  ) -> BuildStats:
     """atom_sets.stats of the build (the ingest adds its own timings under `ingest`)."""
     texts, is_context = loaded.texts, options.kind == "context"
     train_tokens = int(sum(map(len, labelled.train_chunks)))
     return BuildStats(
         projection=projected.quality,
-        bandwidth=calibrated.calibration,
+        bandwidth=history.calibration,
         centroid_sweep=atoms.centroid.sweep,
         corpus=CorpusStats(source=texts.corpus.description, text=texts.train_text if is_context else None,
                            files=[str(p) for p in options.corpus], train_tokens=train_tokens,
@@ -299,15 +433,31 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         holdout=HoldoutStats(source=f"{texts.corpus.description}: seeded holdout ({texts.corpus.holdout_segments} "
                                     f"segments, seed {options.seed}), never used for atoms",
                              text=texts.corpus.holdout_text, chars=len(texts.corpus.holdout_text),
-                             tokens=int(sum(map(len, texts.holdout_chunks))), context_length=options.context_length),
+                             tokens=int(sum(map(len, texts.calibration_chunks + texts.test_chunks))),
+                             context_length=options.context_length),
         distill=DistillStats(target=options.target if is_context else None, tokens=labelled.forced.tokens,
                              seconds=labelled.forced.seconds, tokens_per_second=labelled.forced.tokens_per_second,
-                             device=labelled.device, batch_tokens=options.batch_tokens),
+                             device=labelled.device, batch_tokens=options.batch_tokens,
+                             soft_k=options.soft_k if is_context and options.target == "soft" else None),
         atoms=AtomStats(count=int(len(atoms.rows.token_ids)), before_merge=atoms.before_merge,
-                        merge_radius=options.merge_radius if is_context else None, full_keys=options.full_keys),
+                        merge_radius=options.merge_radius if is_context else None,
+                        full_keys=atoms.rows.keys is not None),
         key_bandwidth=calibrated.keys["h"] if calibrated.keys is not None else None,
         key_calibration=calibrated.keys,
+        calibration_split=split_stats(texts.calibration_chunks, texts.calibration_text),
+        test_split=split_stats(texts.test_chunks, texts.test_text),
+        history=history.record,
+        controls=ControlStats(random_positions=control.name) if control is not None else None,
     )
+
+
+def control_stats(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
+                  control: Control) -> BuildStats:
+    """The control's stats: its own atoms, bandwidth and history; what it is a control of."""
+    stats = collect_stats(options, loaded, projected, labelled, control.atoms, control.calibrated, control.history)
+    return stats.model_copy(update={"projection": None, "control_of": {
+        "atom_set": options.name, "kind": "random_positions", "permutation_seed": control.permutation_seed,
+        "positions": "a seeded permutation of the projected token positions"}})
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
@@ -317,22 +467,50 @@ def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
     return texts + [None] * (vocab_size - known)
 
 
+def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, positions: np.ndarray,
+           landmarks: LandmarkRows | None, rows: AtomRows, ui: Reporter) -> IngestReport:
+    tokens = TokenRows(np.arange(loaded.vocab_size), token_texts(loaded.tokenizer, loaded.vocab_size), positions,
+                       loaded.embeddings)
+    ui.step(f"ingesting {len(rows.token_ids):,} atoms into '{spec.name}'")
+    report = write_atom_set(conn, spec, tokens, rows, landmarks, replace=options.replace, progress=ui.step)
+    ui.step(f"ingest: {report.atoms:,} atoms in {report.total_seconds:.1f}s ({report.atoms_per_second:,.0f} atoms/s)")
+    return report
+
+
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
-           calibrated: Calibrated, stats: BuildStats, ui: Reporter) -> IngestReport:
-    """Write the set (its row, tokens, landmarks, atoms) in one transaction; the only write."""
+           history: History, stats: BuildStats, ui: Reporter) -> IngestReport:
+    """Write the set (its row, tokens, landmarks, atoms) in one transaction."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
                            landmark_token_ids=None if fitted.landmark_idx is None else fitted.landmark_idx.tolist())
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, options.projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
-                       calibrated.bandwidth, stats, options.make_default, model_key=options.model)
-    tokens = TokenRows(np.arange(loaded.vocab_size), token_texts(loaded.tokenizer, loaded.vocab_size), positions,
-                       embeddings)
+                       history.bandwidth, stats, options.make_default, model_key=options.model,
+                       history_weight=history.weight, history_window=history.window)
     landmarks = None
     if fitted.landmark_idx is not None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])
-    ui.step(f"ingesting {len(atoms.rows.token_ids):,} atoms")
-    report = write_atom_set(conn, spec, tokens, atoms.rows, landmarks, replace=options.replace, progress=ui.step)
-    ui.step(f"ingest: {report.atoms:,} atoms in {report.total_seconds:.1f}s ({report.atoms_per_second:,.0f} atoms/s)")
-    return report
+    return _write(conn, options, loaded, spec, positions, landmarks, atoms.rows, ui)
+
+
+def ingest_control(conn, options: BuildOptions, loaded: Loaded, control: Control, stats: BuildStats,
+                   ui: Reporter) -> IngestReport:
+    """Write the control set in its own transaction; never the default, no landmarks (its positions
+    are not a projection of the embeddings)."""
+    spec = AtomSetSpec(control.name, loaded.model_name, loaded.vocab_size, loaded.dim, "random-positions",
+                       options.kind, {"control_of": options.name, "of_projection": options.projection,
+                                      "permutation_seed": control.permutation_seed},
+                       control.atoms.centroid.window, control.atoms.centroid.decay, options.kernel,
+                       control.history.bandwidth, stats, False, model_key=options.model,
+                       history_weight=control.history.weight, history_window=control.history.window)
+    return _write(conn, options, loaded, spec, control.positions, None, control.atoms.rows, ui)
+
+
+def drop_control(conn, control: Control) -> None:
+    """Remove a control whose main set failed to write (best effort: the main error is what matters)."""
+    try:
+        conn.rollback()
+        drop_atom_set(conn, control.name)
+    except Exception:  # noqa: BLE001 - the caller re-raises the original failure
+        pass

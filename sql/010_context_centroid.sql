@@ -5,28 +5,39 @@
 -- where k counts steps back from the newest token (k = 0 is the last one), window and decay
 -- are the atom set's centroid_window (NULL = every token, as in the original) and
 -- centroid_decay (1 = uniform). hartonomous/centroid.py is the same definition in NumPy; the
--- tests compare the two. decay^k below e^-300 counts as 0, so that weight * coordinate cannot
--- underflow (PostgreSQL raises on underflow); the newest token's weight is 1, so this is invisible.
+-- tests compare the two. Stored context atoms are keyed with it, and so are next_token's history
+-- atoms (the centroid of every prefix of the context, computed in one pass in ht_next_token).
+-- decay^k below e^-300 counts as 0, so that weight * coordinate cannot underflow (PostgreSQL
+-- raises on underflow); the newest token's weight is 1, so this is invisible.
 --
 -- ht_* functions are internal building blocks of the public functions; call the public ones.
 -- Every function pins search_path and is SECURITY INVOKER. Bad input raises SQLSTATE 22023
 -- (invalid_parameter_value) with a message that starts with the argument's name.
 
+-- ht_atom_set gained the history arguments and OUT columns with history atoms; CREATE OR REPLACE
+-- cannot change a signature, so the one-argument version of a database installed before is dropped.
+DROP FUNCTION IF EXISTS ht_atom_set(text);
+
 CREATE OR REPLACE FUNCTION ht_atom_set(
-    p_atom_set text,
+    p_atom_set text, p_history_weight double precision DEFAULT NULL,
+    p_history_window integer DEFAULT NULL,
     OUT id integer, OUT name text, OUT centroid_window integer,
-    OUT centroid_decay double precision, OUT kernel text, OUT bandwidth double precision)
+    OUT centroid_decay double precision, OUT kernel text, OUT bandwidth double precision,
+    OUT history_weight double precision, OUT history_window integer)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- The atom set named p_atom_set, or the default one when it is NULL.
+-- The atom set named p_atom_set, or the default one when it is NULL; history_weight and
+-- history_window are the arguments when given (checked by the caller), else the set's own.
 #variable_conflict use_column
 BEGIN
     IF p_atom_set IS NULL THEN
-        SELECT s.id, s.name, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth
-          INTO id, name, centroid_window, centroid_decay, kernel, bandwidth
+        SELECT s.id, s.name, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
+               s.history_weight, s.history_window
+          INTO id, name, centroid_window, centroid_decay, kernel, bandwidth,
+               history_weight, history_window
           FROM atom_sets s WHERE s.is_default;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
@@ -34,8 +45,10 @@ BEGIN
                 HINT = 'Build one with `hartonomous build`, or pass atom_set => ''<name>'' (see SELECT name FROM atom_sets).';
         END IF;
     ELSE
-        SELECT s.id, s.name, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth
-          INTO id, name, centroid_window, centroid_decay, kernel, bandwidth
+        SELECT s.id, s.name, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
+               s.history_weight, s.history_window
+          INTO id, name, centroid_window, centroid_decay, kernel, bandwidth,
+               history_weight, history_window
           FROM atom_sets s WHERE s.name = p_atom_set;
         IF NOT FOUND THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
@@ -43,6 +56,8 @@ BEGIN
                 HINT = 'List them with SELECT name FROM atom_sets, or pass NULL for the default one.';
         END IF;
     END IF;
+    history_weight := coalesce(p_history_weight, history_weight);
+    history_window := coalesce(p_history_window, history_window);
 END
 $$;
 

@@ -1,23 +1,38 @@
--- next_token: geometric next-token prediction, the port of sp_SpatialNextToken.
+-- next_token: geometric next-token prediction, the port of sp_SpatialNextToken, plus the
+-- context's own history as atoms.
 --
 --   next_token(context integer[], temperature float8 = 1.0, top_k int = 40, top_p float8 = 0.9,
 --              search_radius float8 = NULL, max_neighbors int = 100, atom_set text = NULL,
---              repetition_penalty float8 = 1.0)
+--              repetition_penalty float8 = 1.0, history_weight float8 = NULL,
+--              history_window int = NULL)
 --   RETURNS TABLE(token_id int, probability float8, cumulative_probability float8)
 --
 -- Semantics (docs/sql.md has examples; hartonomous/sampling.py is the same sampler in torch):
 --  1. Atom set: atom_set names one; NULL means the default one (atom_sets.is_default).
 --  2. Centroid: c = context_centroid(context, atom_set), the decayed, windowed mean of the
 --     context tokens' positions (sql/010_context_centroid.sql, hartonomous/centroid.py).
---  3. KNN: the max_neighbors atoms of that set nearest to c in 3D, found with
---     ORDER BY position <<->> c LIMIT max_neighbors on the set's own GiST nd index. With
---     search_radius, only those at distance d <= search_radius count.
---  4. Kernel: an atom of weight w at distance d contributes w * exp(-d^2 / h^2) (gaussian,
+--  3. KNN: the max_neighbors stored atoms of that set nearest to c in 3D, found with
+--     ORDER BY position <<->> c LIMIT max_neighbors on the set's own GiST nd index.
+--  4. History atoms: the context itself contributes atoms. With n = cardinality(context),
+--     H = history_window (NULL: atom_sets.history_window) and m = min(H, n - 1), for each
+--     i = n - m .. n - 1 there is an atom at context_centroid(context[1:i]) (the set's own
+--     centroid window and decay: the definition the stored context atoms are keyed with), with
+--     token context[i + 1] and weight history_weight (NULL: atom_sets.history_weight). So each
+--     of the last H tokens of the context, except its very first token, is an atom keyed by the
+--     centroid of the text before it: "what followed this situation earlier in this text".
+--     history_weight = 0 or history_window = 0 turns them off, and the result is then exactly
+--     (bit for bit) what next_token returned before history atoms existed.
+--     max_neighbors limits the stored atoms only (the history atoms are already bounded by
+--     history_window); search_radius applies to both: with it, only atoms, stored or history,
+--     at distance d <= search_radius from c count. hartonomous/centroid.py history_atoms is the
+--     same definition in NumPy.
+--  5. Kernel: an atom of weight w at distance d contributes w * exp(-d^2 / h^2) (gaussian,
 --     h = atom_sets.bandwidth; h = 1 is the original's exp(-d^2)) or w * exp(-d / h)
 --     (exponential, the original's exp(-d) score). A token's logit is the log of the sum of its
---     atoms' contributions, computed with log-sum-exp (hartonomous/kernel.py). Tokens without a
---     neighbouring atom have probability 0 and are not returned.
---  5. Sampler, in Hugging Face transformers' order and rules:
+--     atoms' contributions, stored and history atoms alike, computed with log-sum-exp
+--     (hartonomous/kernel.py). Tokens without an atom among the candidates have probability 0
+--     and are not returned.
+--  6. Sampler, in Hugging Face transformers' order and rules:
 --     a. repetition penalty over each distinct token id in the context: logit < 0 -> logit *
 --        penalty, else logit / penalty (1 = off);
 --     b. temperature: logit / T for T > 0; T = 0 is greedy: one row, the highest logit (lowest
@@ -29,28 +44,49 @@
 --        is always kept; 1 or NULL = off;
 --     e. renormalise: probability = softmax over what is left.
 --     Temperature comes before top-k/top-p (as in transformers; llama.cpp applies it last).
---  6. Rows are ordered by probability descending, then token_id ascending;
+--  7. Rows are ordered by probability descending, then token_id ascending;
 --     cumulative_probability is the running sum in that order (the last one is 1 within 1e-9).
---  7. No candidates (search_radius excludes every atom): zero rows and a NOTICE.
---  8. Bad input raises SQLSTATE 22023 naming the argument: NULL/empty context or NULL
+--  8. No candidates (search_radius excludes every atom): zero rows and a NOTICE.
+--  9. Bad input raises SQLSTATE 22023 naming the argument: NULL/empty context or NULL
 --     elements, a token id not in the atom set, temperature < 0/NaN/Inf, top_p outside (0, 1]
 --     or NaN, top_k < 0, max_neighbors outside 1..100000, repetition_penalty <= 0/NaN/Inf,
---     search_radius < 0/NaN, an unknown atom set or no default one. temperature (when > 0) and
---     repetition_penalty must lie in [1e-6, 1e6], where scaling logits cannot overflow float8.
+--     search_radius < 0/NaN, history_weight < 0/NaN/Inf, history_window outside 0..4096
+--     (atom_sets.history_window has the same bound), an unknown atom set or no default one.
+--     temperature (when > 0) and repetition_penalty must lie in [1e-6, 1e6], where scaling
+--     logits cannot overflow float8.
 -- Floating point: everything is float8; exp() of arguments below -744 counts as 0, and below
 -- -700 in the two softmaxes, so that e / sum(e) cannot underflow (PostgreSQL raises on underflow).
+-- History keys agree with context_centroid of each prefix to rounding (~1e-15 relative), not
+-- bit for bit: they come from running sums (see ht_next_token).
+-- Work per call: the KNN, plus O(m + W) context tokens for the history keys, where W is the
+-- effective centroid window (centroid_window, and at most floor(300 / -ln decay) + 1 tokens,
+-- since older weights count as 0); with no window and decay 1 that is the whole context, which
+-- the centroid reads anyway.
 -- Plan: static SQL with plan_cache_mode = force_generic_plan, so the statement is planned once
 -- per session and the executor prunes the other atom sets' partitions at start-up; this was
 -- faster than per-call custom plans (~5 ms of planning) and than dynamic SQL on atoms_<id>.
 --
--- next_token_batch(contexts jsonb, <the same 7 arguments>) answers many contexts in one call:
+-- next_token_batch(contexts jsonb, <the same 9 arguments>) answers many contexts in one call:
 -- contexts is a JSON array of arrays of token ids, e.g. '[[1, 2, 3], [4, 5]]'; the rows are
 -- next_token's rows for each context, prefixed with context_index (0-based, the JSON index).
+
+-- History atoms added arguments at the end of these signatures; CREATE OR REPLACE cannot change a
+-- signature, so the versions a database installed before are dropped (no-ops on a fresh one).
+DROP FUNCTION IF EXISTS ht_check_sampler_args(double precision, integer, double precision,
+                                              double precision, integer, double precision);
+DROP FUNCTION IF EXISTS ht_next_token(integer, text, double precision, geometry, integer[],
+                                      double precision, integer, double precision,
+                                      double precision, integer, double precision);
+DROP FUNCTION IF EXISTS next_token(integer[], double precision, integer, double precision,
+                                   double precision, integer, text, double precision);
+DROP FUNCTION IF EXISTS next_token_batch(jsonb, double precision, integer, double precision,
+                                         double precision, integer, text, double precision);
 
 CREATE OR REPLACE FUNCTION ht_check_sampler_args(
     p_temperature double precision, p_top_k integer, p_top_p double precision,
     p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision)
+    p_repetition_penalty double precision, p_history_weight double precision,
+    p_history_window integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -103,6 +139,17 @@ BEGIN
             MESSAGE = format('repetition_penalty must be between 1e-06 and 1e+06, got %s', p_repetition_penalty),
             HINT = 'Use 1 for no penalty; values above 1 discourage repeating context tokens.';
     END IF;
+    -- NULL history arguments mean the atom set's values (atom_sets has the same bounds).
+    IF p_history_weight = 'NaN' OR p_history_weight < 0 OR p_history_weight = 'Infinity' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('history_weight must be a finite number >= 0, got %s', p_history_weight),
+            HINT = 'Use 0 to turn history atoms off, or NULL for the atom set''s history_weight.';
+    END IF;
+    IF p_history_window < 0 OR p_history_window > 4096 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('history_window must be between 0 and 4096, got %s', p_history_window),
+            HINT = 'It counts the context''s last tokens used as history atoms; 0 turns them off, NULL is the atom set''s history_window.';
+    END IF;
 END
 $$;
 
@@ -111,7 +158,8 @@ CREATE OR REPLACE FUNCTION ht_next_token(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
     p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision)
+    p_repetition_penalty double precision, p_window integer, p_decay double precision,
+    p_history_weight double precision, p_history_window integer)
 RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -119,10 +167,43 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- Steps 3-6 of the semantics above for checked arguments and a computed centroid. Static SQL:
+-- Steps 3-7 of the semantics above for checked arguments and a computed centroid. Static SQL:
 -- the plan is cached per session, and the atoms partition is pruned at executor start-up.
+--
+-- History keys in one pass. The key of history atom i (elements 1-based) is
+--     key_i = sum_{j in (i - W, i]} g_j p_j / sum_{j in (i - W, i]} g_j,   g_j = decay^(i - j),
+-- where W is the effective window: centroid_window, and at most K = floor(300 / -ln decay) + 1
+-- (context_centroid counts weights below e^-300 as 0), unbounded when both are. Any common
+-- factor of the g_j cancels, so the sums are running sums over the elements, scaled by
+-- decay^(r - j) for a reference element r, minus the running sum W elements back. One r for the
+-- whole context would overflow (decay^-j), so the atoms are cut into blocks of K consecutive i,
+-- each with r = its first i; a block's rows are its own elements and the W - 1 before them, so
+-- |j - r| < K and every scale lies in [e^-300, e^300]. With W <= K an element lies in at most
+-- two blocks (its own, and the next one when its window reaches it): O(m + W) rows in all.
 #variable_conflict use_column
+DECLARE
+    v_n      integer := cardinality(p_context);
+    v_base   integer := array_lower(p_context, 1) - 1;   -- element i is p_context[v_base + i]
+    v_m      integer := 0;                               -- number of history atoms
+    v_first  integer := 1;                               -- the first atom's prefix ends at element v_first
+    v_last   integer := 0;                               -- ... the last one's at element v_last
+    v_lo     integer := 1;                               -- the first element the keys read
+    v_span   integer;                                    -- the effective window W (v_n: unbounded)
+    v_block  integer := 1;                               -- atoms per block (K, or v_n)
+    v_ln_d   double precision;
+    v_ln_w   double precision;
 BEGIN
+    IF p_history_weight > 0 AND p_history_window > 0 AND v_n > 1 THEN
+        v_m := least(p_history_window, v_n - 1);
+        v_first := v_n - v_m;
+        v_last := v_n - 1;
+        v_ln_d := ln(p_decay);
+        v_ln_w := ln(p_history_weight);
+        v_block := CASE WHEN v_ln_d < 0 AND 300 / -v_ln_d < v_n THEN floor(300 / -v_ln_d)::integer + 1
+                        ELSE v_n END;
+        v_span := least(coalesce(p_window, v_n), v_block);
+        v_lo := greatest(1, v_first - v_span + 1);
+    END IF;
     RETURN QUERY
     WITH nearest AS (
         SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
@@ -130,12 +211,54 @@ BEGIN
          WHERE a.atom_set_id = p_set_id
          ORDER BY a.position <<->> p_center
          LIMIT p_max_neighbors
+    ), history_element AS (
+        -- The elements v_lo .. v_last that the keys read (none when history atoms are off).
+        SELECT u.k + v_lo - 1 AS j, ST_X(t.position) AS x, ST_Y(t.position) AS y,
+               ST_Z(t.position) AS z
+          FROM unnest(p_context[v_base + v_lo : v_base + v_last]) WITH ORDINALITY AS u(tid, k)
+          JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = u.tid
+    ), history_block AS (
+        -- Each element in its own block b, and in the next block when its window reaches it.
+        SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
+          FROM history_element e
+        UNION ALL
+        SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
+          FROM history_element e
+         WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
+           AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
+    ), history_sum AS (
+        -- Running sums per block, element j scaled by decay^(r - j) for the block's reference r.
+        SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
+               sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
+          FROM (SELECT h.b, h.j, h.x, h.y, h.z,
+                       exp((v_first + h.b * v_block - h.j) * v_ln_d) AS g
+                  FROM history_block h) g
+        WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
+    ), history AS (
+        -- Windowed sums = running sum minus the running sum v_span elements back; the atom of the
+        -- prefix ending at element j has token element j + 1.
+        SELECT p_context[v_base + k.j + 1] AS tid,
+               ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) <<->> p_center AS d
+          FROM (SELECT s.b, s.j,
+                       s.sx - lag(s.sx, v_span, 0::float8) OVER w AS sx,
+                       s.sy - lag(s.sy, v_span, 0::float8) OVER w AS sy,
+                       s.sz - lag(s.sz, v_span, 0::float8) OVER w AS sz,
+                       s.sg - lag(s.sg, v_span, 0::float8) OVER w AS sg
+                  FROM history_sum s
+                WINDOW w AS (PARTITION BY s.b ORDER BY s.j)) k
+         WHERE k.j >= v_first + k.b * v_block
     ), contribution AS (
         SELECT n.tid,
                ln(n.w) - CASE WHEN p_kernel = 'gaussian' THEN (n.d / p_bandwidth) ^ 2
                               ELSE n.d / p_bandwidth END AS c
           FROM nearest n
          WHERE p_search_radius IS NULL OR n.d <= p_search_radius
+        UNION ALL
+        SELECT h.tid,
+               v_ln_w - CASE WHEN p_kernel = 'gaussian' THEN (h.d / p_bandwidth) ^ 2
+                             ELSE h.d / p_bandwidth END
+          FROM history h
+         WHERE p_search_radius IS NULL OR h.d <= p_search_radius
     ), logit AS (
         SELECT g.tid,
                max(g.m) + ln(sum(CASE WHEN g.c - g.m < -744 THEN 0 ELSE exp(g.c - g.m) END)) AS x
@@ -189,7 +312,9 @@ CREATE OR REPLACE FUNCTION next_token(
     search_radius double precision DEFAULT NULL,
     max_neighbors integer DEFAULT 100,
     atom_set text DEFAULT NULL,
-    repetition_penalty double precision DEFAULT 1.0)
+    repetition_penalty double precision DEFAULT 1.0,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
 RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -203,13 +328,14 @@ DECLARE
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
-                                  repetition_penalty);
-    SELECT * INTO s FROM ht_atom_set(atom_set);
+                                  repetition_penalty, history_weight, history_window);
+    SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     RETURN QUERY
         SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth,
                                     ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
                                     context, temperature, top_k, top_p, search_radius,
-                                    max_neighbors, repetition_penalty);
+                                    max_neighbors, repetition_penalty, s.centroid_window,
+                                    s.centroid_decay, s.history_weight, s.history_window);
     IF NOT FOUND THEN
         RAISE NOTICE 'next_token: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
             quote_literal(s.name), search_radius
@@ -227,7 +353,9 @@ CREATE OR REPLACE FUNCTION next_token_batch(
     search_radius double precision DEFAULT NULL,
     max_neighbors integer DEFAULT 100,
     atom_set text DEFAULT NULL,
-    repetition_penalty double precision DEFAULT 1.0)
+    repetition_penalty double precision DEFAULT 1.0,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
 RETURNS TABLE(context_index integer, token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -247,7 +375,7 @@ DECLARE
     bad     boolean;
 BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
-                                  repetition_penalty);
+                                  repetition_penalty, history_weight, history_window);
     IF contexts IS NULL OR jsonb_typeof(contexts) <> 'array' OR jsonb_array_length(contexts) = 0 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('contexts must be a non-empty JSON array of arrays of token ids, got %s',
@@ -276,7 +404,7 @@ BEGIN
         lens := lens || cardinality(ctx);
         j := j + 1;
     END LOOP;
-    SELECT * INTO s FROM ht_atom_set(atom_set);
+    SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     FOR j IN 1 .. cardinality(lens) LOOP
         ctx := ctxs[offs + 1 : offs + lens[j]];
         offs := offs + lens[j];
@@ -285,7 +413,8 @@ BEGIN
               FROM ht_next_token(s.id, s.kernel, s.bandwidth,
                                  ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx),
                                  ctx, temperature, top_k, top_p, search_radius, max_neighbors,
-                                 repetition_penalty) AS n;
+                                 repetition_penalty, s.centroid_window, s.centroid_decay,
+                                 s.history_weight, s.history_window) AS n;
         IF NOT FOUND THEN
             RAISE NOTICE 'next_token_batch: contexts[%]: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
                 j - 1, quote_literal(s.name), search_radius;
@@ -295,8 +424,10 @@ END
 $$;
 
 COMMENT ON FUNCTION next_token(integer[], double precision, integer, double precision,
-                               double precision, integer, text, double precision) IS
-    'Next-token distribution of a context: centroid, GiST KNN, kernel, then the transformers sampler rules; rows by probability desc, token_id asc. See docs/sql.md.';
+                               double precision, integer, text, double precision,
+                               double precision, integer) IS
+    'Next-token distribution of a context: centroid, GiST KNN plus the context''s own history atoms, kernel, then the transformers sampler rules; rows by probability desc, token_id asc. See docs/sql.md.';
 COMMENT ON FUNCTION next_token_batch(jsonb, double precision, integer, double precision,
-                                     double precision, integer, text, double precision) IS
+                                     double precision, integer, text, double precision,
+                                     double precision, integer) IS
     'next_token for each context of a JSON array of arrays, e.g. ''[[1, 2], [3]]''; rows prefixed with the 0-based context_index. See docs/sql.md.';

@@ -12,7 +12,22 @@
 -- step s (0-based) draws with seeded_uniform(seed, s) from next_token(context || generated), so
 -- it equals calling sample_next_token(context || generated, ..., seed, s) step by step. It stops
 -- after emitting a stop token (which is included), at max_new_tokens, or when no atom is
--- within search_radius (with a NOTICE); it returns the generated ids only.
+-- within search_radius (with a NOTICE); it returns the generated ids only. max_new_tokens must
+-- lie in 0 .. 4096 (MAX_NEW_TOKENS, the same bound as hartonomous GenerationConfig).
+-- history_weight and history_window (at the end of both signatures) are next_token's: history
+-- atoms from the context, which for generate_tokens includes the tokens generated so far.
+
+-- History atoms added arguments at the end of these signatures; CREATE OR REPLACE cannot change a
+-- signature, so the versions a database installed before are dropped (no-ops on a fresh one).
+DROP FUNCTION IF EXISTS ht_sample(integer, text, double precision, geometry, integer[],
+                                  double precision, integer, double precision, double precision,
+                                  integer, double precision, double precision);
+DROP FUNCTION IF EXISTS sample_next_token(integer[], double precision, integer, double precision,
+                                          double precision, integer, text, double precision,
+                                          bigint, integer);
+DROP FUNCTION IF EXISTS generate_tokens(integer[], integer, double precision, integer,
+                                        double precision, double precision, integer, text,
+                                        double precision, bigint, integer[]);
 
 CREATE OR REPLACE FUNCTION seeded_uniform(seed bigint, step integer)
 RETURNS double precision
@@ -28,7 +43,8 @@ CREATE OR REPLACE FUNCTION ht_sample(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
     p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision, p_u double precision)
+    p_repetition_penalty double precision, p_window integer, p_decay double precision,
+    p_history_weight double precision, p_history_window integer, p_u double precision)
 RETURNS integer
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -42,7 +58,8 @@ BEGIN
     SELECT n.tid INTO picked
       FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, p_center, p_context, p_temperature,
                          p_top_k, p_top_p, p_search_radius, p_max_neighbors,
-                         p_repetition_penalty) WITH ORDINALITY AS n(tid, p, cum, i)
+                         p_repetition_penalty, p_window, p_decay, p_history_weight,
+                         p_history_window) WITH ORDINALITY AS n(tid, p, cum, i)
      ORDER BY CASE WHEN n.cum > p_u THEN n.i END NULLS LAST, (n.p > 0) DESC, n.i DESC
      LIMIT 1;
     RETURN picked;
@@ -60,7 +77,9 @@ CREATE OR REPLACE FUNCTION sample_next_token(
     atom_set text DEFAULT NULL,
     repetition_penalty double precision DEFAULT 1.0,
     seed bigint DEFAULT NULL,
-    step integer DEFAULT 0)
+    step integer DEFAULT 0,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -74,16 +93,17 @@ DECLARE
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
-                                  repetition_penalty);
+                                  repetition_penalty, history_weight, history_window);
     IF seed IS NOT NULL AND step IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'step must not be NULL when seed is given',
             HINT = 'Use 0 for the first draw of a seed, 1 for the next, ...';
     END IF;
-    SELECT * INTO s FROM ht_atom_set(atom_set);
+    SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     picked := ht_sample(s.id, s.kernel, s.bandwidth,
                         ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
                         context, temperature, top_k, top_p, search_radius, max_neighbors,
-                        repetition_penalty,
+                        repetition_penalty, s.centroid_window, s.centroid_decay,
+                        s.history_weight, s.history_window,
                         CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
     IF picked IS NULL THEN
         RAISE NOTICE 'sample_next_token: no atom of atom set % lies within search_radius % of the context centroid; returning NULL',
@@ -106,7 +126,9 @@ CREATE OR REPLACE FUNCTION generate_tokens(
     atom_set text DEFAULT NULL,
     repetition_penalty double precision DEFAULT 1.0,
     seed bigint DEFAULT NULL,
-    stop_tokens integer[] DEFAULT NULL)
+    stop_tokens integer[] DEFAULT NULL,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
 RETURNS integer[]
 LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -124,13 +146,14 @@ DECLARE
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
-                                  repetition_penalty);
-    IF max_new_tokens IS NULL OR max_new_tokens < 0 OR max_new_tokens > 100000 THEN
+                                  repetition_penalty, history_weight, history_window);
+    IF max_new_tokens IS NULL OR max_new_tokens < 0 OR max_new_tokens > 4096 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('max_new_tokens must be between 0 and 100000, got %s',
-                             coalesce(max_new_tokens::text, 'NULL'));
+            MESSAGE = format('max_new_tokens must be between 0 and 4096, got %s',
+                             coalesce(max_new_tokens::text, 'NULL')),
+            HINT = 'Generate at most 4096 tokens per call; continue from the result for more.';
     END IF;
-    SELECT * INTO s FROM ht_atom_set(atom_set);
+    SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     -- Step 0 checks every prompt token; later steps only need the centroid's window.
     center := ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx);
     FOR step IN 0 .. max_new_tokens - 1 LOOP
@@ -142,7 +165,8 @@ BEGIN
                      ELSE ctx[array_upper(ctx, 1) - s.centroid_window + 1 : array_upper(ctx, 1)] END);
         END IF;
         picked := ht_sample(s.id, s.kernel, s.bandwidth, center, ctx, temperature, top_k, top_p,
-                            search_radius, max_neighbors, repetition_penalty,
+                            search_radius, max_neighbors, repetition_penalty, s.centroid_window,
+                            s.centroid_decay, s.history_weight, s.history_window,
                             CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
         IF picked IS NULL THEN
             RAISE NOTICE 'generate_tokens: step %: no atom of atom set % lies within search_radius % of the context centroid; stopping',
@@ -160,8 +184,10 @@ $$;
 COMMENT ON FUNCTION seeded_uniform(bigint, integer) IS
     'u in [0, 1): (first 8 bytes of SHA-256(seed int8 BE || step int4 BE) >> 11) / 2^53; bit-identical to hartonomous.sampling.seeded_uniform.';
 COMMENT ON FUNCTION sample_next_token(integer[], double precision, integer, double precision,
-                                      double precision, integer, text, double precision, bigint, integer) IS
+                                      double precision, integer, text, double precision, bigint, integer,
+                                      double precision, integer) IS
     'One token drawn from next_token''s rows by the inverse CDF at seeded_uniform(seed, step) (random() when seed is NULL). See docs/sql.md.';
 COMMENT ON FUNCTION generate_tokens(integer[], integer, double precision, integer, double precision,
-                                    double precision, integer, text, double precision, bigint, integer[]) IS
+                                    double precision, integer, text, double precision, bigint, integer[],
+                                    double precision, integer) IS
     'The whole autoregressive loop: step s samples next_token(context || generated) at seeded_uniform(seed, s); returns the generated ids. See docs/sql.md.';

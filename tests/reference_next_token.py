@@ -1,4 +1,5 @@
-"""NumPy/torch reference of SQL next_token: centroid.py + brute-force KNN + kernel.py + sampling.py.
+"""NumPy/torch reference of SQL next_token: centroid.py + brute-force KNN + history atoms +
+kernel.py + sampling.py.
 
 Used by tests/test_sql_next_token.py; `near_a_boundary` tells when float rounding may legitimately
 decide a tie or a cut differently in two implementations, so random tests can skip those cases.
@@ -31,6 +32,8 @@ class AtomSetData:
     bandwidth: float = 1.0
     window: int | None = None
     decay: float = 1.0
+    history_weight: float = 0.0      # the atom set's own (atom_sets.history_weight)
+    history_window: int = 512
 
     @property
     def vocab_size(self) -> int:
@@ -39,21 +42,35 @@ class AtomSetData:
 
 def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k: int | None,
                    top_p: float | None, search_radius: float | None, max_neighbors: int,
-                   repetition_penalty: float) -> tuple[list[tuple[int, float, float]], bool]:
-    """(next_token's rows, whether the case sits within EPS of a decision boundary)."""
-    c = centroid.context_centroid(s.token_positions[context], s.window, s.decay)
+                   repetition_penalty: float, history_weight: float | None = None,
+                   history_window: int | None = None) -> tuple[list[tuple[int, float, float]], bool]:
+    """(next_token's rows, whether the case sits within EPS of a decision boundary).
+
+    history_weight / history_window None mean the set's own, as NULL does in SQL. max_neighbors
+    limits the stored atoms only; search_radius applies to stored and history atoms alike.
+    """
+    positions = s.token_positions[context]
+    c = centroid.context_centroid(positions, s.window, s.decay)
     d = np.sqrt(((s.atom_positions - c) ** 2).sum(axis=1))
     order = np.argsort(d, kind="stable")
     ds = d[order]
     near = bool(max_neighbors < len(ds) and ds[max_neighbors] - ds[max_neighbors - 1] < EPS)
     nearest = order[:max_neighbors]
+    tokens, dist, weights = s.atom_tokens[nearest], d[nearest], s.atom_weights[nearest]
+    weight = s.history_weight if history_weight is None else history_weight
+    window = s.history_window if history_window is None else history_window
+    if weight > 0:
+        keys, key_tokens = centroid.history_atoms(context, positions, s.window, s.decay, window)
+        tokens = np.concatenate([tokens, key_tokens])
+        dist = np.concatenate([dist, np.sqrt(((keys - c) ** 2).sum(axis=1))])
+        weights = np.concatenate([weights, np.full(len(keys), float(weight))])
     if search_radius is not None:
-        near |= bool(np.any(np.abs(d[nearest] - search_radius) < EPS))
-        nearest = nearest[d[nearest] <= search_radius]
-    if len(nearest) == 0:
+        near |= bool(np.any(np.abs(dist - search_radius) < EPS))
+        keep = dist <= search_radius
+        tokens, dist, weights = tokens[keep], dist[keep], weights[keep]
+    if len(tokens) == 0:
         return [], near
-    ids, logits = kernel.token_logits(s.atom_tokens[nearest], d[nearest], s.atom_weights[nearest],
-                                      s.kernel, s.bandwidth)
+    ids, logits = kernel.token_logits(tokens, dist, weights, s.kernel, s.bandwidth)
     dense = torch.full((s.vocab_size,), -math.inf, dtype=torch.float64)
     dense[torch.as_tensor(ids)] = torch.as_tensor(logits)
     args = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)

@@ -73,7 +73,7 @@ def token_set(server_url: str, corpus_file: Path):
 @pytest.fixture(scope="module")
 def context_set(server_url: str, corpus_file: Path):
     return run_build(server_url, options("tiny-context", "context", corpus_file, window=3, decay=0.5,
-                                         full_keys=True, replace=True))
+                                         full_keys=True, replace=True, target="argmax"))
 
 
 def test_token_build_writes_every_token_as_an_atom(server_url: str, token_set) -> None:

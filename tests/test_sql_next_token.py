@@ -1,5 +1,5 @@
 """SQL next_token and friends on a real PostGIS: hand-computed vectors, a NumPy reference,
-sampling and generation, bad input (SQLSTATE 22023), the KNN plan, the migration.
+history atoms, sampling and generation, bad input (SQLSTATE 22023), the KNN plan, the migration.
 
 Every atom set here is written inside one module-long transaction that is rolled back at the
 end, so nothing is left behind and other test modules never see these sets.
@@ -24,9 +24,11 @@ from hartonomous.sampling import pick_by_uniform, seeded_uniform
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from reference_next_token import AtomSetData, reference_rows
 
-VECTORS = json.loads((Path(__file__).parent / "vectors" / "sampler_cases.json").read_text())
+VECTOR_DIR = Path(__file__).parent / "vectors"
+VECTORS = json.loads((VECTOR_DIR / "sampler_cases.json").read_text())
 CASES = VECTORS["cases"]
-NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s)"
+HISTORY = json.loads((VECTOR_DIR / "history_cases.json").read_text())
+NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,10 @@ def add_set(db: psycopg.Connection, s: AtomSetData) -> int:
                        centroid_window=s.window, centroid_decay=s.decay)
     tokens = TokenRows(np.arange(s.vocab_size), [None] * s.vocab_size, s.token_positions)
     atoms = AtomRows(s.atom_tokens, s.atom_positions, s.atom_weights)
-    return write_atom_set(db, spec, tokens, atoms).atom_set_id
+    set_id = write_atom_set(db, spec, tokens, atoms).atom_set_id
+    db.execute("UPDATE atom_sets SET history_weight = %s, history_window = %s WHERE id = %s",
+               (s.history_weight, s.history_window, set_id))
+    return set_id
 
 
 def vector_set(case: dict) -> AtomSetData:
@@ -74,9 +79,19 @@ def random_set(name: str, seed: int, **params) -> AtomSetData:
 
 @pytest.fixture(scope="module")
 def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
+    """Random sets; between them every kind of centroid window the history keys handle.
+
+    gauss: no window, decay 1 (keys read the whole context); expo: window 3, decay 0.6 (the set's
+    own history atoms on); steep: no window but decay e^-100, so weights beyond 3 steps back count
+    as 0 (the effective window is 4, and the keys are summed in blocks of 4 positions); slow:
+    window 6, decay 0.9.
+    """
     sets = {
         "gauss": random_set("sqltest_gauss", 1, kernel="gaussian", bandwidth=0.15),
-        "expo": random_set("sqltest_expo", 2, kernel="exponential", bandwidth=0.1, window=3, decay=0.6),
+        "expo": random_set("sqltest_expo", 2, kernel="exponential", bandwidth=0.1, window=3, decay=0.6,
+                           history_weight=1.5, history_window=8),
+        "steep": random_set("sqltest_steep", 3, kernel="gaussian", bandwidth=0.2, decay=math.exp(-100)),
+        "slow": random_set("sqltest_slow", 4, kernel="exponential", bandwidth=0.3, window=6, decay=0.9),
     }
     for s in sets.values():
         s.atom_set_id = add_set(db, s)
@@ -84,9 +99,10 @@ def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
 
 
 def rows(db: psycopg.Connection, context, temperature=1.0, top_k=40, top_p=0.9, search_radius=None,
-         max_neighbors=100, atom_set=None, repetition_penalty=1.0) -> list[tuple]:
+         max_neighbors=100, atom_set=None, repetition_penalty=1.0, history_weight=None,
+         history_window=None) -> list[tuple]:
     return db.execute(NEXT_TOKEN, (context, temperature, top_k, top_p, search_radius, max_neighbors,
-                                   atom_set, repetition_penalty)).fetchall()
+                                   atom_set, repetition_penalty, history_weight, history_window)).fetchall()
 
 
 def assert_rows_equal(got: list[tuple], want: list[tuple], tol: float) -> None:
@@ -107,7 +123,7 @@ def test_hand_computed_vectors(db, vector_sets, case: dict) -> None:
     for u, token in case["draws"]:
         (picked,) = db.execute(
             "SELECT ht_sample(s.id, s.kernel, s.bandwidth, context_centroid(%s, s.name), %s, %s, %s, %s,"
-            " NULL, 100, %s, %s) FROM atom_sets s WHERE s.name = %s",
+            " NULL, 100, %s, s.centroid_window, s.centroid_decay, 0, 0, %s) FROM atom_sets s WHERE s.name = %s",
             (case["context"], case["context"], case["temperature"], case["top_k"], case["top_p"],
              case["repetition_penalty"], u, name)).fetchone()
         assert picked == token, f"u = {u}"
@@ -155,11 +171,12 @@ def test_context_centroid_matches_centroid_py(db, ref_sets, which: str) -> None:
 
 # --- next_token against the NumPy reference -----------------------------------------------------
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_next_token_matches_the_numpy_reference(db, ref_sets, data) -> None:
-    s = ref_sets[data.draw(st.sampled_from(["gauss", "expo"]))]
-    context = data.draw(st.lists(st.integers(0, s.vocab_size - 1), min_size=1, max_size=12))
+    s = ref_sets[data.draw(st.sampled_from(sorted(ref_sets)))]
+    context = data.draw(st.one_of(st.lists(st.integers(0, s.vocab_size - 1), min_size=1, max_size=12),
+                                  st.lists(st.integers(0, 6), min_size=13, max_size=40)))   # repeats
     args = dict(
         temperature=data.draw(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.2, 3.0))),
         top_k=data.draw(st.sampled_from([None, 0, 1, 3, 10, 40])),
@@ -167,14 +184,125 @@ def test_next_token_matches_the_numpy_reference(db, ref_sets, data) -> None:
         search_radius=data.draw(st.one_of(st.none(), st.floats(0.0, 0.4))),
         max_neighbors=data.draw(st.sampled_from([1, 5, 30, 100, 700])),
         repetition_penalty=data.draw(st.sampled_from([1.0, 1.3, 0.7])),
+        history_weight=data.draw(st.one_of(st.none(), st.sampled_from([0.0, 1.0, 10.0]), st.floats(0.01, 50))),
+        history_window=data.draw(st.one_of(st.none(), st.sampled_from([0, 1, 4096]), st.integers(0, 45))),
     )
     want, near = reference_rows(s, context, **args)
     assume(not near)
     got = rows(db, context, args["temperature"], args["top_k"], args["top_p"], args["search_radius"],
-               args["max_neighbors"], s.name, args["repetition_penalty"])
+               args["max_neighbors"], s.name, args["repetition_penalty"], args["history_weight"],
+               args["history_window"])
     assert_rows_equal(got, want, 1e-9)
     if got:
         assert got[-1][2] == pytest.approx(1.0, abs=1e-9)
+
+
+# --- history atoms ------------------------------------------------------------------------------
+
+def history_set(name: str) -> AtomSetData:
+    spec = HISTORY["sets"][name]
+    return AtomSetData(name=f"sqltest_hist_{name}", token_positions=np.array(spec["token_positions"], float),
+                       atom_tokens=np.array([a[0] for a in spec["atoms"]]),
+                       atom_positions=np.array([a[1] for a in spec["atoms"]], float),
+                       atom_weights=np.array([a[2] for a in spec["atoms"]], float), kernel=spec["kernel"],
+                       bandwidth=spec["bandwidth"], window=spec["window"], decay=spec["decay"],
+                       history_weight=spec["history_weight"], history_window=spec["history_window"])
+
+
+@pytest.fixture(scope="module")
+def history_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
+    sets = {name: history_set(name) for name in HISTORY["sets"]}
+    for s in sets.values():
+        add_set(db, s)
+    return sets
+
+
+HISTORY_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "repetition_penalty",
+                "history_weight", "history_window")
+
+
+@pytest.mark.parametrize("case", HISTORY["cases"], ids=[c["name"] for c in HISTORY["cases"]])
+def test_history_vectors_in_sql(db, history_sets, case: dict) -> None:
+    s = history_sets[case["set"]]
+    got = rows(db, case["context"], *(case[k] for k in HISTORY_ARGS[:5]), s.name,
+               *(case[k] for k in HISTORY_ARGS[5:]))
+    assert_rows_equal(got, [tuple(r) for r in case["expected"]], 1e-12)
+
+
+@pytest.mark.parametrize("case", HISTORY["cases"], ids=[c["name"] for c in HISTORY["cases"]])
+def test_history_vectors_in_the_numpy_reference(case: dict) -> None:
+    got, _ = reference_rows(history_set(case["set"]), case["context"], **{k: case[k] for k in HISTORY_ARGS})
+    assert_rows_equal(got, [tuple(r) for r in case["expected"]], 1e-12)
+
+
+@pytest.mark.parametrize("window, decay", [(None, 1.0), (3, 0.6), (None, math.exp(-100)), (6, 0.9), (1, 0.5),
+                                           (None, 0.5)])
+def test_history_atoms_are_keyed_by_the_centroid_of_each_prefix(window, decay) -> None:
+    rng = np.random.default_rng(5)
+    context = rng.integers(0, 20, 30)
+    positions = rng.random((20, 3))[context]
+    for history_window in (0, 1, 7, 29, 512):
+        keys, tokens = centroid.history_atoms(context, positions, window, decay, history_window)
+        m = min(history_window, len(context) - 1)
+        want = [centroid.context_centroid(positions[:i], window, decay) for i in range(len(context) - m, len(context))]
+        np.testing.assert_allclose(keys.reshape(-1, 3), np.array(want).reshape(-1, 3), rtol=0, atol=1e-12)
+        assert tokens.tolist() == context[len(context) - m:].tolist()
+
+
+@pytest.mark.parametrize("weight, window, argument", [
+    (-1.0, None, "history_weight"), (math.nan, None, "history_weight"), (math.inf, None, "history_weight"),
+    (None, -1, "history_window"), (None, 4097, "history_window")])
+def test_python_history_checks_match_sql(weight, window, argument: str) -> None:
+    with pytest.raises(ValueError, match=f"^{argument}"):
+        centroid.validate_history(weight, window)
+
+
+def _before_history(db: psycopg.Connection, s: AtomSetData, context: list[int], temperature, top_k, top_p,
+                    search_radius, max_neighbors, repetition_penalty) -> list[tuple]:
+    return db.execute(
+        "SELECT h.* FROM atom_sets s, pg_temp.ht_next_token_before_history(s.id, s.kernel, s.bandwidth,"
+        " context_centroid(%s, s.name), %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
+        (context, context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
+         s.name)).fetchall()
+
+
+def test_history_off_is_exactly_the_result_before_history_atoms(db, ref_sets) -> None:
+    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit."""
+    db.execute((VECTOR_DIR / "next_token_before_history.sql").read_text())
+    rng = np.random.default_rng(3)
+    calls = [(1.0, 40, 0.9, None, 100, 1.0), (0.7, 0, 1.0, None, 700, 1.3), (0.0, 40, 0.9, None, 30, 1.0),
+             (1.5, 5, 0.8, 0.3, 50, 0.7)]
+    for s in ref_sets.values():
+        for n, args in zip((1, 5, 40, 300), calls):
+            context = rng.integers(0, s.vocab_size, n).tolist()
+            before = _before_history(db, s, context, *args)
+            assert before
+            assert rows(db, context, *args[:5], s.name, args[5], 0.0, None) == before
+            assert rows(db, context, *args[:5], s.name, args[5], 7.0, 0) == before
+            if s.history_weight == 0:
+                assert rows(db, context, *args[:5], s.name, args[5]) == before
+
+
+def test_null_history_arguments_take_the_atom_sets_values(db, ref_sets) -> None:
+    s = ref_sets["expo"]                              # the set's own: weight 1.5, window 8
+    context = [3, 9, 3, 9, 3, 12, 40, 3, 9, 3, 22, 3]
+    own = rows(db, context, top_k=0, top_p=1.0, atom_set=s.name)
+    assert own == rows(db, context, top_k=0, top_p=1.0, atom_set=s.name, history_weight=1.5, history_window=8)
+    assert own != rows(db, context, top_k=0, top_p=1.0, atom_set=s.name, history_weight=0.0)
+    assert own != rows(db, context, top_k=0, top_p=1.0, atom_set=s.name, history_window=2)
+
+
+@pytest.mark.parametrize("which", ["gauss", "steep", "slow"])
+def test_long_contexts_use_only_the_last_history_window_tokens(db, ref_sets, which: str) -> None:
+    """A 5000-token context: the history atoms are those of its last history_window tokens."""
+    s = ref_sets[which]
+    context = np.random.default_rng(8).integers(0, 8, 5000).tolist()
+    for history_window in (512, 4096):
+        args = dict(temperature=1.0, top_k=0, top_p=1.0, search_radius=None, max_neighbors=50,
+                    repetition_penalty=1.0, history_weight=0.05, history_window=history_window)
+        want, _ = reference_rows(s, context, **args)
+        got = rows(db, context, 1.0, 0, 1.0, None, 50, s.name, 1.0, 0.05, history_window)
+        assert_rows_equal(got, want, 1e-9)
 
 
 def test_default_atom_set_is_used_when_atom_set_is_null(db, ref_sets) -> None:
@@ -240,19 +368,36 @@ def test_sample_next_token_at_temperature_zero_is_the_argmax(db, ref_sets) -> No
                           (name, seed)).fetchone() == (best[0],)
 
 
-def test_generate_tokens_equals_sampling_step_by_step(db, ref_sets) -> None:
+@pytest.mark.parametrize("history", [(None, None), (0.0, None), (4.0, 6), (20.0, 4096)])
+def test_generate_tokens_equals_sampling_step_by_step(db, ref_sets, history) -> None:
+    """Also with history atoms: generated tokens become history for the next steps."""
     for s in ref_sets.values():
-        prompt = [1, 2, 3]
+        prompt = [1, 2, 3, 1, 2]
         (generated,) = db.execute(
-            "SELECT generate_tokens(%s, 12, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024)",
-            (prompt, s.name)).fetchone()
+            "SELECT generate_tokens(%s, 12, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024, NULL, %s, %s)",
+            (prompt, s.name, *history)).fetchone()
         assert len(generated) == 12
         context = list(prompt)
         for step, token in enumerate(generated):
-            (want,) = db.execute("SELECT sample_next_token(%s, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024, %s)",
-                                 (context, s.name, step)).fetchone()
+            (want,) = db.execute(
+                "SELECT sample_next_token(%s, 1.2, 20, 0.95, NULL, 50, %s, 1.3, 2024, %s, %s, %s)",
+                (context, s.name, step, *history)).fetchone()
             assert token == want, f"step {step}"
             context.append(token)
+
+
+def test_sample_next_token_draws_from_the_rows_with_history_atoms(db, ref_sets) -> None:
+    name = ref_sets["slow"].name
+    context = [3, 7, 3, 7, 3]
+    distribution = rows(db, context, temperature=1.5, top_k=10, top_p=1.0, atom_set=name,
+                        history_weight=30.0, history_window=64)
+    assert distribution != rows(db, context, temperature=1.5, top_k=10, top_p=1.0, atom_set=name)
+    ids, probs = [r[0] for r in distribution], [r[1] for r in distribution]
+    for seed, step in [(0, 0), (1, 0), (99, 5)]:
+        (picked,) = db.execute(
+            "SELECT sample_next_token(%s, 1.5, 10, 1.0, atom_set => %s, seed => %s, step => %s,"
+            " history_weight => 30, history_window => 64)", (context, name, seed, step)).fetchone()
+        assert picked == pick_by_uniform(ids, probs, seeded_uniform(seed, step))
 
 
 def test_generate_tokens_stops_after_a_stop_token(db, ref_sets) -> None:
@@ -280,13 +425,15 @@ def test_generate_tokens_greedy_follows_the_argmax(db, ref_sets) -> None:
         context.append(token)
 
 
-def test_next_token_batch_equals_next_token_per_context(db, ref_sets) -> None:
-    name = ref_sets["gauss"].name
-    contexts = [[1, 2, 3], [4], [5, 5, 6]]
-    got = db.execute("SELECT * FROM next_token_batch(%s::jsonb, 0.8, 5, 0.9, NULL, 60, %s, 1.2)",
-                     (json.dumps(contexts), name)).fetchall()
-    want = [(i, *r) for i, c in enumerate(contexts) for r in rows(db, c, 0.8, 5, 0.9, None, 60, name, 1.2)]
-    assert got == want
+@pytest.mark.parametrize("history", [(None, None), (3.0, 2), (0.5, None)])
+def test_next_token_batch_equals_next_token_per_context(db, ref_sets, history) -> None:
+    for name in (ref_sets["gauss"].name, ref_sets["expo"].name):
+        contexts = [[1, 2, 3, 1, 2], [4], [5, 5, 6, 5, 5, 6]]
+        got = db.execute("SELECT * FROM next_token_batch(%s::jsonb, 0.8, 5, 0.9, NULL, 60, %s, 1.2, %s, %s)",
+                         (json.dumps(contexts), name, *history)).fetchall()
+        want = [(i, *r) for i, c in enumerate(contexts)
+                for r in rows(db, c, 0.8, 5, 0.9, None, 60, name, 1.2, *history)]
+        assert got == want
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -316,6 +463,19 @@ BAD_INPUTS = [
     ("SELECT sample_next_token(ARRAY[1], top_k => -2, atom_set => 'sqltest_gauss')", "top_k"),
     ("SELECT sample_next_token(ARRAY[1], atom_set => 'sqltest_gauss', seed => 1, step => NULL)", "step"),
     ("SELECT generate_tokens(ARRAY[1], -1, atom_set => 'sqltest_gauss')", "max_new_tokens"),
+    ("SELECT generate_tokens(ARRAY[1], 4097, atom_set => 'sqltest_gauss')", "max_new_tokens"),
+    ("SELECT generate_tokens(ARRAY[1], NULL, atom_set => 'sqltest_gauss')", "max_new_tokens"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_weight => -1)", "history_weight"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_weight => 'NaN')", "history_weight"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_weight => 'Infinity')",
+     "history_weight"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_window => -1)", "history_window"),
+    ("SELECT * FROM next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_window => 4097)", "history_window"),
+    ("SELECT sample_next_token(ARRAY[1], atom_set => 'sqltest_gauss', history_weight => '-Infinity')",
+     "history_weight"),
+    ("SELECT generate_tokens(ARRAY[1], 3, atom_set => 'sqltest_gauss', history_window => 5000)", "history_window"),
+    ("SELECT * FROM next_token_batch('[[1]]', atom_set => 'sqltest_gauss', history_window => -2)",
+     "history_window"),
     ("SELECT generate_tokens(ARRAY[1, 77], 3, atom_set => 'sqltest_gauss')", "context"),
     ("SELECT * FROM next_token_batch('[[1], 2]', atom_set => 'sqltest_gauss')", "contexts[1]"),
     ("SELECT * FROM next_token_batch('[[1], [1.5]]', atom_set => 'sqltest_gauss')", "contexts[1]"),
@@ -404,3 +564,74 @@ def test_migration_installs_and_removes_the_functions(scratch_database: str) -> 
     assert migrate.function_drift(scratch_database) == []
     migrate.downgrade(scratch_database, "0001")
     assert not defined & functions()
+
+
+# What a database migrated before history atoms holds: these signatures must not survive a migrate.
+BEFORE_HISTORY = {
+    "ht_atom_set": "text",
+    "ht_check_sampler_args": "double precision, integer, double precision, double precision, integer, "
+                             "double precision",
+    "ht_next_token": "integer, text, double precision, geometry, integer[], double precision, integer, "
+                     "double precision, double precision, integer, double precision",
+    "next_token": "integer[], double precision, integer, double precision, double precision, integer, text, "
+                  "double precision",
+    "next_token_batch": "jsonb, double precision, integer, double precision, double precision, integer, text, "
+                        "double precision",
+    "ht_sample": "integer, text, double precision, geometry, integer[], double precision, integer, "
+                 "double precision, double precision, integer, double precision, double precision",
+    "sample_next_token": "integer[], double precision, integer, double precision, double precision, integer, "
+                         "text, double precision, bigint, integer",
+    "generate_tokens": "integer[], integer, double precision, integer, double precision, double precision, "
+                       "integer, text, double precision, bigint, integer[]",
+}
+SAMPLER_ARGS = ("temperature double precision, top_k integer, top_p double precision, "
+                "search_radius double precision, max_neighbors integer, atom_set text, "
+                "repetition_penalty double precision")
+HISTORY_TAIL = "history_weight double precision, history_window integer"
+PUBLIC_SIGNATURES = {
+    "next_token": f"context integer[], {SAMPLER_ARGS}, {HISTORY_TAIL}",
+    "next_token_batch": f"contexts jsonb, {SAMPLER_ARGS}, {HISTORY_TAIL}",
+    "sample_next_token": f"context integer[], {SAMPLER_ARGS}, seed bigint, step integer, {HISTORY_TAIL}",
+    "generate_tokens": f"context integer[], max_new_tokens integer, {SAMPLER_ARGS}, seed bigint, "
+                       f"stop_tokens integer[], {HISTORY_TAIL}",
+    "context_centroid": "context integer[], atom_set text",
+    "seeded_uniform": "seed bigint, step integer",
+}
+
+
+def _signatures(url: str) -> dict[str, list[str]]:
+    with psycopg.connect(url) as conn:
+        found: dict[str, list[str]] = {}
+        for name, args in conn.execute(
+                "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc"
+                " WHERE pronamespace = 'public'::regnamespace AND proname = ANY(%s) ORDER BY 1, 2",
+                (list(BEFORE_HISTORY) + list(PUBLIC_SIGNATURES),)):
+            found.setdefault(name, []).append(args)
+    return found
+
+
+def test_migrate_replaces_the_signatures_from_before_history_atoms(scratch_database: str) -> None:
+    """A fresh migrate and `hartonomous migrate` on an older database end with the same, new signatures."""
+    import os
+    import subprocess
+    import sys
+
+    migrate.upgrade(scratch_database)
+    fresh = _signatures(scratch_database)
+    assert {name: args[0] for name, args in fresh.items() if name in PUBLIC_SIGNATURES} == PUBLIC_SIGNATURES
+    assert all(len(args) == 1 for args in fresh.values()), fresh
+    with psycopg.connect(scratch_database) as conn:     # turn it into a database from before
+        for name, args in BEFORE_HISTORY.items():
+            conn.execute(f"DROP FUNCTION {name}({fresh[name][0]})")
+            conn.execute(f"CREATE FUNCTION {name}({args}) RETURNS void LANGUAGE sql AS ''")
+    assert migrate.function_drift(scratch_database)
+    result = subprocess.run([sys.executable, "-m", "hartonomous.cli", "migrate"], capture_output=True, text=True,
+                            env={**os.environ, "HARTONOMOUS_DATABASE_URL": scratch_database}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert _signatures(scratch_database) == fresh
+    assert migrate.function_drift(scratch_database) == []
+    with psycopg.connect(scratch_database) as conn:
+        for name, args in PUBLIC_SIGNATURES.items():
+            types = ", ".join(arg.split(" ", 1)[1] for arg in args.split(", "))
+            assert conn.execute("SELECT has_function_privilege('hartonomous_reader', %s, 'EXECUTE')",
+                                (f"{name}({types})",)).fetchone() == (True,), name

@@ -80,10 +80,21 @@ def _locked_id(conn: psycopg.Connection, name: str) -> int:
     return int(row[0])
 
 
-def drop_atom_set(conn: psycopg.Connection, name: str) -> None:
-    """Remove an atom set, its partition, tokens and landmarks; commits."""
+def drop_atom_set(conn: psycopg.Connection, name: str) -> list[str]:
+    """Remove an atom set, its partition, tokens and landmarks, and the control sets its build
+    recorded (stats.controls, e.g. NAME.random-positions) in the same transaction; commits.
+    Returns the names of the controls dropped with it."""
     with conn.transaction():
-        delete_atom_set_rows(conn, _locked_id(conn, name))
+        set_id = _locked_id(conn, name)
+        (controls,) = conn.execute("SELECT stats -> 'controls' FROM atom_sets WHERE id = %s", (set_id,)).fetchone()
+        dropped = []
+        for control in sorted(set((controls or {}).values()) - {None, name}):
+            found = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE", (control,)).fetchone()
+            if found is not None:
+                delete_atom_set_rows(conn, found[0])
+                dropped.append(control)
+        delete_atom_set_rows(conn, set_id)
+    return dropped
 
 
 def set_default_atom_set(conn: psycopg.Connection, name: str) -> None:
