@@ -107,3 +107,27 @@ def test_fit_restarts_the_context_in_each_sequence():
     assert all(g["top1"] == pytest.approx(3 / 4) for g in fit.grid)
     with pytest.raises(ValueError):
         fit_mixture(constant({0: 1.0}), [[1, 2]], [[0]], vocab_size=10)
+
+
+def test_cache_mixture_fits_per_chunk_and_falls_back_to_documented_defaults():
+    """baselines.cache_mixture cuts the calibration tokens into contexts of `chunk` tokens (as long as the
+    scored ones) and fits there; with no calibration text it uses the defaults and says so."""
+    import numpy as np
+
+    from hartonomous.compare.baselines import cache_mixture
+    from hartonomous.compare.cache import DEFAULT_LAMBDA, DEFAULT_MIN_SUFFIX
+
+    ngram = constant({0: 1.0})
+    predict, section = cache_mixture(ngram, ([1, 2, 1, 2, 1, 2], np.array([0, 0, 0, 1, 2, 1])), 6, 10)
+    assert (section.lam, section.min_suffix, section.fitted_on, section.positions) == (1.0, 2, "calibration", 6)
+    assert as_dict(predict([1, 2, 3, 1, 2])) == {3: 1.0}
+    # In chunks of 3 the contexts restart: [1, 2, 1] and [2, 1, 2] have 1-token matches only, one wrong
+    # (says 2, label 0) and one right (says 1, label 1). Every grid point hits 3 of 6; λ = 0.5 gives
+    # both labels p = 0.5 instead of 1 and ~0, so it wins on log-likelihood.
+    _, short = cache_mixture(ngram, ([1, 2, 1, 2, 1, 2], np.array([0, 0, 0, 1, 2, 1])), 3, 10)
+    assert {g["top1"] for g in short.grid} == {0.5}
+    assert (short.lam, short.min_suffix, short.positions) == (0.5, 1, 6)
+    predict, fallback = cache_mixture(ngram, None, 6, 10)
+    assert (fallback.lam, fallback.min_suffix, fallback.fitted_on) == (DEFAULT_LAMBDA, DEFAULT_MIN_SUFFIX, None)
+    assert "not fitted" in fallback.note
+    assert as_dict(predict([1, 2, 3, 1, 2])) == {0: 0.5, 3: 0.5}

@@ -26,7 +26,7 @@ SPLIT_WORDS = {"test": "test half", "calibration": "calibration half", "all": "b
 def holdout_text(info: AtomSet, split: str = "test") -> Text:
     """One split of the held-out slice recorded by the builder (stats.holdout; hartonomous.splits)."""
     if split not in SPLITS:
-        raise UserError(f"--split must be one of {', '.join(SPLITS)}; got {split!r}")
+        raise UserError(f"--split must be one of test, calibration, all; got {split!r}")
     holdout = info.stats.holdout
     text, source = (holdout.text, holdout.source) if holdout else (None, None)
     if not text or not str(text).strip():

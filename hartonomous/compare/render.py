@@ -151,7 +151,7 @@ def _fidelity(fid: dict, s: dict) -> list[Block]:
     if control is not None:
         out.append(Block("h3", "Control: spatial path with random token positions"))
         if control["status"] == "scored":
-            out.append(Block("p", f"Atom set '{control['atom_set']}': {control['note']}."))
+            out.append(Block("p", f"Atom set '{control['atom_set']}' (see the headline for what it controls for)."))
             out.append(Block("table", headers=PATH_HEADERS, rows=(_path_row("spatial (3D)", sp),
                                                                   _path_row("spatial, random positions",
                                                                             control["path"]))))
@@ -225,10 +225,13 @@ PATH_HEADERS = ("path", "top-1", "top-10 overlap", "exact mass covered", "JS (na
 def _cache_sentence(cache: dict) -> str:
     if not cache["available"]:
         return f"4-gram + cache: {cache['note']}."
+    n = cache["min_suffix"]
     text = (f"4-gram + cache: the distilled 4-gram mixed with the in-context cache (the longest suffix of the "
             f"context that occurred earlier in it votes for the tokens that followed it there): "
-            f"p = (1 − λ) p_4gram + λ p_cache when that suffix has at least {cache['min_suffix']} tokens, with "
-            f"λ = {f(cache['lambda'])}; {cache['note']}.")
+            f"p = (1 − λ) p_4gram + λ p_cache when that suffix has at least {n} token{'s' if n != 1 else ''}, "
+            f"with λ = {f(cache['lambda'])}; {cache['note']}.")
+    if cache["lambda"] == 0:
+        text += " λ = 0: the cache did not help on the calibration half, so this path is the 4-gram alone."
     grid = {(g["lambda"], g["min_suffix"]): g for g in cache["grid"]}
     chosen, alone = grid.get((cache["lambda"], cache["min_suffix"])), grid.get((0.0, cache["min_suffix"]))
     if chosen and alone:

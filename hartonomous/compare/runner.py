@@ -62,7 +62,7 @@ class CompareOptions:
         if self.distill_tokens is not None and self.distill_tokens < 0:
             raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
         if self.split not in SPLITS:
-            raise UserError(f"--split must be one of {', '.join(SPLITS)}; got {self.split!r}")
+            raise UserError(f"--split must be one of test, calibration, all; got {self.split!r}")
 
 
 def model_name_for(info: AtomSet) -> str:
