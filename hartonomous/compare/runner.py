@@ -11,7 +11,8 @@ from typing import Protocol
 import numpy as np
 import psycopg
 
-from hartonomous.compare import baselines, claims, controls, fidelity as fid_mod, generation, metrics, plots, teacher
+from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots, teacher
+from hartonomous.compare import controls
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
 from hartonomous.compare.atomset import Text, calibration_text, holdout_text, read_prompts, read_texts
