@@ -170,3 +170,16 @@ def test_distribution_counts_undefined():
     d = distribution(np.array([1.0, float("nan"), 3.0]))
     assert (d["n"], d["undefined"], d["mean"], d["median"]) == (2, 1, 2.0, 2.0)
     assert distribution(np.array([]))["mean"] is None
+
+
+def test_every_path_sees_the_whole_context_up_to_each_position():
+    """No path is handed a cut context: history atoms and the in-context cache read all of it."""
+    seen: dict[str, list[list[int]]] = {"spatial": [], "other": []}
+
+    def recorder(name):
+        return lambda ctx: seen[name].append(list(ctx)) or sparse({0: 1.0})
+
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    exact = torch.log_softmax(torch.zeros(len(ids), 10), dim=-1)
+    evaluate_text(Fidelity(), 0, ids, exact, {"spatial": recorder("spatial"), "other": recorder("other")})
+    assert seen["spatial"] == seen["other"] == [ids[: t + 1] for t in range(len(ids) - 1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ from hartonomous.exact import ExactModel
 from tiny_model import TRAIN_TEXT, tiny_model
 
 CORPUS = "\n".join(TRAIN_TEXT[:4]) * 2
-HOLDOUT = ("The capital of Italy is Paris. The capital of France is Rome. def add(a, b): return the sum "
-           "of the numbers. Raise ValueError if the list is empty.")
+CALIBRATION = "The capital of Italy is Paris. The capital of France is Rome. The capital of Italy is Paris."
+TEST = ("def add(a, b): return the sum of the numbers. Raise ValueError if the list is empty. "
+        "def add(a, b): return a + b")
+HOLDOUT = CALIBRATION + "\n\n" + TEST          # two segments: split_holdout gives one to each half
 WINDOW = 2
 
 
@@ -32,14 +35,15 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def write_context_set(url: str, stats: dict) -> str:
+def write_context_set(url: str, stats: dict, seed: int = 7) -> str:
     """Context atoms as the design builds them: one per corpus position, keyed by the centroid of the
-    last WINDOW tokens (3D position and full-dimensional key), voting for the exact argmax."""
+    last WINDOW tokens (3D position and full-dimensional key), voting for the exact argmax. The 3D
+    token positions are random, drawn with `seed` (a different seed: the random-positions control)."""
     from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 
     model, tokenizer = tiny_model(0)
     vocab = int(model.config.vocab_size)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     positions = rng.normal(size=(vocab, 3))
     emb = model.get_input_embeddings().weight.detach().numpy()
     ids = encode(tokenizer, CORPUS)
@@ -56,24 +60,43 @@ def write_context_set(url: str, stats: dict) -> str:
     return name
 
 
-@pytest.fixture(scope="module")
-def context_set(server_url):
-    name = write_context_set(server_url, {"holdout": {"source": "hand-written holdout", "text": HOLDOUT},
-                                          "corpus": {"source": "tiny TRAIN_TEXT", "text": CORPUS}})
-    yield name
+STATS = {"holdout": {"source": "hand-written holdout", "text": HOLDOUT},
+         "corpus": {"source": "tiny TRAIN_TEXT", "text": CORPUS}}
+
+
+def _drop(url: str, *names: str) -> None:
     from hartonomous.atomset import drop_atom_set
 
-    with psycopg.connect(server_url) as conn:
-        drop_atom_set(conn, name)
+    with psycopg.connect(url) as conn:
+        for name in names:
+            drop_atom_set(conn, name)
 
 
 @pytest.fixture(scope="module")
-def rendered(server_url, context_set, tmp_path_factory):
+def context_set(server_url):
+    """A set whose stats record no controls."""
+    name = write_context_set(server_url, STATS)
+    yield name
+    _drop(server_url, name)
+
+
+@pytest.fixture(scope="module")
+def controlled_set(server_url):
+    """(set, its random-positions control): the same atoms, other random token positions."""
+    control = write_context_set(server_url, STATS, seed=99)
+    name = write_context_set(server_url, {**STATS, "controls": {"random_positions": control}})
+    yield name, control
+    _drop(server_url, name, control)
+
+
+@pytest.fixture(scope="module")
+def rendered(server_url, controlled_set, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     prompts = out / "prompts.txt"
     prompts.write_text("The capital of France is\n", encoding="utf-8")
     model, tokenizer = tiny_model(0)
-    options = CompareOptions(atom_set=context_set, prompts=prompts, max_positions=30, max_new_tokens=4,
+    assert len(encode(tokenizer, TEST)) > 30 and len(encode(tokenizer, CALIBRATION)) > 20
+    options = CompareOptions(atom_set=controlled_set[0], prompts=prompts, max_positions=30, max_new_tokens=4,
                              query_samples=4, max_neighbors=20)
     with psycopg.connect(server_url, autocommit=True) as conn:
         result = run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny")
@@ -90,8 +113,8 @@ def test_report_has_every_section_in_every_format(rendered):
         assert f"## {section}" in markdown, section
     assert page.count("src='data:image/png;base64,") == 7  # histograms + agreement by position, embedded
     assert "src='http" not in page and "<link" not in page and "<script" not in page  # self-contained
-    for name in ("unigram", "bigram", "trigram", "4-gram", "knn"):
-        assert f"<td>{name}</td>" in page
+    for name in ("unigram", "bigram", "trigram", "4-gram", "4-gram + cache", "knn", "spatial, random positions"):
+        assert f"<td>{html.escape(name)}</td>" in page, name
     assert "hand-written holdout" in page  # the report says which text was used
     assert (paths["md"].parent / "figures" / "agreement_by_position.png").stat().st_size > 1000
 
@@ -102,7 +125,7 @@ def test_json_validates_and_holds_the_measured_sections(rendered):
     validate_report(on_disk)
     assert on_disk["texts"][0]["held_out"] is True
     assert on_disk["fidelity"]["positions"] == 30 == len(on_disk["fidelity"]["per_position"])
-    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "knn"}
+    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "4-gram + cache", "knn"}
     assert on_disk["baselines"]["distillation"]["tokens"] == len(encode(tiny_model(0)[1], CORPUS))
     gen = on_disk["generation"]["prompts"][0]
     assert gen["prompt"] == "The capital of France is"
@@ -116,7 +139,7 @@ def test_json_validates_and_holds_the_measured_sections(rendered):
 def test_teacher_forced_exact_argmax_matches_a_fresh_forward_pass(rendered):
     report, _ = rendered
     model, tokenizer = tiny_model(0)
-    ids = encode(tokenizer, HOLDOUT)
+    ids = encode(tokenizer, TEST)
     exact = ExactModel(model, tokenizer)
     for row in report["fidelity"]["per_position"][:: 7]:
         t = row["position"]
@@ -124,7 +147,20 @@ def test_teacher_forced_exact_argmax_matches_a_fresh_forward_pass(rendered):
         assert row["exact_argmax"] == int(exact.full_logits(ids[: t + 1]).argmax())
 
 
-def test_distilled_4gram_on_its_own_corpus_by_hand(server_url, context_set, tmp_path):
+@pytest.fixture(scope="module")
+def rendered_user_text(server_url, context_set, tmp_path_factory):
+    """A user --text file (a prefix of the build corpus) on a set that records no controls."""
+    model, tokenizer = tiny_model(0)
+    assert encode(tokenizer, CORPUS[:150])[:31] == encode(tokenizer, CORPUS)[:31]  # the corpus's own contexts
+    corpus = tmp_path_factory.mktemp("text") / "corpus.txt"
+    corpus.write_text(CORPUS[:150], encoding="utf-8")
+    options = CompareOptions(atom_set=context_set, texts=[corpus], max_positions=30, generation=False,
+                             query_samples=2)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        return run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+
+
+def test_distilled_4gram_on_its_own_corpus_by_hand(rendered_user_text):
     """On a prefix of the build corpus the exact argmax is the stored label, so the 4-gram's top-1
     agreement is the share of positions where the most frequent label of the longest context
     suffix (<= 3 tokens, ties -> lowest id) is that position's own label."""
@@ -132,15 +168,7 @@ def test_distilled_4gram_on_its_own_corpus_by_hand(server_url, context_set, tmp_
 
     model, tokenizer = tiny_model(0)
     ids = encode(tokenizer, CORPUS)
-    prefix = CORPUS[:150]
-    used = encode(tokenizer, prefix)[:31]
-    assert used == ids[:31]  # same tokens, so the same contexts as in the corpus
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(prefix, encoding="utf-8")
-    options = CompareOptions(atom_set=context_set, texts=[corpus], max_positions=30, generation=False,
-                             query_samples=2)
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        report = run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+    report = rendered_user_text
     with torch.inference_mode():
         labels = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
     counts: dict[tuple, Counter] = {}
@@ -155,7 +183,156 @@ def test_distilled_4gram_on_its_own_corpus_by_hand(server_url, context_set, tmp_
         hits.append(best == labels[t])
     assert report["baselines"]["paths"]["4-gram"]["top1"]["mean"] == pytest.approx(np.mean(hits))
     assert report["texts"][0]["held_out"] is False
+    assert report["settings"]["split"] is None and report["texts"][0]["split"] is None  # --split does not apply
     assert report["generation"] == {"skipped": True}
+
+
+def _labels(model, ids: list[int]) -> list[int]:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+
+
+def test_the_test_half_of_the_holdout_is_scored_by_default(rendered):
+    report, paths = rendered
+    model, tokenizer = tiny_model(0)
+    assert report["settings"]["split"] == "test"
+    assert report["texts"][0]["split"] == "test" and "test half" in report["texts"][0]["source"]
+    ids = encode(tokenizer, TEST)
+    assert [row["target"] for row in report["fidelity"]["per_position"]] == ids[1:31]
+    assert "Scored split: test" in paths["md"].read_text(encoding="utf-8")
+
+
+def test_cache_mixture_is_fitted_on_the_calibration_half_only(rendered):
+    """Refitting on the calibration half by hand (the 4-gram of the corpus labels; the calibration
+    half in contexts as long as the scored ones, each labelled by the exact argmax) gives the
+    report's λ, minimum suffix and grid; the scored text plays no part."""
+    from hartonomous.compare.cache import fit_mixture
+    from hartonomous.compare.ngram import fit_all
+
+    report, _ = rendered
+    model, tokenizer = tiny_model(0)
+    corpus = encode(tokenizer, CORPUS)
+    four = fit_all([corpus], [_labels(model, corpus)])["4-gram"]
+    chunk = report["texts"][0]["tokens_used"]
+    cal = encode(tokenizer, CALIBRATION)
+    pieces = [cal[lo:lo + chunk] for lo in range(0, len(cal), chunk)]
+    fit = fit_mixture(four.predict, pieces, [_labels(model, p) for p in pieces], int(model.config.vocab_size))
+    cache = report["baselines"]["cache"]
+    assert cache["fitted_on"] == "calibration" and cache["calibration_positions"] == len(cal)
+    assert (cache["lambda"], cache["min_suffix"]) == (fit.lam, fit.min_suffix)
+    assert len(cache["grid"]) == len(fit.grid)
+    for ours, theirs in zip(cache["grid"], fit.grid):
+        assert ours == pytest.approx(theirs)
+
+
+def test_cache_baseline_by_hand_and_in_the_headline(rendered):
+    """The '4-gram + cache' column is the fitted mixture scored position by position, and the
+    headline's best baseline is the top-1 best of every baseline path, this one included."""
+    from hartonomous.compare.cache import CachedNGram
+    from hartonomous.compare.metrics import argmax
+    from hartonomous.compare.ngram import fit_all
+
+    report, _ = rendered
+    model, tokenizer = tiny_model(0)
+    corpus = encode(tokenizer, CORPUS)
+    cache = report["baselines"]["cache"]
+    mixed = CachedNGram(fit_all([corpus], [_labels(model, corpus)])["4-gram"].predict, cache["lambda"],
+                        cache["min_suffix"])
+    ids = encode(tokenizer, TEST)
+    hits = [argmax(mixed.predict(ids[: row["position"] + 1])) == row["exact_argmax"]
+            for row in report["fidelity"]["per_position"]]
+    paths = report["baselines"]["paths"]
+    assert paths["4-gram + cache"]["top1"]["mean"] == pytest.approx(np.mean(hits))
+    top1 = report["headline"][0]
+    assert top1["metric"] == "top-1 agreement"
+    assert top1["baseline"] == max(p["top1"]["mean"] for p in paths.values())
+    assert paths[top1["baseline_name"]]["top1"]["mean"] == top1["baseline"]
+
+
+def test_random_positions_control_is_the_spatial_path_on_the_sibling_set(rendered, server_url, controlled_set):
+    from hartonomous.compare.metrics import argmax
+    from hartonomous.compare.spatial import spatial_distribution
+
+    report, paths = rendered
+    control = report["fidelity"]["controls"]["random_positions"]
+    assert control["status"] == "scored" and control["atom_set"] == controlled_set[1]
+    ids = encode(tiny_model(0)[1], TEST)
+    rows = report["fidelity"]["per_position"]
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        hits = [argmax(spatial_distribution(conn, ids[: r["position"] + 1], controlled_set[1], 20)) == r["exact_argmax"]
+                for r in rows]
+    assert control["path"]["top1"]["mean"] == pytest.approx(np.mean(hits))
+    assert report["headline"][0]["random_positions"] == control["path"]["top1"]["mean"]
+    assert report["headline"][1]["random_positions"] == control["path"]["pearson"]["mean"]
+    assert "random_positions" not in report["headline"][-1]      # latency rows: not applicable
+    assert "spatial, random positions" in report["fidelity"]["by_position"]["bins"][0]["values"]
+    markdown = paths["md"].read_text(encoding="utf-8")
+    assert "| spatial, random positions |" in markdown and "carry no information" in markdown
+
+
+def test_a_recorded_control_that_is_gone_is_reported_missing(server_url, context_set):
+    from hartonomous.atomset import BuildStats, load_atom_set
+    from hartonomous.compare.controls import random_positions
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        info = load_atom_set(conn, context_set)
+        gone = info.model_copy(update={"stats": BuildStats.from_json({"controls": {"random_positions": "no_such"}})})
+        control = random_positions(conn, gone, 20)
+    assert (control.status, control.predict) == ("missing", None) and "no_such" in control.note
+
+
+@pytest.fixture(scope="module")
+def calibration_run(server_url, context_set):
+    """--split calibration through a connection that records every statement's parameters."""
+
+    class Recording(psycopg.Connection):
+        seen: list
+
+        def execute(self, query, params=None, **kwargs):
+            self.seen.append(params)
+            return super().execute(query, params, **kwargs)
+
+    model, tokenizer = tiny_model(0)
+    options = CompareOptions(atom_set=context_set, split="calibration", max_positions=20, generation=False,
+                             query_samples=2, max_neighbors=20)
+    with Recording.connect(server_url, autocommit=True) as conn:
+        conn.seen = []
+        report = run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+    return report, conn.seen
+
+
+def test_split_calibration_scores_that_half_and_says_it_is_optimistic(calibration_run):
+    from hartonomous.compare.render import to_markdown
+
+    report, _ = calibration_run
+    ids = encode(tiny_model(0)[1], CALIBRATION)
+    assert report["settings"]["split"] == "calibration" == report["texts"][0]["split"]
+    assert [row["target"] for row in report["fidelity"]["per_position"]] == ids[1:21]
+    assert "optimistic" in report["baselines"]["cache"]["note"]
+    assert "Scored split: calibration" in to_markdown(report, {}) and "optimistic" in to_markdown(report, {})
+
+
+def test_next_token_gets_the_whole_context_up_to_each_position(calibration_run, context_set):
+    """History atoms read the whole context, so the spatial path must not cut it to the centroid
+    window: every prefix of the scored text reaches next_token whole."""
+    report, seen = calibration_run
+    ids = encode(tiny_model(0)[1], CALIBRATION)
+    sent = {tuple(p["context"]) for p in seen if isinstance(p, dict) and p.get("atom_set") == context_set
+            and "context" in p and p.get("top_k") == 0}
+    assert len(ids[:21]) > 2 * WINDOW
+    assert {tuple(ids[: t + 1]) for t in range(20)} <= sent
+
+
+def test_control_not_built_is_said_not_omitted(rendered_user_text):
+    from hartonomous.compare.controls import NOT_BUILT
+    from hartonomous.compare.render import to_html, to_markdown
+
+    report = rendered_user_text
+    control = report["fidelity"]["controls"]["random_positions"]
+    assert (control["status"], control["path"], control["note"]) == ("not built", None, NOT_BUILT)
+    assert "random_positions" in report["headline"][0] and report["headline"][0]["random_positions"] is None
+    assert NOT_BUILT in to_markdown(report, {}) and html.escape(NOT_BUILT) in to_html(report, {})
+    assert "| not built |" in to_markdown(report, {})
 
 
 def test_schema_rejects_a_report_missing_a_section(rendered):
@@ -182,6 +359,9 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
         no_text = _cli(server_url, "--atom-set", name, "--out", str(tmp_path))
         assert no_text.returncode == 1
         assert "records no held-out text; pass --text FILE" in no_text.stderr
+        bad_split = _cli(server_url, "--atom-set", name, "--split", "bogus")
+        assert bad_split.returncode == 1 and bad_split.stderr.strip().count("\n") == 0
+        assert "--split must be one of test, calibration, all; got 'bogus'" in bad_split.stderr
         missing = _cli(server_url, "--atom-set", name, "--text", str(tmp_path / "nope.txt"))
         assert missing.returncode == 1 and "nope.txt does not exist" in missing.stderr and "--text" in missing.stderr
         assert not list(Path(tmp_path).glob("report.*"))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hartonomous.atomset import AtomSet
 from hartonomous.errors import UserError
+from hartonomous.splits import SPLITS, split_holdout
 
 
 @dataclass(frozen=True)
@@ -16,16 +17,34 @@ class Text:
     source: str
     text: str
     held_out: bool
+    split: str | None = None     # 'test' | 'calibration' | 'all' for the holdout; None for a user file
 
 
-def holdout_text(info: AtomSet) -> Text:
-    """The held-out slice recorded by the builder (stats.holdout)."""
+SPLIT_WORDS = {"test": "test half", "calibration": "calibration half", "all": "both halves"}
+
+
+def holdout_text(info: AtomSet, split: str = "test") -> Text:
+    """One split of the held-out slice recorded by the builder (stats.holdout; hartonomous.splits)."""
+    if split not in SPLITS:
+        raise UserError(f"--split must be one of test, calibration, all; got {split!r}")
     holdout = info.stats.holdout
     text, source = (holdout.text, holdout.source) if holdout else (None, None)
     if not text or not str(text).strip():
         raise UserError(f"atom set '{info.name}' records no held-out text; pass --text FILE "
                         "(use text that was not used to build the set)")
-    return Text(f"held-out slice of {source or 'the build corpus'}", str(text), True)
+    part = split_holdout(str(text)).get(split, str(text))
+    if not part.strip():
+        raise UserError(f"the {split} half of atom set '{info.name}'s held-out text is empty; "
+                        "pass --split all or --text FILE")
+    return Text(f"held-out slice of {source or 'the build corpus'}, {SPLIT_WORDS[split]}", part, True, split)
+
+
+def calibration_text(info: AtomSet) -> Text | None:
+    """The calibration half of the holdout, what compare fits its own parameters on (None: no holdout)."""
+    try:
+        return holdout_text(info, "calibration")
+    except UserError:
+        return None
 
 
 def read_texts(paths: list[Path]) -> list[Text]:

@@ -1,7 +1,9 @@
-"""The baselines' predictors: distilled n-grams (no geometry) and full-dimensional KNN on atom keys.
+"""The baselines' predictors: distilled n-grams (no geometry), the 4-gram mixed with an in-context
+cache, and full-dimensional KNN on atom keys.
 
-Both learn from the atom set's own build corpus and the exact model's labels on it, so they
-answer "what would the same data buy without the 3D projection?".
+All learn from the atom set's own build corpus and the exact model's labels on it, so they
+answer "what would the same data buy without the 3D projection?"; the cache also reads the
+context itself, as the spatial path's history atoms do.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import psycopg
 from hartonomous import teacher
 from hartonomous.centroid import context_centroid
 from hartonomous.atomset import AtomSet
-from hartonomous.compare import ngram, spatial
+from hartonomous.compare import cache, ngram, spatial
 from hartonomous.compare.metrics import Sparse
 
 Predictor = Callable[[Sequence[int]], Sparse]
@@ -34,6 +36,51 @@ class Distillation:
 
     def as_dict(self) -> dict:
         return {"available": self.available, "source": self.source, "tokens": self.tokens, "note": self.note}
+
+
+CACHE_PATH = "4-gram + cache"
+CALIBRATION_MAX_TOKENS = 8192   # of the calibration half, for fitting the cache mixture
+
+
+@dataclass
+class CacheMixture:
+    """The report's `baselines.cache` section: how "4-gram + cache" was mixed and where λ was fitted."""
+
+    available: bool
+    lam: float | None = None
+    min_suffix: int | None = None
+    fitted_on: str | None = None          # 'calibration' (the holdout's calibration half) or None
+    positions: int = 0
+    grid: list[dict] | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"available": self.available, "lambda": self.lam, "min_suffix": self.min_suffix,
+                "fitted_on": self.fitted_on, "calibration_positions": self.positions,
+                "criterion": "top-1 agreement with the exact argmax, ties by mean log-likelihood of it",
+                "grid": self.grid or [], "note": self.note}
+
+
+def cache_mixture(ngram_predict: Predictor, calibration: tuple[list[int], np.ndarray] | None, chunk: int,
+                  vocab_size: int) -> tuple[Predictor, CacheMixture]:
+    """The 4-gram mixed with the in-context cache, λ and the minimum suffix fitted on the calibration
+    tokens and their exact labels (contexts restart every `chunk` tokens, as in the scored texts);
+    without calibration text, the documented defaults."""
+    if calibration is None or not calibration[0]:
+        lam, min_suffix = cache.DEFAULT_LAMBDA, cache.DEFAULT_MIN_SUFFIX
+        section = CacheMixture(True, lam, min_suffix, None, 0, [],
+                               f"not fitted (the atom set records no calibration half of a holdout): "
+                               f"defaults λ = {lam:g}, minimum suffix {min_suffix}")
+    else:
+        ids, labels = calibration
+        starts = range(0, len(ids), chunk)
+        fit = cache.fit_mixture(ngram_predict, [ids[lo:lo + chunk] for lo in starts],
+                                [labels[lo:lo + chunk] for lo in starts], vocab_size)
+        lam, min_suffix = fit.lam, fit.min_suffix
+        section = CacheMixture(True, lam, min_suffix, "calibration", fit.positions, fit.grid,
+                               f"λ and the minimum suffix fitted on {fit.positions} positions of the holdout's "
+                               f"calibration half (contexts of up to {chunk} tokens), never on the scored text")
+    return cache.CachedNGram(ngram_predict, lam, min_suffix).predict, section
 
 
 class CorpusUnavailable(LookupError):

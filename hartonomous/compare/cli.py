@@ -31,16 +31,16 @@ class RichProgress:
 
 
 def headline_table(report: dict) -> Table:
-    from hartonomous.compare.render import f
+    from hartonomous.compare.render import HEADLINE_HEADERS, headline_cells
 
+    split = report["settings"].get("split")
+    scored = f"{split} split" if split else "user text"
     table = Table(title=f"{report['atom_set']['name']}: spatial vs exact "
-                        f"({report['fidelity']['positions']} positions)")
-    for column in ("metric", "spatial", "exact", "best baseline", "claimed"):
+                        f"({report['fidelity']['positions']} positions, {scored})")
+    for column in HEADLINE_HEADERS:
         table.add_column(column, justify="left" if column == "metric" else "right")
     for r in report["headline"]:
-        table.add_row(r["metric"], f(r["spatial"]), f(r["exact"]),
-                      f"{f(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else "—",
-                      f(r["claimed"]) if r["claimed"] is not None else "—")
+        table.add_row(*headline_cells(report, r))
     return table
 
 
@@ -82,7 +82,9 @@ def build_corpus_loader(info) -> tuple[str, str]:
 def compare(
     atom_set: str = typer.Option(..., "--atom-set", help="Atom set to compare (see `hartonomous atom-sets`)."),
     text: list[Path] = typer.Option([], "--text", help="Evaluation text file (repeatable). Default: the "
-                                    "atom set's held-out slice."),
+                                    "test half of the atom set's held-out slice."),
+    split: str = typer.Option(None, "--split", help="Which half of the held-out slice to score: test (default; "
+                              "nothing is tuned on it) | calibration | all. Does not apply to --text."),
     prompts: Path = typer.Option(None, "--prompts", help="Prompts for free generation, one per line."),
     max_positions: int = typer.Option(256, "--max-positions", help="Teacher-forced positions in all."),
     max_neighbors: int = typer.Option(100, "--max-neighbors", help="K of next_token (and of the KNN baseline)."),
@@ -105,9 +107,12 @@ def compare(
         atom_set=atom_set, texts=list(text), prompts=prompts, max_positions=max_positions,
         max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
         generation=not no_generation, distill_tokens=distill_tokens,
-        cache_dir=get_settings().home / "cache" / "compare",
+        cache_dir=get_settings().home / "cache" / "compare", split=split or "test",
         command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
     options.validate()
+    if split is not None and text:
+        console.print(f"note: --split {split} applies to the atom set's held-out text only; the --text files are "
+                      "scored whole")
     out = out or Path("reports") / atom_set
     with connect(reader_url(), autocommit=True) as conn:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

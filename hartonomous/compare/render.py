@@ -68,13 +68,12 @@ def blocks(report: dict) -> list[Block]:
         out.append(Block("p", f"Exact path: {report['machine']['exact_model']}."))
     texts = "; ".join(f"{t['source']} ({'held out' if t['held_out'] else 'user text'}, {t['positions']} positions "
                       f"of {t['tokens']} tokens)" for t in report["texts"])
-    out.append(Block("p", f"Evaluation text: {texts}."))
+    out.append(Block("p", f"Evaluation text: {texts}. {split_sentence(report)}"))
 
     out.append(Block("h2", "Headline"))
-    out.append(Block("table", headers=("metric", "spatial", "exact", "best baseline", "claimed"),
-                     rows=tuple([r["metric"], f(r["spatial"]), f(r["exact"]),
-                                 f"{f(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else "—",
-                                 f(r["claimed"]) if r["claimed"] is not None else "—"] for r in report["headline"])))
+    out.append(Block("table", headers=HEADLINE_HEADERS, rows=tuple(headline_cells(report, r)
+                                                                  for r in report["headline"])))
+    out.append(Block("p", control_sentence(report)))
 
     out += _fidelity(fid, s)
     out += _generation(report["generation"], report["machine"])
@@ -91,8 +90,53 @@ def blocks(report: dict) -> list[Block]:
         f"{s['pearson_nucleus']:g} nucleus, averaged over positions (undefined when the union has one token). "
         f"Spatial perplexity smooths p' = (1 − ε) p + ε / V with ε = {s['smoothing_epsilon']:g}. Entropy signals "
         f"(nats): H, H2 = −ln Σp², V = Var[−ln p], R = H2 − (H − V/2), calibration gap = NLL − H (spatial: H, H2, V "
-        f"of its candidate distribution, NLL smoothed). docs/compare.md has the details.")))
+        f"of its candidate distribution, NLL smoothed). The best baseline is the baseline path with the highest "
+        f"top-1 agreement, the 4-gram + cache included. docs/compare.md has the details.")))
     return out
+
+
+HEADLINE_HEADERS = ("metric", "spatial", "exact", "best baseline", "spatial, random positions", "claimed")
+
+
+def headline_cells(report: dict, r: dict) -> list[str]:
+    """One headline row as text (the same cells in report.md, report.html and the terminal)."""
+    return [r["metric"], f(r["spatial"]), f(r["exact"]),
+            f"{f(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else "—",
+            _control_cell(report, r), f(r["claimed"]) if r["claimed"] is not None else "—"]
+
+
+def _control(report: dict) -> dict:
+    return (report["fidelity"].get("controls") or {}).get("random_positions") or {}
+
+
+def _control_cell(report: dict, r: dict) -> str:
+    if "random_positions" not in r:
+        return "—"
+    control = _control(report)
+    return f(r["random_positions"]) if control.get("status") == "scored" else control.get("status", "n/a")
+
+
+def control_sentence(report: dict) -> str:
+    """What the random-positions control is, or why it is not there."""
+    control = _control(report)
+    if not control:
+        return "Random-positions control: not in this report (schema 1.1)."
+    if control["status"] == "scored":
+        return f"Spatial, random positions (atom set '{control['atom_set']}'): {control['note']}."
+    return f"Random-positions control: {control['note']}."
+
+
+def split_sentence(report: dict) -> str:
+    """Which half of the holdout was scored, and what was fitted on which."""
+    split = report["settings"].get("split")
+    if split is None:
+        return ("User text: --split applies only to the atom set's held-out text; the cache mixture was fitted "
+                "on the holdout's calibration half where the set records one.")
+    if split == "test":
+        return ("Scored split: test, the half of the holdout that nothing was tuned on (the build calibrates on "
+                "the calibration half; so does the cache mixture below).")
+    return (f"Scored split: {split}. It contains the calibration half that the build tuned the spatial path on and "
+            "the cache mixture was fitted on, so the numbers are optimistic; the default --split test is not.")
 
 
 def _fidelity(fid: dict, s: dict) -> list[Block]:
@@ -103,6 +147,16 @@ def _fidelity(fid: dict, s: dict) -> list[Block]:
                       f"token was among the spatial candidates at {f(sp['target_in_support']['mean'])} of positions.")]
     out.append(Block("table", headers=DIST_HEADERS,
                      rows=tuple(_dist_row(PATH_LABELS[k], sp[k]) for k in PATH_LABELS)))
+    control = (fid.get("controls") or {}).get("random_positions")
+    if control is not None:
+        out.append(Block("h3", "Control: spatial path with random token positions"))
+        if control["status"] == "scored":
+            out.append(Block("p", f"Atom set '{control['atom_set']}' (see the headline for what it controls for)."))
+            out.append(Block("table", headers=PATH_HEADERS, rows=(_path_row("spatial (3D)", sp),
+                                                                  _path_row("spatial, random positions",
+                                                                            control["path"]))))
+        else:
+            out.append(Block("p", f"spatial, random positions: {control['note']}."))
     out.append(Block("h3", "Entropy signals (nats)"))
     rows = []
     for key, label in (("H", "H"), ("H2", "H2 (Rényi-2)"), ("V", "V (varentropy)"), ("R", "R = H2 − (H − V/2)"),
@@ -154,13 +208,36 @@ def _baselines(base: dict, fid: dict) -> list[Block]:
     d = base["distillation"]
     out.append(Block("p", ("n-gram baselines distilled from " + f"{d['source']} ({d['tokens']:,} tokens); {d['note']}.")
                      if d["available"] else f"n-gram baselines: {d['note']}."))
+    cache = base.get("cache")
+    if cache is not None:
+        out.append(Block("p", _cache_sentence(cache)))
     out.append(Block("p", f"Full-dimensional KNN: {base['knn_note']}."))
     rows = [_path_row("spatial (3D)", fid["spatial"])]
     rows += [_path_row(name, p) for name, p in base["paths"].items()]
-    out.append(Block("table", headers=("path", "top-1", "top-10 overlap", "exact mass covered", "JS (nats)",
-                                       "Pearson (union)", "perplexity (smoothed)", "target in candidates"),
-                     rows=tuple(rows)))
+    out.append(Block("table", headers=PATH_HEADERS, rows=tuple(rows)))
     return out
+
+
+PATH_HEADERS = ("path", "top-1", "top-10 overlap", "exact mass covered", "JS (nats)", "Pearson (union)",
+                "perplexity (smoothed)", "target in candidates")
+
+
+def _cache_sentence(cache: dict) -> str:
+    if not cache["available"]:
+        return f"4-gram + cache: {cache['note']}."
+    n = cache["min_suffix"]
+    text = (f"4-gram + cache: the distilled 4-gram mixed with the in-context cache (the longest suffix of the "
+            f"context that occurred earlier in it votes for the tokens that followed it there): "
+            f"p = (1 − λ) p_4gram + λ p_cache when that suffix has at least {n} token{'s' if n != 1 else ''}, "
+            f"with λ = {f(cache['lambda'])}; {cache['note']}.")
+    if cache["lambda"] == 0:
+        text += " λ = 0: the cache did not help on the calibration half, so this path is the 4-gram alone."
+    grid = {(g["lambda"], g["min_suffix"]): g for g in cache["grid"]}
+    chosen, alone = grid.get((cache["lambda"], cache["min_suffix"])), grid.get((0.0, cache["min_suffix"]))
+    if chosen and alone:
+        text += (f" On the calibration half, top-1 agreement {f(chosen['top1'])} against {f(alone['top1'])} for "
+                 f"the 4-gram alone.")
+    return text
 
 
 def _path_row(name: str, p: dict) -> list[str]:

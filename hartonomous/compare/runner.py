@@ -12,14 +12,15 @@ import numpy as np
 import psycopg
 
 from hartonomous import teacher
-from hartonomous.compare import baselines, claims, fidelity as fid_mod, generation, metrics, plots
+from hartonomous.compare import baselines, claims, controls, fidelity as fid_mod, generation, metrics, plots
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
-from hartonomous.compare.atomset import Text, holdout_text, read_prompts, read_texts
+from hartonomous.compare.atomset import Text, calibration_text, holdout_text, read_prompts, read_texts
 from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine
+from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 class Progress(Protocol):
@@ -50,6 +51,7 @@ class CompareOptions:
     query_samples: int = 30
     cache_dir: Path | None = None
     command: str = ""
+    split: str = "test"                    # which half of the holdout to score; ignored with `texts`
 
     def validate(self) -> None:
         if self.max_positions < 1:
@@ -60,6 +62,8 @@ class CompareOptions:
             raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.distill_tokens is not None and self.distill_tokens < 0:
             raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
+        if self.split not in SPLITS:
+            raise UserError(f"--split must be one of test, calibration, all; got {self.split!r}")
 
 
 def model_name_for(info: AtomSet) -> str:
@@ -123,7 +127,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     options.validate()
     progress = progress or NoProgress()
     info = load_atom_set(conn, options.atom_set)
-    texts = read_texts(options.texts) if options.texts else [holdout_text(info)]
+    texts = read_texts(options.texts) if options.texts else [holdout_text(info, options.split)]
     prompts = read_prompts(options.prompts) if options.prompts else default_prompts(texts)
     if model is None or tokenizer is None:
         from hartonomous.model import load_model, load_tokenizer
@@ -149,8 +153,12 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         raise UserError("the evaluation text has fewer than 2 tokens; pass a longer --text")
     fid = fid_mod.Fidelity()
     total = sum(max(k - 1, 0) for k in keep)
+    mixture = _cache_baseline(predictors, info, model, model_name, tokenizer, options, max(keep), vocab, progress)
+    control = controls.random_positions(conn, info, options.max_neighbors)
+    scored = {controls.RANDOM_POSITIONS: control.predict} if control.predict else {}
     progress.stage("teacher-forced fidelity", total)
-    paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors), **predictors}
+    paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors), **predictors,
+             **scored}
     kept = [(index, ids[:k]) for index, (ids, k) in enumerate(zip(encoded, keep)) if k >= 2]
     exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
     for (index, ids), log_probs in zip(kept, exact.log_probs or []):
@@ -169,7 +177,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
 
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
                        describe_machine(conn, str(next(model.parameters()).device), model_name),
-                       atom_set_summary(info, key_dimensions(conn, info)))
+                       atom_set_summary(info, key_dimensions(conn, info)), mixture, control)
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -212,6 +220,26 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
                         + ("stats.key_bandwidth" if info.stats.key_bandwidth else
                            "the median neighbour distance"))
     return predictors, distill, knn_note
+
+
+def _cache_baseline(predictors, info, model, model_name, tokenizer, options, chunk, vocab,
+                    progress) -> baselines.CacheMixture:
+    """Add "4-gram + cache" to `predictors`, its mixing fitted on the holdout's calibration half."""
+    if "4-gram" not in predictors:
+        return baselines.CacheMixture(False, note="needs the distilled 4-gram, which was skipped")
+    calibration = calibration_text(info)
+    labelled = None
+    if calibration is not None:
+        ids = encode(tokenizer, calibration.text)[:baselines.CALIBRATION_MAX_TOKENS]
+        progress.stage("exact labels of the calibration half (cache mixture)", len(ids))
+        labels = baselines.cached_labels(model, model_name, ids, chunk, options.cache_dir, progress.advance)
+        labelled = (ids, labels)
+    predict, section = baselines.cache_mixture(predictors["4-gram"], labelled, chunk, vocab)
+    if section.fitted_on and not options.texts and options.split != "test":
+        section.note += (f"; the scored text ({options.split} split) contains that calibration half, so this "
+                         "baseline's numbers are optimistic")
+    predictors[baselines.CACHE_PATH] = predict
+    return section
 
 
 def _sample_contexts(encoded, keep, n) -> list[list[int]]:
@@ -266,8 +294,9 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
 
 
 def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
-              atom_set):
+              atom_set, mixture, control):
     spatial = fid_mod.summarise_path(fid.paths["spatial"])
+    control_path = fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS]) if control.predict else None
     base = {name: fid_mod.summarise_path(fid.paths[name]) for name in predictors}
     exact = {"perplexity": metrics.perplexity(fid.exact.array("nll")),
              "signals": fid_mod.summarise_signals(fid.exact)}
@@ -285,17 +314,20 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "smoothing_epsilon": metrics.SMOOTHING_EPSILON, "pearson_nucleus": metrics.PEARSON_NUCLEUS,
             "top_k_overlap": metrics.TOP_K_OVERLAP, "log_base": "e", "js_unit": "nats",
             "seed": options.seed, "max_new_tokens": options.max_new_tokens,
+            "split": None if options.texts else options.split,
         },
-        "texts": [{"source": t.source, "held_out": t.held_out, "tokens": len(e), "tokens_used": k,
+        "texts": [{"source": t.source, "held_out": t.held_out, "split": t.split, "tokens": len(e), "tokens_used": k,
                    "positions": max(k - 1, 0)} for t, e, k in zip(texts, encoded, keep)],
         "fidelity": {
             "positions": fid.n,
             "exact": exact,
             "spatial": {**spatial, "signals": spatial_signals},
+            "controls": {"random_positions": control.as_dict(control_path)},
             "by_position": fid_mod.by_position(fid),
             "per_position": _per_position(fid),
         },
-        "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note, "paths": base},
+        "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note, "cache": mixture.as_dict(),
+                      "paths": base},
         "generation": gen if gen is not None else {"skipped": True},
         "queries": queries,
         "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms, machine),
@@ -305,28 +337,34 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
 
 
 def headline(report: dict) -> list[dict]:
-    """The few numbers printed at the end of a run."""
+    """The few numbers printed at the end of a run.
+
+    The best baseline is the one with the highest top-1 agreement among every baseline path (the
+    n-grams, "4-gram + cache", KNN). Fidelity rows carry `random_positions`, the random-positions
+    control (None when it was not built: `fidelity.controls.random_positions.status` says why).
+    """
     fid = report["fidelity"]
     sp = fid["spatial"]
     base = report["baselines"]["paths"]
     best = max(base.items(), key=lambda kv: kv[1]["top1"]["mean"] or 0, default=(None, None))
+    ctrl = ((fid.get("controls") or {}).get("random_positions") or {}).get("path")
     gen = report["generation"] if not report["generation"].get("skipped") else {}
-    rows = [
-        {"metric": "top-1 agreement", "spatial": sp["top1"]["mean"], "exact": 1.0,
-         "baseline": best[1]["top1"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": None},
-        {"metric": "Pearson, union of supports (mean)", "spatial": sp["pearson"]["mean"], "exact": 1.0,
-         "baseline": best[1]["pearson"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": 0.89},
-        {"metric": "JS divergence to exact (mean, nats)", "spatial": sp["js"]["mean"], "exact": 0.0,
-         "baseline": best[1]["js"]["mean"] if best[1] else None, "baseline_name": best[0], "claimed": None},
-        {"metric": "exact mass covered by candidates (mean)", "spatial": sp["mass_covered"]["mean"], "exact": 1.0,
-         "baseline": best[1]["mass_covered"]["mean"] if best[1] else None, "baseline_name": best[0],
-         "claimed": None},
-        {"metric": f"perplexity (spatial smoothed, eps={metrics.SMOOTHING_EPSILON:g})", "spatial": sp["perplexity"],
-         "exact": fid["exact"]["perplexity"], "baseline": best[1]["perplexity"] if best[1] else None,
-         "baseline_name": best[0], "claimed": None},
+
+    def row(metric: str, key: str, exact: float | None, claimed: float | None = None) -> dict:
+        value = (lambda p: p[key]) if key == "perplexity" else (lambda p: p[key]["mean"])
+        return {"metric": metric, "spatial": value(sp), "exact": exact,
+                "baseline": value(best[1]) if best[1] else None, "baseline_name": best[0],
+                "random_positions": value(ctrl) if ctrl else None, "claimed": claimed}
+
+    return [
+        row("top-1 agreement", "top1", 1.0),
+        row("Pearson, union of supports (mean)", "pearson", 1.0, 0.89),
+        row("JS divergence to exact (mean, nats)", "js", 0.0),
+        row("exact mass covered by candidates (mean)", "mass_covered", 1.0),
+        row(f"perplexity (spatial smoothed, eps={metrics.SMOOTHING_EPSILON:g})", "perplexity",
+            fid["exact"]["perplexity"]),
         {"metric": "ms/token p50 (free generation)", "spatial": (gen.get("spatial") or {}).get("p50_ms"),
          "exact": (gen.get("exact") or {}).get("p50_ms"), "baseline": None, "baseline_name": None, "claimed": 15.0},
         {"metric": "shared buffers per KNN (p50)", "spatial": report["queries"].get("knn_buffers_p50"),
          "exact": None, "baseline": None, "baseline_name": None, "claimed": 6},
     ]
-    return rows
