@@ -18,7 +18,8 @@ from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
 
 
-def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, model, device, dtype):
+def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, history_weight, history_window,
+            model, device, dtype):
     from hartonomous.client import PATHS, Client
     from hartonomous.errors import UserError
 
@@ -26,7 +27,8 @@ def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, mode
     if path not in PATHS:
         raise UserError(f"--path must be spatial or exact, got '{path}'")
     return Client(atom_set=atom_set, search_radius=search_radius, max_neighbors=max_neighbors,
-                  model=model, device=device, dtype=dtype)
+                  history_weight=history_weight, history_window=history_window, model=model, device=device,
+                  dtype=dtype)
 
 
 def _stats_line(result) -> str:
@@ -60,6 +62,12 @@ def register(app: typer.Typer) -> None:
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
         search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
         max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
+        history_weight: Optional[float] = typer.Option(
+            None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; "
+                                           "default: the atom set's calibrated weight)."),
+        history_window: Optional[int] = typer.Option(
+            None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; "
+                                           "default: the atom set's)."),
         model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
         device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
         dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
@@ -71,7 +79,8 @@ def register(app: typer.Typer) -> None:
         config = make_config(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
                              stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos)
-        with _client(prompt, path, atom_set, search_radius, max_neighbors, model, device, dtype) as client:
+        with _client(prompt, path, atom_set, search_radius, max_neighbors, history_weight, history_window, model,
+                     device, dtype) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:
@@ -105,6 +114,12 @@ def register(app: typer.Typer) -> None:
         atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
         search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
         max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
+        history_weight: Optional[float] = typer.Option(
+            None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; "
+                                           "default: the atom set's calibrated weight)."),
+        history_window: Optional[int] = typer.Option(
+            None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; "
+                                           "default: the atom set's)."),
         model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
         device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
         dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
@@ -115,7 +130,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        with _client(prompt, path, atom_set, search_radius, max_neighbors, model, device, dtype) as client:
+        with _client(prompt, path, atom_set, search_radius, max_neighbors, history_weight, history_window, model,
+                     device, dtype) as client:
             rows = client.next_token(prompt, path, temperature=temperature, top_k=top_k, top_p=top_p,
                                      repetition_penalty=repetition_penalty)
         if as_json:

@@ -40,11 +40,13 @@ class Client:
     """Generate with the spatial (PostGIS) or exact (transformer) path; see the module docstring."""
 
     def __init__(self, *, database_url: str | None = None, connection=None, atom_set: str | None = None,
-                 search_radius: float | None = None, max_neighbors: int = 100, spatial_tokenizer=None,
+                 search_radius: float | None = None, max_neighbors: int = 100, history_weight: float | None = None,
+                 history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
                  exact_model=None):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
+        self.history_weight, self.history_window = history_weight, history_window
         self.spatial_tokenizer = spatial_tokenizer
         self.model, self.device, self.dtype = model, device, dtype
         self._exact_model = exact_model
@@ -81,7 +83,8 @@ class Client:
                 tokenizer = tokenizer or engine.tokenizer
         backend = InDatabaseBackend if in_database else SpatialBackend
         return backend(self._connection(), self.atom_set, tokenizer=tokenizer, search_radius=self.search_radius,
-                       max_neighbors=self.max_neighbors)
+                       max_neighbors=self.max_neighbors, history_weight=self.history_weight,
+                       history_window=self.history_window)
 
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend

@@ -20,6 +20,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from hartonomous.backends.base import SamplerArgs
+from hartonomous.centroid import validate_history
 from hartonomous.errors import UserError
 
 MAX_NEIGHBORS_LIMIT = 100_000   # next_token's bound on max_neighbors (sql/020_next_token.sql)
@@ -34,8 +35,14 @@ class SpatialArgs:
 
     search_radius: float | None = None
     max_neighbors: int = 100
+    history_weight: float | None = None     # None: the atom set's calibrated weight; 0: no history atoms
+    history_window: int | None = None       # None: the atom set's window
 
     def __post_init__(self) -> None:
+        try:
+            validate_history(self.history_weight, self.history_window)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         if isinstance(self.max_neighbors, bool) or not 1 <= int(self.max_neighbors) <= MAX_NEIGHBORS_LIMIT:
             raise UserError(f"max_neighbors must be between 1 and {MAX_NEIGHBORS_LIMIT}, got {self.max_neighbors}")
         if self.search_radius is not None and not self.search_radius > 0:
@@ -58,9 +65,10 @@ _CASTS = {
     "temperature": "double precision", "top_k": "integer", "top_p": "double precision",
     "search_radius": "double precision", "max_neighbors": "integer", "atom_set": "text",
     "repetition_penalty": "double precision", "seed": "bigint", "step": "integer",
-    "stop_tokens": "integer[]",
+    "stop_tokens": "integer[]", "history_weight": "double precision", "history_window": "integer",
 }
-_KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "atom_set", "repetition_penalty")
+_KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "atom_set", "repetition_penalty",
+             "history_weight", "history_window")
 
 NEXT_TOKEN_SQL = ("SELECT token_id, probability, cumulative_probability FROM "
                   f"next_token(%(context)s::integer[], {_named(_KNN_ARGS, _CASTS)})")
@@ -85,7 +93,8 @@ def _knn_params(sampler: SamplerArgs | None, spatial: SpatialArgs, atom_set: str
     sampler = sampler or default_sampler()
     return {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
             "search_radius": spatial.search_radius, "max_neighbors": spatial.max_neighbors,
-            "atom_set": atom_set, "repetition_penalty": sampler.repetition_penalty}
+            "atom_set": atom_set, "repetition_penalty": sampler.repetition_penalty,
+            "history_weight": spatial.history_weight, "history_window": spatial.history_window}
 
 
 def next_token_query(context: Sequence[int], sampler: SamplerArgs | None = None,

@@ -131,6 +131,15 @@ def test_cli_and_client_defaults_are_generation_configs():
         assert signature[name].default == getattr(GenerationConfig, name)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--history-weight", "-1"], "history_weight must be a finite number >= 0"),
+    (["next-token", "hi", "--history-window", "4097"], "history_window must be between 0 and 4096"),
+])
+def test_cli_bad_history_options_are_one_line(capsys, database_env, atom_set, args, message):
+    code, out, err = run_cli(capsys, *args, "--atom-set", atom_set)
+    assert code == 1 and out == "" and err.count("\n") == 1 and message in err
+
+
 def test_cli_unknown_atom_set(capsys, database_env):
     code, out, err = run_cli(capsys, "generate", "hi", "--atom-set", "no_such_set")
     assert code == 1 and err.count("\n") == 1

@@ -281,6 +281,8 @@ def test_concurrent_requests_each_get_their_own_connection(http, served, direct)
     ("/api/generate/batch", {"prompts": ["ok", " "]}, "prompts"),
     ("/api/next_token", {"prompt": PROMPT, "limit": 0}, "limit"),
     ("/api/next_token", {"prompt": PROMPT, "max_neighbors": 0}, "max_neighbors"),
+    ("/api/next_token", {"prompt": PROMPT, "history_weight": -1}, "history_weight"),
+    ("/api/generate", {"prompt": PROMPT, "history_window": 4097}, "history_window"),
 ])
 def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, field):
     response = http.post(endpoint, json=body)

@@ -69,6 +69,35 @@ def test_windowed_atom_set_python_loop_equals_in_database(db, server_url, repeti
         drop_atom_set(server_url, name)
 
 
+@pytest.mark.parametrize("history_weight, history_window", [(None, None), (0.0, None), (3.0, 4), (50.0, 64)])
+def test_with_history_atoms_the_cut_context_equals_the_whole_one(db, server_url, history_weight, history_window):
+    """The per-step path sends only centroid window + history window ids; the database's own loop
+    reads the whole context: the generated ids are the same, history atoms on or off."""
+    name = write_tiny_atom_set(server_url, model="tiny", seed=6, window=3, decay=0.5)
+    try:
+        db.execute("UPDATE atom_sets SET history_weight = 2.0, history_window = 16 WHERE name = %s", (name,))
+        tok = tiny_tokenizer()
+        options = dict(history_weight=history_weight, history_window=history_window)
+        stepped = Engine(SpatialBackend(db, name, tokenizer=tok, **options))
+        whole = Engine(InDatabaseBackend(db, name, tokenizer=tok, **options))
+        config = GenerationConfig(max_new_tokens=40, stop_at_eos=False, seed=4, temperature=0.8)
+        prompt = PROMPT * 6                                   # longer than window + history window
+        assert stepped.generate(prompt, config).token_ids == whole.generate(prompt, config).token_ids
+        reach = SpatialBackend(db, name, tokenizer=tok, **options).history_reach()
+        assert reach == {(None, None): 16, (0.0, None): 0, (3.0, 4): 4, (50.0, 64): 64}[(history_weight, history_window)]
+    finally:
+        drop_atom_set(server_url, name)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(history_weight=-1.0), "history_weight must be a finite number >= 0"),
+    (dict(history_window=5000), "history_window must be between 0 and 4096"),
+])
+def test_bad_history_options_are_refused_before_any_query(db, atom_set, options, message):
+    with pytest.raises(UserError, match=message):
+        SpatialBackend(db, atom_set, tokenizer=tiny_tokenizer(), **options)
+
+
 def test_stop_tokens_and_strings_agree_between_modes(db, atom_set):
     python_loop, in_database = engines(db, atom_set)
     base = GenerationConfig(max_new_tokens=20, stop_at_eos=False, seed=9)

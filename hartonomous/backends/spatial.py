@@ -4,8 +4,9 @@ Per step, `next_token` runs as a prepared statement (psycopg `prepare=True`) and
 distribution after the shared sampler; the engine picks the token with
 `seeded_uniform(seed, step)`, exactly as the database's `generate_tokens` does, so the two modes
 give the same ids for the same seed. next_token takes ids, not a centroid, so the context sent
-each step is cut to the atom set's centroid window when no repetition penalty needs the rest:
-the work per step then stays constant as the text grows, with identical results.
+each step is cut to what the centroid and the history atoms read (the centroid window plus the
+history window) when no repetition penalty needs the rest: the work per step then stays bounded
+as the text grows, with identical results.
 The whole loop in one `generate_tokens` call is `hartonomous.backends.in_database.InDatabaseBackend`.
 """
 
@@ -34,8 +35,9 @@ class SpatialBackend:
 
     def __init__(self, conn: psycopg.Connection, atom_set: str | None = None, *, tokenizer=None,
                  search_radius: float | None = None, max_neighbors: int = 100,
+                 history_weight: float | None = None, history_window: int | None = None,
                  owns_connection: bool = False):
-        self.spatial = SpatialArgs(search_radius, max_neighbors)
+        self.spatial = SpatialArgs(search_radius, max_neighbors, history_weight, history_window)
         self.conn = conn
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
@@ -79,10 +81,24 @@ class SpatialBackend:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def history_reach(self) -> int:
+        """How many earlier positions become history atoms (0 when history is off)."""
+        weight = self.spatial.history_weight
+        weight = self.atom_set.history_weight if weight is None else weight
+        reach = self.spatial.history_window
+        reach = self.atom_set.history_window if reach is None else reach
+        return reach if weight > 0 else 0
+
     def _context(self, state: SpatialState, sampler: SamplerArgs) -> list[int]:
-        """The ids next_token needs: only the centroid's window when no repetition penalty reads the rest."""
+        """The ids next_token needs, so the work per step stays bounded as the text grows.
+
+        With a centroid window w and history atoms over the last H positions, the last H + w ids
+        give exactly the same keys and atoms as the whole context; a repetition penalty reads
+        every id, and a set without a window averages them all.
+        """
         window = self.atom_set.centroid_window
-        if window and sampler.repetition_penalty == 1 and len(state.ids) > window:
-            return state.ids[-window:]
+        needed = None if window is None else window + self.history_reach()
+        if needed and sampler.repetition_penalty == 1 and len(state.ids) > needed:
+            return state.ids[-needed:]
         return state.ids
 

@@ -36,7 +36,8 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
 
 
 def _client(runtime: Runtime, req):
-    return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors)
+    return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
+                          req.history_window)
 
 
 def _config(req, *prompts: str) -> GenerationConfig:

@@ -171,7 +171,8 @@ class Runtime:
 
     @contextmanager
     def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
-               max_neighbors: int = 100) -> Iterator[Any]:
+               max_neighbors: int = 100, history_weight: float | None = None,
+               history_window: int | None = None) -> Iterator[Any]:
         """A Client for one request: its own pooled connection (spatial) or the shared model (exact)."""
         from hartonomous.client import Client
 
@@ -181,7 +182,8 @@ class Runtime:
             return
         with self.connection() as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
-                        max_neighbors=max_neighbors, spatial_tokenizer=self.spatial_tokenizer) as client:
+                        max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
+                        spatial_tokenizer=self.spatial_tokenizer) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig
 
 MAX_PROMPT_CHARS = 8000        # characters of one prompt
@@ -51,6 +52,12 @@ class SamplerParams(Strict):
                                  description="Spatial: atom set name (the server's default if omitted).")
     search_radius: float | None = Field(None, gt=0, allow_inf_nan=False, description="Spatial: KNN radius.")
     max_neighbors: int = Field(100, ge=1, le=100_000, description="Spatial: KNN size.")
+    history_weight: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                         description="Spatial: weight of the context's own history atoms; 0 = off, "
+                                                     "null = the atom set's calibrated weight.")
+    history_window: int | None = Field(None, ge=0, le=HISTORY_WINDOW_MAX,
+                                       description="Spatial: earlier positions that become history atoms; null = "
+                                                   "the atom set's.")
 
     def sampler_options(self) -> dict:
         """The sampler's keyword options (hartonomous.client.Client.next_token, GenerationConfig)."""
