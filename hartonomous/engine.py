@@ -122,6 +122,7 @@ class GenerationResult:
     seed: int
     timings: Timings
     probabilities: list[float] = field(default_factory=list)
+    stats: Any = None           # path statistics where the path keeps some (speculative: SpeculativeStats)
 
 
 class Session:
@@ -144,6 +145,7 @@ class Session:
         self._timings = Timings()
         self._tail = ""
         self._events: Iterator[TokenEvent] | None = None
+        self._stats: Any = None          # the path's own statistics (speculative: SpeculativeStats)
 
     def cancel(self) -> None:
         """Stop the generation; takes effect within one step."""
@@ -182,7 +184,10 @@ class Session:
         self.state = State.GENERATING
         try:
             whole = getattr(self.backend, "whole_loop", False)
-            yield from (self._run_whole() if whole else self._run_steps())
+            if hasattr(self.backend, "stream_tokens"):   # several tokens per call (speculative)
+                yield from self._run_stream()
+            else:
+                yield from (self._run_whole() if whole else self._run_steps())
         except GeneratorExit:
             if self.result is None:
                 self._finish(State.CANCELLED, "cancelled")
@@ -243,6 +248,28 @@ class Session:
             return self._finish(State.STOPPED, "no_candidates")
         self._finish(State.COMPLETE, "length")
 
+    def _run_stream(self) -> Iterator[TokenEvent]:
+        """Tokens from a backend that decides several per call; stop rules and cancels as per step."""
+        cfg = self.config
+        run = self.backend.stream_tokens(self.prompt_ids, cfg.max_new_tokens, cfg.sampler, self.seed,
+                                         sorted(self.stop_ids | self.eos_ids), self.cancel_event)
+        self._stats = run.stats
+        try:
+            for step, (token, prob, seconds) in enumerate(run):
+                if self.cancel_event.is_set():
+                    return self._finish(State.CANCELLED, "cancelled")
+                self._timings.per_token_s.append(seconds)
+                self._timings.total_s += seconds
+                event, reason = self._accept(step, token, prob, seconds)
+                if reason:
+                    self._finish(State.COMPLETE if reason == "eos" else State.STOPPED, reason)
+                yield event
+                if reason:
+                    return
+        finally:
+            run.close()
+        self._finish(State.COMPLETE, "length")
+
     def _accept(self, step: int, token: int, prob: float | None, seconds: float | None):
         """Record a token; return its event and the finish reason it causes (or None)."""
         self._tokens.append(token)
@@ -261,7 +288,7 @@ class Session:
         self.result = GenerationResult(
             path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
             text=self._final_text(reason), state=state, finish_reason=reason, seed=self.seed,
-            timings=self._timings, probabilities=list(self._probs))
+            timings=self._timings, probabilities=list(self._probs), stats=self._stats)
 
     def _final_text(self, reason: str) -> str:
         """decode(generated ids), without a final stop/EOS token, cut at the first stop string."""
