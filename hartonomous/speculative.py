@@ -1,29 +1,31 @@
 """Speculative decoding: the spatial path drafts, the exact model verifies (DESIGN.md, "Speculative decoding").
 
-Per round: the database drafts up to k tokens in one call (SQL `draft_tokens`, with the draft
-distribution q of every step), the exact model scores the tokens not yet cached plus the draft in
-one forward (the distributions p after every draft prefix), and a rule decides how much of the
-draft to keep, plus one token of the exact model's own:
+Per round, with i the position of the next output token (0 = the first generated one):
+1. the database drafts n = min(k, tokens left) tokens for positions i .. i+n-1 in one call (SQL
+   `draft_tokens`), each with the draft distribution q it was drawn from;
+2. the exact model scores the tokens not yet cached plus the draft in one forward, which gives p
+   (the exact path's distribution) at every drafted position; a full draft's last token is not
+   fed, as the next round's forward feeds it;
+3. positions are decided in order. A drafted token x is kept -- greedy (T = 0): if it is the exact
+   argmax; sampling (T > 0): if u < min(1, p(x) / q(x)) -- or the round ends with a replacement:
+   the argmax, or a draw from normalise(max(0, p - q)) (Leviathan et al. 2023; Chen et al. 2023).
+   A position the drafter had nothing for (no candidates, or it stopped after a stop token) is
+   drawn from p. p and q are both after the shared sampler's warpers (repetition penalty,
+   temperature, top-k, top-p), so every output token is distributed exactly as on the exact path,
+   and greedy output is the exact path's token for token;
+4. the KV cache is rolled back past the rejected draft tokens.
+The draft length adapts: after a full acceptance it grows by 2, after a rejection it shrinks by 1,
+within [1, max_draft_tokens]. A round never decides more tokens than max_new_tokens leaves; the
+engine applies stop tokens, EOS and stop strings to the tokens as they come.
 
-- greedy (T = 0): the longest prefix on which the draft equals the exact argmax, then the exact
-  argmax after it. The output is the exact path's, token for token.
-- sampling (T > 0): the standard rule (Leviathan et al. 2023; Chen et al. 2023): keep draft token
-  x with probability min(1, p(x) / q(x)); on the first rejection sample from
-  normalise(max(0, p - q)) and end the round; with every draft token kept, sample a bonus token
-  from p. p and q are both after the shared sampler's warpers (repetition penalty, temperature,
-  top-k, top-p), so every output token is distributed exactly as on the exact path.
-
-The KV cache is rolled back past the rejected draft tokens. The draft length adapts: after a full
-acceptance it grows by 2, after a rejection it shrinks by 1, within [1, max_draft_tokens]; a
-round never decides more tokens than max_new_tokens leaves, and the drafter stops at a stop token.
-
-Randomness (T > 0), for the output token at position i (0 = the first generated token) of a
-generation with seed S: the draft of position i picks at seeded_uniform(S XOR DRAFT_SALT, i)
-(`draft_tokens`' own rule, first_step = i), its acceptance test uses seeded_uniform(S, 2i), and
-the residual or bonus draw at position i uses seeded_uniform(S, 2i + 1). A position is drafted
-again only after a rejection earlier in its round, whose outcome its uniforms did not influence,
-so every decision draws fresh randomness. A seed reproduces a run; it gives a different (equally
-distributed) sample than the exact path's seeded_uniform(S, i).
+Randomness (T > 0), for output position i of a generation with seed S: the draft token picks at
+seeded_uniform(S XOR DRAFT_SALT, i) (`draft_tokens` with first_step = i), the acceptance test uses
+seeded_uniform(S, 2i), the replacement or the draw from p seeded_uniform(S, 2i + 1). A position
+is drafted again only after a rejection earlier in its round, whose outcome its uniforms did not
+influence, so every decision draws fresh randomness. Each output token is therefore a function
+of the seed, its position and the text before it alone: the sample does not depend on the draft
+length, on max_new_tokens or on stop conditions. It is a different (equally distributed) sample
+than the exact path's, which draws seeded_uniform(S, i).
 """
 
 from __future__ import annotations
@@ -134,17 +136,18 @@ class SpeculativeRun:
         while produced < self.max_new_tokens:
             if self.cancel.is_set():
                 raise Cancelled()
-            n = min(k, self.max_new_tokens - produced - 1)
+            n = min(k, self.max_new_tokens - produced)
             t0 = time.perf_counter()
             drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
-                                   self.stop_token_ids) if n > 0 else []
+                                   self.stop_token_ids)
             self.backend.check_vocabulary(drafts)
             t1 = time.perf_counter()
             draft = [d.token_id for d in drafts]
-            probs = exact.score(state, draft, self.sampler)
+            fed = draft[:n - 1] if len(draft) == n else draft   # a full draft's last token needs no forward
+            probs = exact.score(state, fed, self.sampler)
             t2 = time.perf_counter()
-            accepted, token = self._decide(drafts, probs, produced)
-            exact.accept(state, draft, accepted, token)
+            accepted, tokens = self._decide(drafts, probs, produced)
+            exact.accept(state, fed, tokens)
             t3 = time.perf_counter()
             stats.rounds += 1
             stats.forwards += 1
@@ -155,36 +158,47 @@ class SpeculativeRun:
             stats.verify_s += t2 - t1
             stats.decide_s += t3 - t2
             k = self.backend.next_draft_length(k, n, len(draft), accepted)
-            kept = draft[:accepted] + [token]
-            for j, tok in enumerate(kept):
+            for j, token in enumerate(tokens):
                 produced += 1
                 stats.tokens += 1
-                yield tok, float(probs[j, tok]), (t3 - t0) if j == 0 else 0.0
+                yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0
 
-    def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, int]:
-        """(how many draft tokens to keep, the exact model's token after them)."""
-        if self.sampler.temperature == 0:
-            best = probs.argmax(dim=-1).tolist()       # rows are one-hot: the exact argmax
-            for j, d in enumerate(drafts):
-                if d.token_id != best[j]:
-                    return j, best[j]
-            return len(drafts), best[len(drafts)]
+    def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
+        """(how many draft tokens are kept, the round's tokens).
+
+        Row j of `probs` is p at position + j. Each drafted position keeps its draft token or
+        ends the round with a replacement; a position the drafter had nothing for (it stopped
+        early: no candidates, or after a stop token) is drawn from p.
+        """
         for j, d in enumerate(drafts):
-            p = probs[j]
-            px = float(p[d.token_id])
-            qx = d.q.probabilities[d.q.token_ids.index(d.token_id)]
-            if seeded_uniform(self.seed, 2 * (position + j)) * qx < px:   # u < min(1, p(x)/q(x))
-                continue
-            q = torch.zeros_like(p)
-            q[torch.tensor(d.q.token_ids, device=p.device)] = torch.tensor(d.q.probabilities, dtype=p.dtype,
+            if not self._keeps(d, probs[j], position + j):
+                return j, [x.token_id for x in drafts[:j]] + [self._replacement(d, probs[j], position + j)]
+        tokens = [d.token_id for d in drafts]
+        if len(drafts) < probs.shape[0]:
+            tokens.append(self._draw(probs[len(drafts)], position + len(drafts)))
+        return len(drafts), tokens
+
+    def _keeps(self, draft: Draft, p: torch.Tensor, position: int) -> bool:
+        """Greedy: the draft is the exact argmax. Sampling: u < min(1, p(x) / q(x)), u = seeded_uniform(S, 2i)."""
+        px = float(p[draft.token_id])
+        if self.sampler.temperature == 0:
+            return px == 1.0                   # after the greedy sampler p is one-hot at the argmax
+        qx = draft.q.probabilities[draft.q.token_ids.index(draft.token_id)]
+        return seeded_uniform(self.seed, 2 * position) * qx < px
+
+    def _replacement(self, draft: Draft, p: torch.Tensor, position: int) -> int:
+        """The token after a rejection: greedy, the argmax; sampling, a draw from normalise(max(0, p - q))."""
+        if self.sampler.temperature == 0:
+            return int(p.argmax())
+        q = torch.zeros_like(p)
+        q[torch.tensor(draft.q.token_ids, device=p.device)] = torch.tensor(draft.q.probabilities, dtype=p.dtype,
                                                                             device=p.device)
-            residual = (p - q).clamp(min=0)
-            total = float(residual.sum())
-            residual = residual / total if total > 0 else p   # p == q up to rounding: sample from p
-            return j, self._draw(residual, position + j)
-        return len(drafts), self._draw(probs[len(drafts)], position + len(drafts))
+        residual = (p - q).clamp(min=0)
+        total = float(residual.sum())
+        return self._draw(residual / total if total > 0 else p, position)   # total 0: p == q up to rounding
 
     def _draw(self, probs: torch.Tensor, position: int) -> int:
+        """The inverse-CDF pick at seeded_uniform(S, 2i + 1) (for T = 0 p is one-hot: the argmax)."""
         return int(pick_index(probs, seeded_uniform(self.seed, 2 * position + 1)))
 
 

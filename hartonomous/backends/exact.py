@@ -2,8 +2,9 @@
 
 Besides the engine's step interface (`start` / `distribution` / `advance`) it verifies drafts for
 speculative decoding: `score` runs the tokens not yet cached plus a draft through one forward and
-returns the next-token distribution after every draft prefix; `accept` keeps an agreeing prefix,
-rolls the KV cache back past the rest and queues the next token for the following forward.
+returns the next-token distribution after every draft prefix; `accept` appends the tokens a round
+decided, rolls the KV cache back past the rejected draft tokens and leaves the last token to be fed
+by the following forward.
 """
 
 from __future__ import annotations
@@ -112,15 +113,18 @@ class ExactBackend:
         return logits_to_probs(logits, contexts, temperature=sampler.temperature, top_k=sampler.top_k,
                                top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
 
-    def accept(self, state: ExactState, draft: list[int], accepted: int, token_id: int) -> None:
-        """Keep draft[:accepted], then `token_id`, after a `score` of `draft`: the cache is rolled
-        back past the rejected draft tokens, and `token_id` waits to be fed by the next forward."""
-        if not 0 <= accepted <= len(draft):
-            raise ValueError(f"accepted must be between 0 and {len(draft)}, got {accepted}")
+    def accept(self, state: ExactState, fed: list[int], tokens: list[int]) -> None:
+        """After `score(state, fed)`: append the round's `tokens` to the context. The cache keeps
+        the fed tokens that agree with them and is rolled back past the rest; at least the last
+        token waits to be fed by the next forward (so the next `score` has a position to read)."""
+        if not tokens:
+            raise ValueError("accept needs at least one token")
+        keep = 0
+        while keep < min(len(fed), len(tokens) - 1) and fed[keep] == tokens[keep]:
+            keep += 1
         if state.cache is not None:
-            state.cache.crop(len(state.ids) + accepted)
-        state.ids.extend(int(t) for t in draft[:accepted])
-        state.ids.append(int(token_id))
+            state.cache.crop(len(state.ids) + keep)
+        state.ids.extend(int(t) for t in tokens)
         state.logits = None
 
     def close(self) -> None:
