@@ -83,10 +83,10 @@ class SpeculativeStats:
     rounds: int = 0
     drafted: int = 0            # draft tokens proposed (and verified)
     accepted: int = 0           # draft tokens kept
-    tokens: int = 0             # tokens handed out (accepted draft tokens + one exact token per round)
+    tokens: int = 0             # tokens handed to the engine
     forwards: int = 0           # exact forward passes (one per round, the prompt's included)
     draft_s: float = 0.0        # database calls (draft_tokens)
-    verify_s: float = 0.0       # exact forwards and the shared sampler over their logits
+    verify_s: float = 0.0       # exact forwards (the first one reads the prompt) and the sampler over them
     decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round
 

@@ -17,7 +17,7 @@ branch_labels = None
 depends_on = None
 
 FUNCTIONS = (
-    "generate_tokens", "sample_next_token", "ht_sample", "seeded_uniform",
+    "draft_tokens", "generate_tokens", "sample_next_token", "ht_sample", "seeded_uniform",
     "next_token_batch", "next_token", "ht_next_token", "ht_check_sampler_args",
     "context_centroid", "ht_context_centroid", "ht_check_context", "ht_atom_set",
 )
