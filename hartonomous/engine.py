@@ -312,7 +312,7 @@ def pick(dist: Distribution, seed: int, step: int) -> tuple[int, float]:
 
 
 class Engine:
-    """Prompt in, text out, over any backend (exact or spatial)."""
+    """Prompt in, text out, over any backend (exact, spatial or speculative)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
