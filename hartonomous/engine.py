@@ -150,6 +150,7 @@ class GenerationResult:
     seed: int
     timings: Timings
     probabilities: list[float] = field(default_factory=list)
+    stats: Any = None           # path statistics where the path keeps some (speculative: SpeculativeStats)
 
 
 class Session:
@@ -172,6 +173,7 @@ class Session:
         self._timings = Timings()
         self.tail = ""        # held-back text no event carried; see the module docstring
         self._events: Iterator[TokenEvent] | None = None
+        self._stats: Any = None          # the path's own statistics (speculative: SpeculativeStats)
 
     def cancel(self) -> None:
         """Stop the generation; takes effect within one step."""
@@ -212,6 +214,8 @@ class Session:
         try:
             if isinstance(self.backend, WholeLoopBackend):
                 yield from self._run_whole()
+            elif hasattr(self.backend, "stream_tokens"):   # several tokens per call (speculative)
+                yield from self._run_stream()
             else:
                 yield from self._run_steps()
         except GeneratorExit:
@@ -268,6 +272,27 @@ class Session:
                 return
         self._finish(State.STOPPED, "no_candidates")          # the database generated nothing
 
+    def _run_stream(self) -> Iterator[TokenEvent]:
+        """Tokens from a backend that decides several per call; stop rules and cancels as per step."""
+        cfg = self.config
+        run = self.backend.stream_tokens(self.prompt_ids, cfg.max_new_tokens, cfg.sampler, self.seed,
+                                         sorted(self.stop_ids | self.eos_ids), self.cancel_event)
+        self._stats = run.stats
+        try:
+            for step, (token, prob, seconds) in enumerate(run):
+                if self.cancel_event.is_set():
+                    return self._finish(State.CANCELLED, "cancelled")
+                self._timings.per_token_s.append(seconds)
+                self._timings.total_s += seconds
+                last = "length" if step == cfg.max_new_tokens - 1 else None
+                yield self._accept(step, int(token), prob, seconds, None, last)
+                if self.result is not None:
+                    return
+        finally:
+            run.close()
+        if self.result is None:
+            self._finish(State.COMPLETE, "length")
+
     def _accept(self, step: int, token: int, prob: float | None, seconds: float | None,
                 dist: Distribution | None, ends: str | None) -> TokenEvent:
         """Record a token and return its event. When the token ends the generation (a stop or EOS
@@ -294,7 +319,7 @@ class Session:
         self.result = GenerationResult(
             path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
             text=self._final_text(reason), state=state, finish_reason=reason, seed=self.seed,
-            timings=self._timings, probabilities=list(self._probs))
+            timings=self._timings, probabilities=list(self._probs), stats=self._stats)
 
     def _final_text(self, reason: str) -> str:
         """decode(generated ids), without a final stop/EOS token, cut at the first stop string."""

@@ -5,6 +5,8 @@ gpt-fast's split: `prefill` runs the prompt through the model and fills the KV c
 last position only (`logits_to_keep=1`, as transformers' `generate` does), so greedy output
 matches `generate(do_sample=False)` token for token. The sampling itself is not here: the
 engine sends these logits through `hartonomous.sampling`, the one sampler of both paths.
+Speculative decoding adds `extend` (several tokens in one cached forward, the logits after each)
+and `KVCache.crop` (forget the rejected draft tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ class KVCache:
         from transformers import DynamicCache
 
         self.layers = DynamicCache(config=self._config)
+
+    def crop(self, length: int) -> None:
+        """Forget every token after the first `length` (speculative decoding's rollback).
+
+        DynamicCache.crop takes a negative count of tokens to remove in every transformers
+        version we support (newer ones reject a positive absolute length).
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens to {length}")
+        if length < self.length:
+            self.layers.crop(length - self.length)
 
 
 class ExactModel:
@@ -91,9 +104,29 @@ class ExactModel:
         return out.logits[0, -1].float()
 
     @torch.inference_mode()
+    def extend(self, ids: Sequence[int], cache: KVCache, keep: int) -> torch.Tensor:
+        """Feed several tokens against the cache in one forward; logits (keep, V) of the last
+        `keep` positions, i.e. the next-token logits after each of the last `keep` prefixes.
+
+        Speculative decoding verifies its draft with this: one forward scores every draft token.
+        """
+        self._check(ids)
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"keep must be between 1 and {len(ids)}, got {keep}")
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=keep)
+        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def full_logits_many(self, ids: Sequence[int], keep: int) -> torch.Tensor:
+        """Logits (keep, V) of the last `keep` positions, recomputed from scratch (no cache)."""
+        self._check(ids)
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"keep must be between 1 and {len(ids)}, got {keep}")
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=keep)
+        return out.logits[0].float()
+
     def full_logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Next-token logits recomputed from scratch (no cache): the reference the cache must match."""
-        self._check(ids)
-        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-        return out.logits[0, -1].float()
+        return self.full_logits_many(ids, 1)[0]

@@ -1,6 +1,7 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
-`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens` and `context_centroid`
+`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens` and
+`context_centroid`
 are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
@@ -65,7 +66,7 @@ _CASTS = {
     "temperature": "double precision", "top_k": "integer", "top_p": "double precision",
     "search_radius": "double precision", "max_neighbors": "integer", "atom_set": "text",
     "repetition_penalty": "double precision", "seed": "bigint", "step": "integer",
-    "stop_tokens": "integer[]", "history_weight": "double precision", "history_window": "integer",
+    "stop_tokens": "integer[]", "first_step": "integer", "history_weight": "double precision", "history_window": "integer",
 }
 _KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "atom_set", "repetition_penalty",
              "history_weight", "history_window")
@@ -78,6 +79,8 @@ SAMPLE_NEXT_TOKEN_SQL = ("SELECT sample_next_token(%(context)s::integer[], "
                          f"{_named((*_KNN_ARGS, 'seed', 'step'), _CASTS)})")
 GENERATE_TOKENS_SQL = ("SELECT generate_tokens(%(context)s::integer[], %(max_new_tokens)s::integer, "
                        f"{_named((*_KNN_ARGS, 'seed', 'stop_tokens'), _CASTS)})")
+DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens(%(context)s::integer[], "
+                    f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens'), _CASTS)})")
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
 
@@ -125,6 +128,15 @@ def generate_tokens_query(context: Sequence[int], max_new_tokens: int, sampler: 
     return Query(GENERATE_TOKENS_SQL, {"context": [int(t) for t in context], "max_new_tokens": max_new_tokens,
                                        **_knn_params(sampler, spatial, atom_set), "seed": seed,
                                        "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None})
+
+
+def draft_tokens_query(context: Sequence[int], n: int, sampler: SamplerArgs | None = None,
+                       spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None, seed: int | None = None,
+                       first_step: int = 0, stop_tokens: Sequence[int] | None = None) -> Query:
+    """`draft_tokens(context, n, ...)`: rows (token_id, token_ids, probabilities), one per drafted token."""
+    return Query(DRAFT_TOKENS_SQL, {"context": [int(t) for t in context], "n": n,
+                                    **_knn_params(sampler, spatial, atom_set), "seed": seed, "first_step": first_step,
+                                    "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None})
 
 
 def context_centroid_query(context: Sequence[int], atom_set: str | None = None) -> Query:
@@ -176,6 +188,16 @@ def generate_tokens(conn: psycopg.Connection, context: Sequence[int], max_new_to
     query = generate_tokens_query(context, max_new_tokens, sampler, spatial, atom_set, seed, stop_tokens)
     (ids,) = run(conn, query).fetchone()
     return [int(t) for t in ids or []]
+
+
+def draft_tokens(conn: psycopg.Connection, context: Sequence[int], n: int, sampler: SamplerArgs | None = None,
+                 spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None, seed: int | None = None,
+                 first_step: int = 0, stop_tokens: Sequence[int] | None = None
+                 ) -> list[tuple[int, list[int], list[float]]]:
+    """Up to n drafted tokens, each with the distribution it was drawn from, in one database call."""
+    query = draft_tokens_query(context, n, sampler, spatial, atom_set, seed, first_step, stop_tokens)
+    rows = run(conn, query, prepare=True).fetchall()
+    return [(int(t), [int(i) for i in ids], [float(p) for p in probs]) for t, ids, probs in rows]
 
 
 def context_centroid(conn: psycopg.Connection, context: Sequence[int],

@@ -1,4 +1,11 @@
-"""The exact backend: the KV-cached transformer (hartonomous.exact) behind the engine's interface."""
+"""The exact backend: the KV-cached transformer (hartonomous.exact) behind the engine's interface.
+
+Besides the engine's step interface (`start` / `distribution` / `advance`) it verifies drafts for
+speculative decoding: `score` runs the tokens not yet cached plus a draft through one forward and
+returns the next-token distribution after every draft prefix; `accept` appends the tokens a round
+decided, rolls the KV cache back past the rejected draft tokens and leaves the last token to be fed
+by the following forward.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from hartonomous.sampling import logits_to_probs
 class ExactState:
     ids: list[int]
     cache: KVCache | None
-    logits: torch.Tensor
+    logits: torch.Tensor | None   # next-token logits after ids; None while ids[cache.length:] wait to be fed
 
 
 SMALL_SUPPORT = 4096
@@ -57,6 +64,8 @@ class ExactBackend:
         return ExactState(ids, None, self.model.full_logits(ids))
 
     def distribution(self, state: ExactState, sampler: SamplerArgs) -> Distribution:
+        if state.logits is None:
+            state.logits = self.score_logits(state, [])[0]
         context = torch.tensor(state.ids, dtype=torch.long, device=state.logits.device)
         probs = logits_to_probs(state.logits, context, temperature=sampler.temperature, top_k=sampler.top_k,
                                 top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
@@ -64,10 +73,60 @@ class ExactBackend:
 
     def advance(self, state: ExactState, token_id: int) -> None:
         state.ids.append(int(token_id))
+        if state.logits is None:          # already behind (after `begin` or `accept`): stay lazy
+            return
         if state.cache is not None:
             state.logits = self.model.decode_one_token(token_id, state.cache)
         else:
             state.logits = self.model.full_logits(state.ids)
+
+    # -- speculative decoding: verify a draft in one forward -------------------------------
+
+    def begin(self, prompt_ids: list[int]) -> ExactState:
+        """A state with nothing computed yet: the first `score` feeds the prompt with the draft."""
+        ids = [int(i) for i in prompt_ids]
+        self.model._check(ids)
+        return ExactState(ids, self.model.new_cache() if self.model.use_cache else None, None)
+
+    def score_logits(self, state: ExactState, draft: list[int]) -> torch.Tensor:
+        """Raw logits (k+1, V): row j is the next-token logits after ids + draft[:j], k = len(draft).
+
+        One forward over the ids not yet cached plus the draft; the draft stays in the cache
+        until `accept` crops what was rejected.
+        """
+        k = len(draft)
+        if state.cache is None:
+            return self.model.full_logits_many(state.ids + draft, k + 1)
+        pending = state.ids[state.cache.length:]
+        if not pending:                    # everything cached: the logits after ids are known
+            if state.logits is None:
+                raise RuntimeError("exact state has its ids cached but no logits; this is a bug")
+            if k == 0:
+                return state.logits[None]
+            return torch.cat([state.logits[None], self.model.extend(draft, state.cache, k)])
+        return self.model.extend(pending + draft, state.cache, k + 1)
+
+    def score(self, state: ExactState, draft: list[int], sampler: SamplerArgs) -> torch.Tensor:
+        """Probabilities (k+1, V), float64, after the shared sampler: row j is the exact path's
+        next-token distribution after ids + draft[:j] (its repetition penalty sees that context)."""
+        logits = self.score_logits(state, draft)
+        contexts = [state.ids + draft[:j] for j in range(len(draft) + 1)]
+        return logits_to_probs(logits, contexts, temperature=sampler.temperature, top_k=sampler.top_k,
+                               top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
+
+    def accept(self, state: ExactState, fed: list[int], tokens: list[int]) -> None:
+        """After `score(state, fed)`: append the round's `tokens` to the context. The cache keeps
+        the fed tokens that agree with them and is rolled back past the rest; at least the last
+        token waits to be fed by the next forward (so the next `score` has a position to read)."""
+        if not tokens:
+            raise ValueError("accept needs at least one token")
+        keep = 0
+        while keep < min(len(fed), len(tokens) - 1) and fed[keep] == tokens[keep]:
+            keep += 1
+        if state.cache is not None:
+            state.cache.crop(len(state.ids) + keep)
+        state.ids.extend(int(t) for t in tokens)
+        state.logits = None
 
     def close(self) -> None:
         pass

@@ -69,7 +69,7 @@ class SpatialBackend:
         return SpatialState([int(i) for i in prompt_ids])
 
     def distribution(self, state: SpatialState, sampler: SamplerArgs) -> Distribution:
-        rows = sqlcalls.next_token(self.conn, self._context(state, sampler), sampler, self.spatial, self.atom_set.name)
+        rows = sqlcalls.next_token(self.conn, self.context_for(state, sampler), sampler, self.spatial, self.atom_set.name)
         return Distribution([r[0] for r in rows], [r[1] for r in rows])
 
     def advance(self, state: SpatialState, token_id: int) -> None:
@@ -89,7 +89,7 @@ class SpatialBackend:
         reach = self.atom_set.history_window if reach is None else reach
         return reach if weight > 0 else 0
 
-    def _context(self, state: SpatialState, sampler: SamplerArgs) -> list[int]:
+    def context_for(self, state: SpatialState, sampler: SamplerArgs) -> list[int]:
         """The ids next_token needs, so the work per step stays bounded as the text grows.
 
         With a centroid window w and history atoms over the last H positions, the last H + w ids

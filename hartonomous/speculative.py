@@ -1,0 +1,255 @@
+"""Speculative decoding: the spatial path drafts, the exact model verifies (DESIGN.md, "Speculative decoding").
+
+Per round, with i the position of the next output token (0 = the first generated one):
+1. the database drafts n = min(k, tokens left) tokens for positions i .. i+n-1 in one call (SQL
+   `draft_tokens`), each with the draft distribution q it was drawn from;
+2. the exact model scores the tokens not yet cached plus the draft in one forward, which gives p
+   (the exact path's distribution) at every drafted position; a full draft's last token is not
+   fed, as the next round's forward feeds it;
+3. positions are decided in order. A drafted token x is kept -- greedy (T = 0): if it is the exact
+   argmax; sampling (T > 0): if u < min(1, p(x) / q(x)) -- or the round ends with a replacement:
+   the argmax, or a draw from normalise(max(0, p - q)) (Leviathan et al. 2023; Chen et al. 2023).
+   A position the drafter had nothing for (no candidates, or it stopped after a stop token) is
+   drawn from p. p and q are both after the shared sampler's warpers (repetition penalty,
+   temperature, top-k, top-p), so every output token is distributed exactly as on the exact path,
+   and greedy output is the exact path's token for token;
+4. the KV cache is rolled back past the rejected draft tokens.
+The draft length adapts: after a full acceptance it grows by 2, after a rejection it shrinks by 1,
+within [1, max_draft_tokens]. A round never decides more tokens than max_new_tokens leaves; the
+engine applies stop tokens, EOS and stop strings to the tokens as they come.
+
+Randomness (T > 0), for output position i of a generation with seed S: the draft token picks at
+seeded_uniform(S XOR DRAFT_SALT, i) (`draft_tokens` with first_step = i), the acceptance test uses
+seeded_uniform(S, 2i), the replacement or the draw from p seeded_uniform(S, 2i + 1). A position
+is drafted again only after a rejection earlier in its round, whose outcome its uniforms did not
+influence, so every decision draws fresh randomness. Each output token is therefore a function
+of the seed, its position and the text before it alone: the sample does not depend on the draft
+length, on max_new_tokens or on stop conditions. It is a different (equally distributed) sample
+than the exact path's, which draws seeded_uniform(S, i).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hartonomous import sqlcalls
+from hartonomous.backends.base import Cancelled, Distribution, SamplerArgs
+from hartonomous.backends.exact import ExactBackend
+from hartonomous.backends.spatial import SpatialBackend, SpatialState
+from hartonomous.errors import UserError
+from hartonomous.sampling import pick_index, seeded_uniform
+
+DRAFT_SALT = 0x5EC0_DA7A_D4AF_7000          # separates the draft's uniforms from the verifier's
+MAX_DRAFT_TOKENS = 64                        # draft_tokens' own bound on n
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One drafted token and the distribution q it was drawn from (after the shared sampler)."""
+
+    token_id: int
+    q: Distribution
+
+
+class SpatialDrafter:
+    """Drafts with SQL `draft_tokens`: n spatial steps in one database call."""
+
+    def __init__(self, spatial: SpatialBackend):
+        self.spatial = spatial
+
+    def draft(self, ids: list[int], n: int, sampler: SamplerArgs, seed: int, first_step: int,
+              stop_token_ids: list[int]) -> list[Draft]:
+        """Up to n tokens continuing `ids`; step s picks at seeded_uniform(seed, first_step + s)."""
+        rows = sqlcalls.draft_tokens(self.spatial.conn, self.spatial.context_for(SpatialState(ids), sampler), n,
+                                     sampler, self.spatial.spatial, self.spatial.atom_set.name, seed, first_step,
+                                     stop_token_ids)
+        return [Draft(token, Distribution(ids_, probs)) for token, ids_, probs in rows]
+
+
+@dataclass
+class SpeculativeStats:
+    """What one speculative generation did; time is compute time, split by where it went."""
+
+    rounds: int = 0
+    drafted: int = 0            # draft tokens proposed (and verified)
+    accepted: int = 0           # draft tokens kept
+    tokens: int = 0             # tokens handed to the engine
+    forwards: int = 0           # exact forward passes (one per round, the prompt's included)
+    draft_s: float = 0.0        # database calls (draft_tokens)
+    verify_s: float = 0.0       # exact forwards (the first one reads the prompt) and the sampler over them
+    decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
+    draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        return self.tokens / self.forwards if self.forwards else None
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
+                "tokens_per_forward": self.tokens_per_forward}
+
+
+class SpeculativeRun:
+    """One speculative generation: iterate for (token_id, probability, seconds); `stats` as it goes.
+
+    `probability` is the exact model's p(token) at that position (after the shared sampler).
+    `seconds` is the round's compute time on its first token and 0.0 on the rest of the round.
+    """
+
+    def __init__(self, backend: "SpeculativeBackend", prompt_ids: list[int], max_new_tokens: int,
+                 sampler: SamplerArgs, seed: int, stop_token_ids: list[int], cancel: threading.Event):
+        self.backend = backend
+        self.prompt_ids = list(prompt_ids)
+        self.max_new_tokens = max_new_tokens
+        self.sampler = sampler
+        self.seed = seed
+        self.stop_token_ids = list(stop_token_ids)
+        self.cancel = cancel
+        self.stats = SpeculativeStats()
+        self._tokens = self._rounds()
+
+    def __iter__(self) -> Iterator[tuple[int, float, float]]:
+        return self._tokens
+
+    def close(self) -> None:
+        self._tokens.close()
+
+    def _rounds(self) -> Iterator[tuple[int, float, float]]:
+        exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
+        state = exact.begin(self.prompt_ids)
+        k = self.backend.draft_tokens
+        produced = 0
+        while produced < self.max_new_tokens:
+            if self.cancel.is_set():
+                raise Cancelled()
+            n = min(k, self.max_new_tokens - produced)
+            t0 = time.perf_counter()
+            drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
+                                   self.stop_token_ids)
+            self.backend.check_vocabulary(drafts)
+            t1 = time.perf_counter()
+            draft = [d.token_id for d in drafts]
+            fed = draft[:n - 1] if len(draft) == n else draft   # a full draft's last token needs no forward
+            probs = exact.score(state, fed, self.sampler)
+            t2 = time.perf_counter()
+            accepted, tokens = self._decide(drafts, probs, produced)
+            exact.accept(state, fed, tokens)
+            t3 = time.perf_counter()
+            stats.rounds += 1
+            stats.forwards += 1
+            stats.drafted += len(draft)
+            stats.accepted += accepted
+            stats.draft_lengths.append(n)
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            stats.decide_s += t3 - t2
+            k = self.backend.next_draft_length(k, n, len(draft), accepted)
+            for j, token in enumerate(tokens):
+                produced += 1
+                stats.tokens += 1
+                yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0
+
+    def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
+        """(how many draft tokens are kept, the round's tokens).
+
+        Row j of `probs` is p at position + j. Each drafted position keeps its draft token or
+        ends the round with a replacement; a position the drafter had nothing for (it stopped
+        early: no candidates, or after a stop token) is drawn from p.
+        """
+        for j, d in enumerate(drafts):
+            if not self._keeps(d, probs[j], position + j):
+                return j, [x.token_id for x in drafts[:j]] + [self._replacement(d, probs[j], position + j)]
+        tokens = [d.token_id for d in drafts]
+        if len(drafts) < probs.shape[0]:
+            tokens.append(self._draw(probs[len(drafts)], position + len(drafts)))
+        return len(drafts), tokens
+
+    def _keeps(self, draft: Draft, p: torch.Tensor, position: int) -> bool:
+        """Greedy: the draft is the exact argmax. Sampling: u < min(1, p(x) / q(x)), u = seeded_uniform(S, 2i)."""
+        px = float(p[draft.token_id])
+        if self.sampler.temperature == 0:
+            return px == 1.0                   # after the greedy sampler p is one-hot at the argmax
+        qx = draft.q.probabilities[draft.q.token_ids.index(draft.token_id)]
+        return seeded_uniform(self.seed, 2 * position) * qx < px
+
+    def _replacement(self, draft: Draft, p: torch.Tensor, position: int) -> int:
+        """The token after a rejection: greedy, the argmax; sampling, a draw from normalise(max(0, p - q))."""
+        if self.sampler.temperature == 0:
+            return int(p.argmax())
+        q = torch.zeros_like(p)
+        q[torch.tensor(draft.q.token_ids, device=p.device)] = torch.tensor(draft.q.probabilities, dtype=p.dtype,
+                                                                            device=p.device)
+        residual = (p - q).clamp(min=0)
+        total = float(residual.sum())
+        return self._draw(residual / total if total > 0 else p, position)   # total 0: p == q up to rounding
+
+    def _draw(self, probs: torch.Tensor, position: int) -> int:
+        """The inverse-CDF pick at seeded_uniform(S, 2i + 1) (for T = 0 p is one-hot: the argmax)."""
+        return int(pick_index(probs, seeded_uniform(self.seed, 2 * position + 1)))
+
+
+class SpeculativeBackend:
+    """The speculative path: a spatial drafter and an exact verifier behind one engine backend.
+
+    The engine runs it through `stream_tokens` (several tokens per round), not the step interface.
+    """
+
+    name = "speculative"
+
+    def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
+                 max_draft_tokens: int = 8, adaptive: bool = True):
+        if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+            raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
+        if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise UserError(f"max_draft_tokens must be between draft_tokens ({draft_tokens}) and "
+                            f"{MAX_DRAFT_TOKENS}, got {max_draft_tokens}")
+        vocab = exact.model.vocab_size
+        if spatial.atom_set.vocab_size > vocab:
+            raise UserError(f"atom set '{spatial.atom_set.name}' has {spatial.atom_set.vocab_size} tokens but the "
+                            f"exact model only {vocab}; draft with an atom set built from the same model")
+        self.exact = exact
+        self.spatial = spatial
+        self.drafter = SpatialDrafter(spatial)
+        self.tokenizer = exact.tokenizer
+        self.draft_tokens = draft_tokens
+        self.max_draft_tokens = max_draft_tokens
+        self.adaptive = adaptive
+
+    def eos_token_ids(self) -> set[int]:
+        return self.exact.eos_token_ids()
+
+    def stream_tokens(self, prompt_ids: list[int], max_new_tokens: int, sampler: SamplerArgs, seed: int,
+                      stop_token_ids: list[int], cancel: threading.Event) -> SpeculativeRun:
+        """The generation as a stream of decided tokens (the engine checks stops and cancels)."""
+        return SpeculativeRun(self, prompt_ids, max_new_tokens, sampler, seed, stop_token_ids, cancel)
+
+    def next_draft_length(self, k: int, asked: int, drafted: int, accepted: int) -> int:
+        """Grow by 2 after a full acceptance of a full draft, shrink by 1 after a rejection."""
+        if not self.adaptive:
+            return k
+        if accepted < drafted:
+            return max(1, k - 1)
+        if drafted == asked == k:
+            return min(self.max_draft_tokens, k + 2)
+        return k
+
+    def check_vocabulary(self, drafts: list[Draft]) -> None:
+        vocab = self.exact.model.vocab_size
+        for d in drafts:
+            if not 0 <= d.token_id < vocab:
+                raise UserError(f"the drafter proposed token id {d.token_id}, outside the exact model's "
+                                f"vocabulary (0..{vocab - 1}); use an atom set built from the same model")
+
+    def close(self) -> None:
+        self.exact.close()
+        self.spatial.close()
+

@@ -1,0 +1,117 @@
+-- draft_tokens: the spatial path drafts n tokens in one call, for speculative decoding.
+--
+--   draft_tokens(context integer[], n integer,
+--                <next_token's sampler arguments: temperature, top_k, top_p, search_radius,
+--                 max_neighbors, atom_set, repetition_penalty, with next_token's defaults>,
+--                seed bigint = NULL, first_step integer = 0, stop_tokens integer[] = NULL,
+--                history_weight float8 = NULL, history_window integer = NULL)
+--   RETURNS TABLE(step integer, token_id integer, token_ids integer[],
+--                 probabilities double precision[])
+--
+-- Semantics:
+--  1. Step s (0-based) asks next_token(context || drafted so far) -- called with named
+--     arguments; history_weight / history_window pass through (NULL: the atom set's) -- and
+--     picks a token from its rows by the inverse CDF at u = seeded_uniform(seed, first_step + s)
+--     (random() when seed is NULL), walking the rows in their order (probability descending,
+--     token_id ascending): the first row whose cumulative_probability > u, else (rounding) the
+--     last row with probability > 0. T = 0 gives next_token's single argmax row. This is
+--     generate_tokens' rule: with first_step = 0 the drafted ids equal
+--     generate_tokens(context, n, ..., seed, stop_tokens).
+--  2. Each step returns one row: step s, the picked token_id, and the whole distribution it was
+--     picked from (token_ids and probabilities, in next_token's row order). That distribution is
+--     q, the draft distribution the speculative acceptance rule min(1, p/q) and the residual
+--     max(0, p - q) need; it is after the shared sampler, like next_token's.
+--  3. Drafting stops after a stop token (which is returned), after n steps, or when next_token
+--     has no candidates (no row for that step; a NOTICE).
+--  4. Bad input raises SQLSTATE 22023 naming the argument: n outside 1..64, first_step < 0 or
+--     first_step + n beyond the integer range, seed given with first_step NULL; the context and
+--     the sampler arguments are checked by next_token.
+
+-- An older signature (before history_weight / history_window) is replaced, not overloaded.
+DROP FUNCTION IF EXISTS draft_tokens(integer[], integer, double precision, integer, double precision,
+                                     double precision, integer, text, double precision, bigint, integer,
+                                     integer[]);
+
+CREATE OR REPLACE FUNCTION draft_tokens(
+    context integer[],
+    n integer,
+    temperature double precision DEFAULT 1.0,
+    top_k integer DEFAULT 40,
+    top_p double precision DEFAULT 0.9,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0,
+    seed bigint DEFAULT NULL,
+    first_step integer DEFAULT 0,
+    stop_tokens integer[] DEFAULT NULL,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
+RETURNS TABLE(step integer, token_id integer, token_ids integer[],
+              probabilities double precision[])
+LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- n draft steps in one call; one row per drafted token with the distribution it came from.
+#variable_conflict use_column
+DECLARE
+    ctx    integer[] := draft_tokens.context;
+    u      double precision;
+    ids    integer[];
+    probs  double precision[];
+    picked integer;
+BEGIN
+    IF draft_tokens.n IS NULL OR draft_tokens.n < 1 OR draft_tokens.n > 64 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('n must be between 1 and 64, got %s', coalesce(draft_tokens.n::text, 'NULL')),
+            HINT = 'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).';
+    END IF;
+    IF draft_tokens.seed IS NOT NULL AND draft_tokens.first_step IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'first_step must not be NULL when seed is given',
+            HINT = 'Use 0 to draw like generate_tokens does from its first step.';
+    END IF;
+    IF draft_tokens.first_step < 0 OR draft_tokens.first_step > 2147483647 - draft_tokens.n THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('first_step must be between 0 and %s for n = %s, got %s',
+                             2147483647 - draft_tokens.n, draft_tokens.n, draft_tokens.first_step),
+            HINT = 'first_step numbers the seeded draws; step s draws seeded_uniform(seed, first_step + s).';
+    END IF;
+    FOR s IN 0 .. draft_tokens.n - 1 LOOP
+        u := CASE WHEN draft_tokens.seed IS NULL THEN random()
+                  ELSE seeded_uniform(draft_tokens.seed, draft_tokens.first_step + s) END;
+        SELECT array_agg(r.token_id ORDER BY r.i), array_agg(r.probability ORDER BY r.i),
+               (array_agg(r.token_id ORDER BY CASE WHEN r.cumulative_probability > u THEN r.i END
+                                              NULLS LAST, (r.probability > 0) DESC, r.i DESC))[1]
+          INTO ids, probs, picked
+          FROM next_token(context => ctx,
+                          temperature => draft_tokens.temperature,
+                          top_k => draft_tokens.top_k,
+                          top_p => draft_tokens.top_p,
+                          search_radius => draft_tokens.search_radius,
+                          max_neighbors => draft_tokens.max_neighbors,
+                          atom_set => draft_tokens.atom_set,
+                          repetition_penalty => draft_tokens.repetition_penalty,
+                          history_weight => draft_tokens.history_weight,
+                          history_window => draft_tokens.history_window)
+               WITH ORDINALITY AS r(token_id, probability, cumulative_probability, i);
+        IF picked IS NULL THEN
+            RAISE NOTICE 'draft_tokens: step %: next_token has no candidates; stopping', s;
+            EXIT;
+        END IF;
+        step := s;
+        token_id := picked;
+        token_ids := ids;
+        probabilities := probs;
+        RETURN NEXT;
+        ctx := ctx || picked;
+        EXIT WHEN picked = ANY (draft_tokens.stop_tokens);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION draft_tokens(integer[], integer, double precision, integer, double precision,
+                                 double precision, integer, text, double precision, bigint, integer,
+                                 integer[], double precision, integer) IS
+    'Speculative decoding''s drafter: n steps of next_token(context || drafted) in one call, step s picked at seeded_uniform(seed, first_step + s); one row per token with the distribution it was drawn from. See docs/sql.md.';
