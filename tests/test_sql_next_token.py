@@ -542,7 +542,9 @@ def test_explain_shows_the_gist_index_scan_of_the_sets_own_partition(db, ref_set
     plan = next(p for p in plans if "Index Scan using atoms_" in p)
     assert f"Index Scan using atoms_{s.atom_set_id}_position_idx" in plan
     assert f"atoms_{other.atom_set_id}_position_idx" not in plan
-    assert "Seq Scan" not in plan
+    # The atoms are never scanned sequentially; the small tokens lookup may be (the planner's
+    # choice for a few hundred test rows), which says nothing about the KNN.
+    assert "Seq Scan on atoms" not in plan
     path = _knn_path(plan)
     assert path[-1].startswith("Limit")
     assert all(node.startswith(("Index Scan", "Append", "Limit")) for node in path), path
