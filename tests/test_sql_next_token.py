@@ -123,7 +123,7 @@ def test_hand_computed_vectors(db, vector_sets, case: dict) -> None:
     for u, token in case["draws"]:
         (picked,) = db.execute(
             "SELECT ht_sample(s.id, s.kernel, s.bandwidth, context_centroid(%s, s.name), %s, %s, %s, %s,"
-            " NULL, 100, %s, s.centroid_window, s.centroid_decay, 0, 0, %s) FROM atom_sets s WHERE s.name = %s",
+            " NULL, 100, %s, NULL, 0, %s) FROM atom_sets s WHERE s.name = %s",
             (case["context"], case["context"], case["temperature"], case["top_k"], case["top_p"],
              case["repetition_penalty"], u, name)).fetchone()
         assert picked == token, f"u = {u}"
@@ -261,13 +261,17 @@ def _before_history(db: psycopg.Connection, s: AtomSetData, context: list[int], 
                     search_radius, max_neighbors, repetition_penalty) -> list[tuple]:
     return db.execute(
         "SELECT h.* FROM atom_sets s, pg_temp.ht_next_token_before_history(s.id, s.kernel, s.bandwidth,"
-        " context_centroid(%s, s.name), %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
+        " pg_temp.ht_context_centroid_before_history(s.id, s.centroid_window, s.centroid_decay, %s),"
+        " %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
         (context, context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
          s.name)).fetchall()
 
 
 def test_history_off_is_exactly_the_result_before_history_atoms(db, ref_sets) -> None:
-    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit."""
+    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit.
+
+    The other side is the code from before history atoms, frozen in tests/vectors.
+    """
     db.execute((VECTOR_DIR / "next_token_before_history.sql").read_text())
     rng = np.random.default_rng(3)
     calls = [(1.0, 40, 0.9, None, 100, 1.0), (0.7, 0, 1.0, None, 700, 1.3), (0.0, 40, 0.9, None, 30, 1.0),
@@ -569,6 +573,7 @@ def test_migration_installs_and_removes_the_functions(scratch_database: str) -> 
 # What a database migrated before history atoms holds: these signatures must not survive a migrate.
 BEFORE_HISTORY = {
     "ht_atom_set": "text",
+    "ht_context_centroid": "integer, integer, double precision, integer[]",
     "ht_check_sampler_args": "double precision, integer, double precision, double precision, integer, "
                              "double precision",
     "ht_next_token": "integer, text, double precision, geometry, integer[], double precision, integer, "
