@@ -434,13 +434,15 @@ def test_generate_tokens_ignores_the_lower_bound_of_the_context_array(db, sets) 
     assert got[0][0] == got[1][0]
 
 
-@pytest.mark.parametrize("decay", [1.0, 0.5, 1e-300, 5e-324])
-def test_history_keys_of_a_long_context_stay_finite_at_any_decay(db, server_url, decay: float) -> None:
+@pytest.mark.parametrize("window, decay", [(None, 1.0), (None, 0.5), (None, 1e-300), (None, 5e-324), (100, 0.999),
+                                           (64, 0.5), (17, 1e-5)])
+def test_history_keys_of_a_long_context_stay_finite_at_any_decay(db, server_url, window, decay: float) -> None:
     """Running sums scaled by decay^(r - j) never overflow or underflow: blocks keep |r - j| small."""
     name = "fuzz_history_decay"
     rng = np.random.default_rng(4)
     with psycopg.connect(server_url) as conn:
-        write_atom_set(conn, AtomSetSpec(name, "fuzz", VOCAB, 3, "hand-made", "token", centroid_decay=decay),
+        write_atom_set(conn, AtomSetSpec(name, "fuzz", VOCAB, 3, "hand-made", "token", centroid_window=window,
+                                         centroid_decay=decay),
                        TokenRows(np.arange(VOCAB), [None] * VOCAB, rng.normal(size=(VOCAB, 3)) * 1e3),
                        AtomRows(np.arange(VOCAB), rng.normal(size=(VOCAB, 3)) * 1e3), replace=True)
     try:

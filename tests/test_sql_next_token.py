@@ -84,7 +84,8 @@ def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
     gauss: no window, decay 1 (keys read the whole context); expo: window 3, decay 0.6 (the set's
     own history atoms on); steep: no window but decay e^-100, so weights beyond 3 steps back count
     as 0 (the effective window is 4, and the keys are summed in blocks of 4 positions); slow:
-    window 6, decay 0.9.
+    window 6, decay 0.9; long: window 20 (keys from running sums, not from a moving frame), decay
+    e^-10 (blocks of 31 positions).
     """
     sets = {
         "gauss": random_set("sqltest_gauss", 1, kernel="gaussian", bandwidth=0.15),
@@ -92,6 +93,7 @@ def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
                            history_weight=1.5, history_window=8),
         "steep": random_set("sqltest_steep", 3, kernel="gaussian", bandwidth=0.2, decay=math.exp(-100)),
         "slow": random_set("sqltest_slow", 4, kernel="exponential", bandwidth=0.3, window=6, decay=0.9),
+        "long": random_set("sqltest_long", 5, kernel="gaussian", bandwidth=0.25, window=20, decay=math.exp(-10)),
     }
     for s in sets.values():
         s.atom_set_id = add_set(db, s)
@@ -236,7 +238,7 @@ def test_history_vectors_in_the_numpy_reference(case: dict) -> None:
 
 
 @pytest.mark.parametrize("window, decay", [(None, 1.0), (3, 0.6), (None, math.exp(-100)), (6, 0.9), (1, 0.5),
-                                           (None, 0.5)])
+                                           (None, 0.5), (20, math.exp(-10))])
 def test_history_atoms_are_keyed_by_the_centroid_of_each_prefix(window, decay) -> None:
     rng = np.random.default_rng(5)
     context = rng.integers(0, 20, 30)
@@ -296,7 +298,7 @@ def test_null_history_arguments_take_the_atom_sets_values(db, ref_sets) -> None:
     assert own != rows(db, context, top_k=0, top_p=1.0, atom_set=s.name, history_window=2)
 
 
-@pytest.mark.parametrize("which", ["gauss", "steep", "slow"])
+@pytest.mark.parametrize("which", ["gauss", "steep", "slow", "long"])
 def test_long_contexts_use_only_the_last_history_window_tokens(db, ref_sets, which: str) -> None:
     """A 5000-token context: the history atoms are those of its last history_window tokens."""
     s = ref_sets[which]
