@@ -68,7 +68,7 @@ def history_atoms(context: list[int] | np.ndarray, positions: np.ndarray, window
         raise ValueError(f"positions has {positions.shape[0]} rows for a context of {n} tokens")
     m = min(history_window, n - 1)
     if m <= 0:
-        return np.empty((0, positions.shape[1] if positions.ndim == 2 else 3)), context[:0].astype(np.int64)
+        return np.empty((0, positions.shape[1])), np.empty(0, dtype=np.int64)
     start = 0 if window is None else max(0, n - m - window)
     keys = prefix_centroids(positions[start:n - 1], window, decay)[n - m - 1 - start:]
     return keys, context[n - m:].astype(np.int64)
@@ -76,7 +76,7 @@ def history_atoms(context: list[int] | np.ndarray, positions: np.ndarray, window
 
 def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: float = 1.0) -> np.ndarray:
     """Row t is the centroid of the context positions[: t + 1]; O(T) for a whole sequence."""
-    from scipy.signal import lfilter  # heavy import; only builds need it
+    from scipy.signal import lfilter  # heavy import: loaded on first use
 
     validate(window, decay)
     positions = np.asarray(positions, dtype=np.float64)

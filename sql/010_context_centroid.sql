@@ -90,32 +90,92 @@ END
 $$;
 
 
+-- ht_context_centroid gained the history keys (an argument and an OUT column); CREATE OR REPLACE
+-- cannot change a signature, so the version a database installed before is dropped.
+DROP FUNCTION IF EXISTS ht_context_centroid(integer, integer, double precision, integer[]);
+
 CREATE OR REPLACE FUNCTION ht_context_centroid(
-    p_set_id integer, p_window integer, p_decay double precision, p_context integer[])
-RETURNS geometry
+    p_set_id integer, p_window integer, p_decay double precision, p_context integer[],
+    p_history_window integer DEFAULT 0,
+    OUT center geometry, OUT history_keys geometry[])
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The centroid of an already checked context; raises 22023 for a token id not in the set.
+-- With p_history_window H > 0 also the keys of next_token's history atoms: with n elements and
+-- m = min(H, n - 1), history_keys[k] (k = 1..m) is the centroid of elements 1 .. n - m + k - 1,
+-- i.e. of the context before element n - m + k. One lookup pass serves both.
+--
+-- The keys in one pass. key_i = sum_{j in (i - W, i]} g_j p_j / sum_{j in (i - W, i]} g_j with
+-- g_j = decay^(i - j), where W is the effective window: p_window, and at most
+-- K = floor(300 / -ln decay) + 1 (older weights are below e^-300 and count as 0, as above);
+-- unbounded when both are. A common factor of the g_j cancels, so windowed sums are running sums
+-- of decay^(r - j) p_j for a reference element r, minus the running sum W elements back. One r
+-- for the whole context would overflow (decay^-j), so the keys are cut into blocks of K
+-- consecutive i with r = the block's first i; a block's rows are its elements and the W - 1
+-- before them, so |r - j| < K and every scale lies in [e^-300, e^300]. Since W <= K an element
+-- is in at most two blocks: O(m + W) rows. An unbounded window means one block (n <= K), and
+-- the elements before the first key's prefix end come in as one carried sum, so only the last
+-- m elements' positions are kept. Windows of up to 16 tokens take their sums straight from a
+-- moving frame instead (one window pass instead of two; faster for short windows). The keys
+-- agree with context_centroid of each prefix to rounding (~1e-15 relative), not bit for bit.
 DECLARE
-    n   integer := cardinality(p_context);
-    hit integer;
-    sx  double precision;
-    sy  double precision;
-    sz  double precision;
-    sw  double precision;
-    bad record;
+    n       integer := cardinality(p_context);
+    hit     integer;
+    sx      double precision;
+    sy      double precision;
+    sz      double precision;
+    sw      double precision;
+    bad     record;
+    v_m     integer := 0;         -- number of keys
+    v_first integer := 1;         -- the first key's prefix ends at element v_first
+    v_last  integer := 0;         -- the last key's at element v_last = n - 1
+    v_lo    integer := 1;         -- positions are kept from element v_lo to v_last
+    v_carry integer := 0;         -- elements 1 .. v_carry come in as a carried sum
+    v_span  integer;              -- the effective window W; NULL: unbounded
+    v_block integer := 1;         -- keys per block
+    v_ln_d  double precision := 0;
+    tail    geometry[];
+    cx      double precision;
+    cy      double precision;
+    cz      double precision;
+    cg      double precision;
 BEGIN
+    IF p_history_window > 0 AND n > 1 THEN
+        v_m := least(p_history_window, n - 1);
+        v_first := n - v_m;
+        v_last := n - 1;
+        v_ln_d := ln(p_decay);
+        IF v_ln_d < 0 AND 300 / -v_ln_d < n THEN
+            v_block := floor(300 / -v_ln_d)::integer + 1;
+            v_span := least(coalesce(p_window, v_block), v_block);
+        ELSE
+            v_block := n;
+            v_span := p_window;
+        END IF;
+        IF v_span IS NULL THEN
+            v_lo := v_first;
+            v_carry := v_first - 1;
+        ELSE
+            v_lo := greatest(1, v_first - v_span + 1);
+        END IF;
+    END IF;
     SELECT count(t.token_id), sum(c.w * ST_X(t.position)), sum(c.w * ST_Y(t.position)),
-           sum(c.w * ST_Z(t.position)), sum(c.w)
-      INTO hit, sx, sy, sz, sw
-      FROM (SELECT u.tid,
+           sum(c.w * ST_Z(t.position)), sum(c.w),
+           array_agg(t.position ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           sum(c.g * ST_X(t.position)) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * ST_Y(t.position)) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * ST_Z(t.position)) FILTER (WHERE c.i <= v_carry),
+           sum(c.g) FILTER (WHERE c.i <= v_carry)
+      INTO hit, sx, sy, sz, sw, tail, cx, cy, cz, cg
+      FROM (SELECT u.tid, u.i,
                    CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
                         WHEN p_decay = 1 THEN 1
                         WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
-                        ELSE power(p_decay, (n - u.i)::double precision) END AS w
+                        ELSE power(p_decay, (n - u.i)::double precision) END AS w,
+                   CASE WHEN u.i <= v_carry THEN exp((v_first - u.i) * v_ln_d) END AS g
               FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c
       LEFT JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = c.tid;
     IF hit < n THEN
@@ -129,7 +189,72 @@ BEGIN
                              bad.tid, bad.i, bad.name),
             HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
     END IF;
-    RETURN ST_MakePoint(sx / sw, sy / sw, sz / sw);
+    center := ST_MakePoint(sx / sw, sy / sw, sz / sw);
+    IF v_m = 0 THEN
+        RETURN;
+    END IF;
+    -- Rows: each kept element j in its own block b, and in the next one when its window reaches
+    -- it, with its scale g = decay^(r - j) for the block's reference r.
+    IF v_span IS NULL OR v_span <= 16 THEN
+        -- Short or unbounded windows: windowed sums straight from the frame (PostgreSQL re-adds
+        -- a moving frame row by row, so this costs W per key; an unbounded frame never moves).
+        WITH element AS (
+            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
+              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
+        ), member AS (
+            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
+              FROM element e
+            UNION ALL
+            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
+              FROM element e
+             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
+               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
+        )
+        SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
+          INTO history_keys
+          FROM (SELECT g.b, g.j,
+                       sum(g.g * g.x) OVER w + CASE WHEN g.b = 0 THEN coalesce(cx, 0) ELSE 0 END AS sx,
+                       sum(g.g * g.y) OVER w + CASE WHEN g.b = 0 THEN coalesce(cy, 0) ELSE 0 END AS sy,
+                       sum(g.g * g.z) OVER w + CASE WHEN g.b = 0 THEN coalesce(cz, 0) ELSE 0 END AS sz,
+                       sum(g.g) OVER w + CASE WHEN g.b = 0 THEN coalesce(cg, 0) ELSE 0 END AS sg
+                  FROM (SELECT m.b, m.j, m.x, m.y, m.z,
+                               exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
+                          FROM member m) g
+                WINDOW w AS (PARTITION BY g.b ORDER BY g.j
+                             ROWS BETWEEN coalesce(v_span - 1, n) PRECEDING AND CURRENT ROW)) k
+         WHERE k.j >= v_first + k.b * v_block;
+    ELSE
+        -- Long windows: running sums minus the running sum W elements back (O(1) per key).
+        WITH element AS (
+            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
+              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
+        ), member AS (
+            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
+              FROM element e
+            UNION ALL
+            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
+              FROM element e
+             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
+               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
+        ), running AS (
+            SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
+                   sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
+              FROM (SELECT m.b, m.j, m.x, m.y, m.z,
+                           exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
+                      FROM member m) g
+            WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
+        )
+        SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
+          INTO history_keys
+          FROM (SELECT r.b, r.j,
+                       r.sx - lag(r.sx, v_span, 0::float8) OVER w AS sx,
+                       r.sy - lag(r.sy, v_span, 0::float8) OVER w AS sy,
+                       r.sz - lag(r.sz, v_span, 0::float8) OVER w AS sz,
+                       r.sg - lag(r.sg, v_span, 0::float8) OVER w AS sg
+                  FROM running r
+                WINDOW w AS (PARTITION BY r.b ORDER BY r.j)) k
+         WHERE k.j >= v_first + k.b * v_block;
+    END IF;
 END
 $$;
 
@@ -147,7 +272,7 @@ DECLARE
 BEGIN
     PERFORM ht_check_context(context);
     SELECT * INTO s FROM ht_atom_set(atom_set);
-    RETURN ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context);
+    RETURN (ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context)).center;
 END
 $$;
 

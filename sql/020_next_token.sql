@@ -57,11 +57,11 @@
 -- Floating point: everything is float8; exp() of arguments below -744 counts as 0, and below
 -- -700 in the two softmaxes, so that e / sum(e) cannot underflow (PostgreSQL raises on underflow).
 -- History keys agree with context_centroid of each prefix to rounding (~1e-15 relative), not
--- bit for bit: they come from running sums (see ht_next_token).
--- Work per call: the KNN, plus O(m + W) context tokens for the history keys, where W is the
--- effective centroid window (centroid_window, and at most floor(300 / -ln decay) + 1 tokens,
--- since older weights count as 0); with no window and decay 1 that is the whole context, which
--- the centroid reads anyway.
+-- bit for bit: they come from running sums (ht_context_centroid, sql/010_context_centroid.sql).
+-- Work per call: the KNN, the lookup of the context's token positions that the centroid makes
+-- anyway (it serves the history keys too), and O(m + W) rows for the keys, where W is the
+-- effective centroid window (centroid_window, at most floor(300 / -ln decay) + 1 tokens since
+-- older weights count as 0).
 -- Plan: static SQL with plan_cache_mode = force_generic_plan, so the statement is planned once
 -- per session and the executor prunes the other atom sets' partitions at start-up; this was
 -- faster than per-call custom plans (~5 ms of planning) and than dynamic SQL on atoms_<id>.
@@ -158,8 +158,8 @@ CREATE OR REPLACE FUNCTION ht_next_token(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
     p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision, p_window integer, p_decay double precision,
-    p_history_weight double precision, p_history_window integer)
+    p_repetition_penalty double precision, p_history_keys geometry[],
+    p_history_weight double precision)
 RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -167,43 +167,15 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- Steps 3-7 of the semantics above for checked arguments and a computed centroid. Static SQL:
--- the plan is cached per session, and the atoms partition is pruned at executor start-up.
---
--- History keys in one pass. The key of history atom i (elements 1-based) is
---     key_i = sum_{j in (i - W, i]} g_j p_j / sum_{j in (i - W, i]} g_j,   g_j = decay^(i - j),
--- where W is the effective window: centroid_window, and at most K = floor(300 / -ln decay) + 1
--- (context_centroid counts weights below e^-300 as 0), unbounded when both are. Any common
--- factor of the g_j cancels, so the sums are running sums over the elements, scaled by
--- decay^(r - j) for a reference element r, minus the running sum W elements back. One r for the
--- whole context would overflow (decay^-j), so the atoms are cut into blocks of K consecutive i,
--- each with r = its first i; a block's rows are its own elements and the W - 1 before them, so
--- |j - r| < K and every scale lies in [e^-300, e^300]. With W <= K an element lies in at most
--- two blocks (its own, and the next one when its window reaches it): O(m + W) rows in all.
+-- Steps 3-8 of the semantics above for checked arguments, a computed centroid and the history
+-- keys (ht_context_centroid): key k of m is the atom of token element n - m + k of the context,
+-- weight p_history_weight (none when it is 0 or there are no keys). Static SQL: the plan is
+-- cached per session, and the atoms partition is pruned at executor start-up.
 #variable_conflict use_column
 DECLARE
-    v_n      integer := cardinality(p_context);
-    v_base   integer := array_lower(p_context, 1) - 1;   -- element i is p_context[v_base + i]
-    v_m      integer := 0;                               -- number of history atoms
-    v_first  integer := 1;                               -- the first atom's prefix ends at element v_first
-    v_last   integer := 0;                               -- ... the last one's at element v_last
-    v_lo     integer := 1;                               -- the first element the keys read
-    v_span   integer;                                    -- the effective window W (v_n: unbounded)
-    v_block  integer := 1;                               -- atoms per block (K, or v_n)
-    v_ln_d   double precision;
-    v_ln_w   double precision;
+    v_after  integer := array_upper(p_context, 1) - coalesce(cardinality(p_history_keys), 0);
+    v_ln_w   double precision := CASE WHEN p_history_weight > 0 THEN ln(p_history_weight) END;
 BEGIN
-    IF p_history_weight > 0 AND p_history_window > 0 AND v_n > 1 THEN
-        v_m := least(p_history_window, v_n - 1);
-        v_first := v_n - v_m;
-        v_last := v_n - 1;
-        v_ln_d := ln(p_decay);
-        v_ln_w := ln(p_history_weight);
-        v_block := CASE WHEN v_ln_d < 0 AND 300 / -v_ln_d < v_n THEN floor(300 / -v_ln_d)::integer + 1
-                        ELSE v_n END;
-        v_span := least(coalesce(p_window, v_n), v_block);
-        v_lo := greatest(1, v_first - v_span + 1);
-    END IF;
     RETURN QUERY
     WITH nearest AS (
         SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
@@ -211,42 +183,10 @@ BEGIN
          WHERE a.atom_set_id = p_set_id
          ORDER BY a.position <<->> p_center
          LIMIT p_max_neighbors
-    ), history_element AS (
-        -- The elements v_lo .. v_last that the keys read (none when history atoms are off).
-        SELECT u.k + v_lo - 1 AS j, ST_X(t.position) AS x, ST_Y(t.position) AS y,
-               ST_Z(t.position) AS z
-          FROM unnest(p_context[v_base + v_lo : v_base + v_last]) WITH ORDINALITY AS u(tid, k)
-          JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = u.tid
-    ), history_block AS (
-        -- Each element in its own block b, and in the next block when its window reaches it.
-        SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
-          FROM history_element e
-        UNION ALL
-        SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
-          FROM history_element e
-         WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
-           AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
-    ), history_sum AS (
-        -- Running sums per block, element j scaled by decay^(r - j) for the block's reference r.
-        SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
-               sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
-          FROM (SELECT h.b, h.j, h.x, h.y, h.z,
-                       exp((v_first + h.b * v_block - h.j) * v_ln_d) AS g
-                  FROM history_block h) g
-        WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
     ), history AS (
-        -- Windowed sums = running sum minus the running sum v_span elements back; the atom of the
-        -- prefix ending at element j has token element j + 1.
-        SELECT p_context[v_base + k.j + 1] AS tid,
-               ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) <<->> p_center AS d
-          FROM (SELECT s.b, s.j,
-                       s.sx - lag(s.sx, v_span, 0::float8) OVER w AS sx,
-                       s.sy - lag(s.sy, v_span, 0::float8) OVER w AS sy,
-                       s.sz - lag(s.sz, v_span, 0::float8) OVER w AS sz,
-                       s.sg - lag(s.sg, v_span, 0::float8) OVER w AS sg
-                  FROM history_sum s
-                WINDOW w AS (PARTITION BY s.b ORDER BY s.j)) k
-         WHERE k.j >= v_first + k.b * v_block
+        SELECT p_context[v_after + h.k] AS tid, h.key <<->> p_center AS d
+          FROM unnest(CASE WHEN p_history_weight > 0 THEN p_history_keys END)
+               WITH ORDINALITY AS h(key, k)
     ), contribution AS (
         SELECT n.tid,
                ln(n.w) - CASE WHEN p_kernel = 'gaussian' THEN (n.d / p_bandwidth) ^ 2
@@ -325,17 +265,18 @@ AS $$
 -- The next-token distribution of one context; semantics at the top of this file.
 DECLARE
     s record;
+    c record;
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context,
+                                             CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
     RETURN QUERY
-        SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth,
-                                    ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
-                                    context, temperature, top_k, top_p, search_radius,
-                                    max_neighbors, repetition_penalty, s.centroid_window,
-                                    s.centroid_decay, s.history_weight, s.history_window);
+        SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, context, temperature,
+                                    top_k, top_p, search_radius, max_neighbors, repetition_penalty,
+                                    c.history_keys, s.history_weight);
     IF NOT FOUND THEN
         RAISE NOTICE 'next_token: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
             quote_literal(s.name), search_radius
@@ -366,6 +307,7 @@ AS $$
 -- next_token for each context of a JSON array of arrays; every context is checked first.
 DECLARE
     s       record;
+    c       record;
     ctxs    integer[] := '{}';
     lens    integer[] := '{}';
     elem    jsonb;
@@ -408,13 +350,13 @@ BEGIN
     FOR j IN 1 .. cardinality(lens) LOOP
         ctx := ctxs[offs + 1 : offs + lens[j]];
         offs := offs + lens[j];
+        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx,
+                                                 CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
         RETURN QUERY
             SELECT j - 1, n.token_id, n.probability, n.cumulative_probability
-              FROM ht_next_token(s.id, s.kernel, s.bandwidth,
-                                 ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx),
-                                 ctx, temperature, top_k, top_p, search_radius, max_neighbors,
-                                 repetition_penalty, s.centroid_window, s.centroid_decay,
-                                 s.history_weight, s.history_window) AS n;
+              FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k,
+                                 top_p, search_radius, max_neighbors, repetition_penalty,
+                                 c.history_keys, s.history_weight) AS n;
         IF NOT FOUND THEN
             RAISE NOTICE 'next_token_batch: contexts[%]: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
                 j - 1, quote_literal(s.name), search_radius;

@@ -43,8 +43,8 @@ CREATE OR REPLACE FUNCTION ht_sample(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
     p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision, p_window integer, p_decay double precision,
-    p_history_weight double precision, p_history_window integer, p_u double precision)
+    p_repetition_penalty double precision, p_history_keys geometry[],
+    p_history_weight double precision, p_u double precision)
 RETURNS integer
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -58,8 +58,8 @@ BEGIN
     SELECT n.tid INTO picked
       FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, p_center, p_context, p_temperature,
                          p_top_k, p_top_p, p_search_radius, p_max_neighbors,
-                         p_repetition_penalty, p_window, p_decay, p_history_weight,
-                         p_history_window) WITH ORDINALITY AS n(tid, p, cum, i)
+                         p_repetition_penalty, p_history_keys,
+                         p_history_weight) WITH ORDINALITY AS n(tid, p, cum, i)
      ORDER BY CASE WHEN n.cum > p_u THEN n.i END NULLS LAST, (n.p > 0) DESC, n.i DESC
      LIMIT 1;
     RETURN picked;
@@ -89,6 +89,7 @@ AS $$
 -- One token drawn from next_token's distribution; deterministic for a given (seed, step).
 DECLARE
     s      record;
+    c      record;
     picked integer;
 BEGIN
     PERFORM ht_check_context(context);
@@ -99,11 +100,11 @@ BEGIN
             HINT = 'Use 0 for the first draw of a seed, 1 for the next, ...';
     END IF;
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    picked := ht_sample(s.id, s.kernel, s.bandwidth,
-                        ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context),
-                        context, temperature, top_k, top_p, search_radius, max_neighbors,
-                        repetition_penalty, s.centroid_window, s.centroid_decay,
-                        s.history_weight, s.history_window,
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context,
+                                             CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+    picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, context, temperature, top_k, top_p,
+                        search_radius, max_neighbors, repetition_penalty, c.history_keys,
+                        s.history_weight,
                         CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
     IF picked IS NULL THEN
         RAISE NOTICE 'sample_next_token: no atom of atom set % lies within search_radius % of the context centroid; returning NULL',
@@ -142,7 +143,9 @@ DECLARE
     generated integer[] := '{}';
     picked    integer;
     n         integer;
-    center    geometry;
+    keys      integer;
+    keep      integer;
+    c         record;
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
@@ -154,19 +157,21 @@ BEGIN
             HINT = 'Generate at most 4096 tokens per call; continue from the result for more.';
     END IF;
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    -- Step 0 checks every prompt token; later steps only need the centroid's window.
-    center := ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx);
     FOR step IN 0 .. max_new_tokens - 1 LOOP
-        IF step > 0 THEN
-            n := cardinality(ctx);
-            center := ht_context_centroid(
-                s.id, s.centroid_window, s.centroid_decay,
-                CASE WHEN s.centroid_window IS NULL OR s.centroid_window >= n THEN ctx
-                     ELSE ctx[array_upper(ctx, 1) - s.centroid_window + 1 : array_upper(ctx, 1)] END);
-        END IF;
-        picked := ht_sample(s.id, s.kernel, s.bandwidth, center, ctx, temperature, top_k, top_p,
-                            search_radius, max_neighbors, repetition_penalty, s.centroid_window,
-                            s.centroid_decay, s.history_weight, s.history_window,
+        -- Step 0 checks every prompt token. Later steps read only what the centroid and the
+        -- history keys need: the last keys + W tokens (W = centroid_window; NULL: all of them),
+        -- since every key's prefix window then lies inside that slice.
+        n := cardinality(ctx);
+        keys := CASE WHEN s.history_weight > 0 THEN least(s.history_window, n - 1) ELSE 0 END;
+        keep := keys + s.centroid_window;
+        SELECT * INTO c FROM ht_context_centroid(
+            s.id, s.centroid_window, s.centroid_decay,
+            CASE WHEN step = 0 OR keep IS NULL OR keep >= n THEN ctx
+                 ELSE ctx[array_upper(ctx, 1) - keep + 1 : array_upper(ctx, 1)] END,
+            keys);
+        picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k, top_p,
+                            search_radius, max_neighbors, repetition_penalty, c.history_keys,
+                            s.history_weight,
                             CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
         IF picked IS NULL THEN
             RAISE NOTICE 'generate_tokens: step %: no atom of atom set % lies within search_radius % of the context centroid; stopping',

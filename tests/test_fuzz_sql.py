@@ -29,14 +29,17 @@ from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, drop_atom_set,
 VOCAB = 64
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 SAMPLER_MIN, SAMPLER_MAX = 1e-6, 1e6     # temperature (> 0) and repetition_penalty bounds
+MAX_NEW_TOKENS = 4096                    # generate_tokens' bound (and GenerationConfig's)
+HISTORY_WINDOW_MAX = 4096
+HISTORY = "history_weight => %s::float8, history_window => %s::int"
 NEXT_TOKEN = ("SELECT token_id, probability, cumulative_probability FROM next_token("
-              "%s::int[], %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8)")
+              f"%s::int[], %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8, {HISTORY})")
 SAMPLE = ("SELECT sample_next_token(%s::int[], %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, "
-          "%s::float8, %s::bigint, %s::int)")
+          f"%s::float8, %s::bigint, %s::int, {HISTORY})")
 GENERATE = ("SELECT generate_tokens(%s::int[], %s::int, %s::float8, %s::int, %s::float8, %s::float8, %s::int, "
-            "%s::text, %s::float8, %s::bigint, %s::int[])")
+            f"%s::text, %s::float8, %s::bigint, %s::int[], {HISTORY})")
 BATCH = ("SELECT context_index, token_id, probability, cumulative_probability FROM next_token_batch("
-         "%s::jsonb, %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8)")
+         f"%s::jsonb, %s::float8, %s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8, {HISTORY})")
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,19 @@ def _write(url: str, name: str, seed: int, log_w: tuple[float, float], scale: fl
 
 @pytest.fixture(scope="module")
 def sets(server_url: str) -> Iterator[dict[str, FuzzSet]]:
-    """Three committed sets: ordinary; extreme weights with a short window; long decay, tiny coordinates."""
+    """Three committed sets: ordinary; extreme weights with a short window; long decay, tiny coordinates.
+
+    The last two have history atoms on by default (a NULL history argument takes the set's value).
+    """
     made = {
         "plain": _write(server_url, "fuzz_plain", 1, (-3, 3), 1.0, bandwidth=0.5),
         "wide": _write(server_url, "fuzz_wide", 2, (-740, 700), 1.0, kernel="exponential", bandwidth=0.05,
                        centroid_window=4, centroid_decay=0.3),
         "decay": _write(server_url, "fuzz_decay", 3, (-1, 1), 0.01, bandwidth=0.003, centroid_decay=0.5),
     }
+    with psycopg.connect(server_url) as conn:
+        conn.execute("UPDATE atom_sets SET history_weight = 1e300, history_window = 3 WHERE name = 'fuzz_wide'")
+        conn.execute("UPDATE atom_sets SET history_weight = 2, history_window = 4096 WHERE name = 'fuzz_decay'")
     yield made
     with psycopg.connect(server_url) as conn:
         for s in made.values():
@@ -110,7 +119,8 @@ def _context_error(context) -> bool:
     return any(t is None for t in context)
 
 
-def _sampler_error(temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty) -> str | None:
+def _sampler_error(temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
+                   history_weight, history_window) -> str | None:
     def bounded_positive(x) -> bool:
         return x is not None and math.isfinite(x) and SAMPLER_MIN <= x <= SAMPLER_MAX
 
@@ -126,6 +136,10 @@ def _sampler_error(temperature, top_k, top_p, search_radius, max_neighbors, repe
         return "max_neighbors"
     if not bounded_positive(repetition_penalty):
         return "repetition_penalty"
+    if history_weight is not None and not (math.isfinite(history_weight) and history_weight >= 0):
+        return "history_weight"
+    if history_window is not None and not 0 <= history_window <= HISTORY_WINDOW_MAX:
+        return "history_window"
     return None
 
 
@@ -191,6 +205,9 @@ VALID = {
     "seed": st.one_of(st.none(), INT64),
     "step": INT32,
     "max_new_tokens": st.integers(0, 12),
+    "history_weight": st.one_of(st.none(), st.just(0.0), st.sampled_from([5e-324, 1e-300, 1e300, 1.7e308]),
+                                st.floats(0, 50)),
+    "history_window": st.one_of(st.none(), st.integers(0, 64), st.sampled_from([0, 1, HISTORY_WINDOW_MAX])),
     "stop_tokens": st.one_of(st.none(), st.lists(TOKEN, max_size=4)),
 }
 ANY = {
@@ -202,10 +219,14 @@ ANY = {
     "max_neighbors": ANY_INT, "repetition_penalty": ANY_FLOAT,
     "atom_set": st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00"), max_size=20)),
     "seed": st.one_of(st.none(), INT64), "step": st.one_of(st.none(), INT32),
-    "max_new_tokens": st.one_of(st.none(), st.integers(-3, 12), st.sampled_from([100_001, 2**31 - 1, -2**31])),
+    "max_new_tokens": st.one_of(st.none(), st.integers(-3, 12),
+                                st.sampled_from([MAX_NEW_TOKENS + 1, 100_001, 2**31 - 1, -2**31])),
+    "history_weight": ANY_FLOAT,
+    "history_window": st.one_of(ANY_INT, st.sampled_from([HISTORY_WINDOW_MAX, HISTORY_WINDOW_MAX + 1])),
     "stop_tokens": st.one_of(st.none(), st.lists(st.one_of(ANY_TOKEN, st.none()), max_size=5)),
 }
-SAMPLER = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "repetition_penalty")
+SAMPLER = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "repetition_penalty",
+           "history_weight", "history_window")
 
 
 @st.composite
@@ -216,8 +237,13 @@ def inputs(draw, names: tuple[str, ...]) -> dict:
 
 
 def _params(a: dict, context_key: str = "context") -> tuple:
+    """The arguments up to repetition_penalty; _history(a) gives the two at the end."""
     return (a[context_key], a["temperature"], a["top_k"], a["top_p"], a["search_radius"], a["max_neighbors"],
             a["atom_set"], a["repetition_penalty"])
+
+
+def _history(a: dict) -> tuple:
+    return (a["history_weight"], a["history_window"])
 
 
 def _sampler_of(a: dict) -> dict:
@@ -239,7 +265,7 @@ def _expected(db, sets, a: dict) -> tuple[str | None, FuzzSet | None]:
 @settings(FUZZ, max_examples=250)
 @given(a=inputs(("context", *SAMPLER, "atom_set")))
 def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
-    rows, error = _call(db, NEXT_TOKEN, _params(a))
+    rows, error = _call(db, NEXT_TOKEN, (*_params(a), *_history(a)))
     argument, fs = _expected(db, sets, a)
     if argument:
         return _assert_fails_naming(error, argument)
@@ -257,7 +283,7 @@ def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
 @settings(FUZZ, max_examples=120)
 @given(a=inputs(("context", *SAMPLER, "atom_set", "seed", "step")))
 def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> None:
-    rows, error = _call(db, SAMPLE, (*_params(a), a["seed"], a["step"]))
+    rows, error = _call(db, SAMPLE, (*_params(a), a["seed"], a["step"], *_history(a)))
     argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
     if argument is None and a["seed"] is not None and a["step"] is None:
         argument = "step"                       # checked before the atom set and the ids
@@ -279,9 +305,9 @@ def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> Non
 def test_generate_tokens_gives_ids_of_the_set_or_22023(db, sets, a) -> None:
     max_new, stop = a["max_new_tokens"], a["stop_tokens"]
     params = _params(a)
-    rows, error = _call(db, GENERATE, (a["context"], max_new, *params[1:], a["seed"], stop))
+    rows, error = _call(db, GENERATE, (a["context"], max_new, *params[1:], a["seed"], stop, *_history(a)))
     argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
-    if argument is None and (max_new is None or not 0 <= max_new <= 100_000):
+    if argument is None and (max_new is None or not 0 <= max_new <= MAX_NEW_TOKENS):
         argument = "max_new_tokens"
     fs = None
     if argument is None:
@@ -325,7 +351,7 @@ def _batch_error(contexts) -> str | None:
 @given(a=inputs(("contexts", *SAMPLER, "atom_set")))
 def test_next_token_batch_gives_one_distribution_per_context_or_22023(db, sets, a) -> None:
     contexts = a["contexts"]
-    rows, error = _call(db, BATCH, (json.dumps(contexts), *_params(a, "contexts")[1:]))
+    rows, error = _call(db, BATCH, (json.dumps(contexts), *_params(a, "contexts")[1:], *_history(a)))
     argument = _sampler_error(**_sampler_of(a)) or _batch_error(contexts)
     fs = None
     if argument is None:
@@ -344,24 +370,27 @@ def test_next_token_batch_gives_one_distribution_per_context_or_22023(db, sets, 
 # -- targeted cases ---------------------------------------------------------------------------------
 
 def test_a_context_of_a_million_tokens(db, sets) -> None:
-    """10^6 ids: a distribution from each function, and 22023 for a NULL or foreign id at the very end."""
+    """10^6 ids: a distribution from each function, and 22023 for a NULL or foreign id at the very end.
+
+    The set's history atoms are on (weight 2, the maximum window 4096): only the context's tail is read.
+    """
     fs = sets["decay"]
     ids = np.random.default_rng(0).integers(0, VOCAB, 10**6)
     literal = "{" + ",".join(map(str, ids.tolist())) + "}"       # text: fast to send, parsed by the server
     started = time.monotonic()
-    rows, error = _call(db, NEXT_TOKEN, (literal, 1.0, 40, 0.9, None, 100, fs.name, 1.3))
+    rows, error = _call(db, NEXT_TOKEN, (literal, 1.0, 40, 0.9, None, 100, fs.name, 1.3, None, None))
     _assert_succeeds(error)
     check_distribution(rows, fs.atom_tokens)
-    rows, error = _call(db, GENERATE, (literal, 2, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 7, None))
+    rows, error = _call(db, GENERATE, (literal, 2, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 7, None, None, None))
     _assert_succeeds(error)
     assert len(rows[0][0]) == 2 and set(rows[0][0]) <= fs.atom_tokens
-    rows, error = _call(db, BATCH, (json.dumps([ids.tolist()]), 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    rows, error = _call(db, BATCH, (json.dumps([ids.tolist()]), 1.0, 40, 0.9, None, 100, fs.name, 1.0, None, None))
     _assert_succeeds(error)
     check_distribution([r[1:] for r in rows], fs.atom_tokens)
-    _, error = _call(db, NEXT_TOKEN, (literal[:-1] + ",NULL}", 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    _, error = _call(db, NEXT_TOKEN, (literal[:-1] + ",NULL}", 1.0, 40, 0.9, None, 100, fs.name, 1.0, None, None))
     _assert_fails_naming(error, "context")
     assert "element 1000001 is NULL" in error.diag.message_primary
-    _, error = _call(db, SAMPLE, (literal[:-1] + ",999}", 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, 0))
+    _, error = _call(db, SAMPLE, (literal[:-1] + ",999}", 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, 0, None, None))
     _assert_fails_naming(error, "context")
     assert "token id 999 (element 1000001)" in error.diag.message_primary
     assert time.monotonic() - started < 600      # generous: bounded, not a speed claim
@@ -379,7 +408,7 @@ def test_softmax_of_a_far_tail_token_does_not_underflow(db, server_url) -> None:
                        AtomRows(np.arange(7), np.zeros((7, 3)), w), replace=True)
     try:
         for temperature, top_k, top_p in ((1.0, 0, 1.0), (1.0, 0, 0.999999), (0.01, 0, None)):
-            rows, error = _call(db, NEXT_TOKEN, ([1], temperature, top_k, top_p, None, 100, "fuzz_tail", 1.0))
+            rows, error = _call(db, NEXT_TOKEN, ([1], temperature, top_k, top_p, None, 100, "fuzz_tail", 1.0, None, None))
             _assert_succeeds(error)
             check_distribution(rows, set(range(7)))
     finally:
@@ -390,7 +419,7 @@ def test_softmax_of_a_far_tail_token_does_not_underflow(db, server_url) -> None:
 def test_a_long_decayed_context_does_not_underflow_the_centroid(db, sets) -> None:
     """decay 0.5 over 1100 tokens gives weights near 1e-323; times a small coordinate that underflowed."""
     fs = sets["decay"]
-    rows, error = _call(db, NEXT_TOKEN, (list(range(VOCAB)) * 18, 1.0, 40, 0.9, None, 100, fs.name, 1.0))
+    rows, error = _call(db, NEXT_TOKEN, (list(range(VOCAB)) * 18, 1.0, 40, 0.9, None, 100, fs.name, 1.0, None, None))
     _assert_succeeds(error)
     check_distribution(rows, fs.atom_tokens)
 
@@ -399,7 +428,40 @@ def test_generate_tokens_ignores_the_lower_bound_of_the_context_array(db, sets) 
     """'[5:9]={...}' and '{...}' are the same context; the window slice used to assume lower bound 1."""
     fs = sets["wide"]
     ids = "3,9,27,17,40"
-    got = [_call(db, GENERATE, (literal, 6, 1.0, 0, 1.0, None, 100, fs.name, 1.0, 11, None))
+    got = [_call(db, GENERATE, (literal, 6, 1.0, 0, 1.0, None, 100, fs.name, 1.0, 11, None, 5.0, 4))
            for literal in (f"[5:9]={{{ids}}}", f"{{{ids}}}")]
     assert got[0][1] is None and got[1][1] is None
     assert got[0][0] == got[1][0]
+
+
+@pytest.mark.parametrize("window, decay", [(None, 1.0), (None, 0.5), (None, 1e-300), (None, 5e-324), (100, 0.999),
+                                           (64, 0.5), (17, 1e-5)])
+def test_history_keys_of_a_long_context_stay_finite_at_any_decay(db, server_url, window, decay: float) -> None:
+    """Running sums scaled by decay^(r - j) never overflow or underflow: blocks keep |r - j| small."""
+    name = "fuzz_history_decay"
+    rng = np.random.default_rng(4)
+    with psycopg.connect(server_url) as conn:
+        write_atom_set(conn, AtomSetSpec(name, "fuzz", VOCAB, 3, "hand-made", "token", centroid_window=window,
+                                         centroid_decay=decay),
+                       TokenRows(np.arange(VOCAB), [None] * VOCAB, rng.normal(size=(VOCAB, 3)) * 1e3),
+                       AtomRows(np.arange(VOCAB), rng.normal(size=(VOCAB, 3)) * 1e3), replace=True)
+    try:
+        context = rng.integers(0, VOCAB, 6000).tolist()
+        for weight, window in ((1.0, HISTORY_WINDOW_MAX), (1e-300, 1), (1e300, 600)):
+            rows, error = _call(db, NEXT_TOKEN, (context, 1.0, 0, None, None, 10, name, 1.0, weight, window))
+            _assert_succeeds(error)
+            check_distribution(rows, set(range(VOCAB)))
+    finally:
+        with psycopg.connect(server_url) as conn:
+            drop_atom_set(conn, name)
+
+
+def test_generate_tokens_accepts_at_most_max_new_tokens(db, sets) -> None:
+    fs = sets["plain"]
+    rows, error = _call(db, GENERATE, ([1, 2], MAX_NEW_TOKENS, 1.0, 40, 0.9, None, 5, fs.name, 1.0, 3, None, 0.0, 0))
+    _assert_succeeds(error)
+    assert len(rows[0][0]) == MAX_NEW_TOKENS
+    _, error = _call(db, GENERATE, ([1, 2], MAX_NEW_TOKENS + 1, 1.0, 40, 0.9, None, 5, fs.name, 1.0, 3, None,
+                                    None, None))
+    _assert_fails_naming(error, "max_new_tokens")
+    assert "4096" in error.diag.message_primary

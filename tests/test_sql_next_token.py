@@ -84,7 +84,8 @@ def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
     gauss: no window, decay 1 (keys read the whole context); expo: window 3, decay 0.6 (the set's
     own history atoms on); steep: no window but decay e^-100, so weights beyond 3 steps back count
     as 0 (the effective window is 4, and the keys are summed in blocks of 4 positions); slow:
-    window 6, decay 0.9.
+    window 6, decay 0.9; long: window 20 (keys from running sums, not from a moving frame), decay
+    e^-10 (blocks of 31 positions).
     """
     sets = {
         "gauss": random_set("sqltest_gauss", 1, kernel="gaussian", bandwidth=0.15),
@@ -92,6 +93,7 @@ def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
                            history_weight=1.5, history_window=8),
         "steep": random_set("sqltest_steep", 3, kernel="gaussian", bandwidth=0.2, decay=math.exp(-100)),
         "slow": random_set("sqltest_slow", 4, kernel="exponential", bandwidth=0.3, window=6, decay=0.9),
+        "long": random_set("sqltest_long", 5, kernel="gaussian", bandwidth=0.25, window=20, decay=math.exp(-10)),
     }
     for s in sets.values():
         s.atom_set_id = add_set(db, s)
@@ -123,7 +125,7 @@ def test_hand_computed_vectors(db, vector_sets, case: dict) -> None:
     for u, token in case["draws"]:
         (picked,) = db.execute(
             "SELECT ht_sample(s.id, s.kernel, s.bandwidth, context_centroid(%s, s.name), %s, %s, %s, %s,"
-            " NULL, 100, %s, s.centroid_window, s.centroid_decay, 0, 0, %s) FROM atom_sets s WHERE s.name = %s",
+            " NULL, 100, %s, NULL, 0, %s) FROM atom_sets s WHERE s.name = %s",
             (case["context"], case["context"], case["temperature"], case["top_k"], case["top_p"],
              case["repetition_penalty"], u, name)).fetchone()
         assert picked == token, f"u = {u}"
@@ -236,7 +238,7 @@ def test_history_vectors_in_the_numpy_reference(case: dict) -> None:
 
 
 @pytest.mark.parametrize("window, decay", [(None, 1.0), (3, 0.6), (None, math.exp(-100)), (6, 0.9), (1, 0.5),
-                                           (None, 0.5)])
+                                           (None, 0.5), (20, math.exp(-10))])
 def test_history_atoms_are_keyed_by_the_centroid_of_each_prefix(window, decay) -> None:
     rng = np.random.default_rng(5)
     context = rng.integers(0, 20, 30)
@@ -261,13 +263,17 @@ def _before_history(db: psycopg.Connection, s: AtomSetData, context: list[int], 
                     search_radius, max_neighbors, repetition_penalty) -> list[tuple]:
     return db.execute(
         "SELECT h.* FROM atom_sets s, pg_temp.ht_next_token_before_history(s.id, s.kernel, s.bandwidth,"
-        " context_centroid(%s, s.name), %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
+        " pg_temp.ht_context_centroid_before_history(s.id, s.centroid_window, s.centroid_decay, %s),"
+        " %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
         (context, context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
          s.name)).fetchall()
 
 
 def test_history_off_is_exactly_the_result_before_history_atoms(db, ref_sets) -> None:
-    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit."""
+    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit.
+
+    The other side is the code from before history atoms, frozen in tests/vectors.
+    """
     db.execute((VECTOR_DIR / "next_token_before_history.sql").read_text())
     rng = np.random.default_rng(3)
     calls = [(1.0, 40, 0.9, None, 100, 1.0), (0.7, 0, 1.0, None, 700, 1.3), (0.0, 40, 0.9, None, 30, 1.0),
@@ -292,7 +298,7 @@ def test_null_history_arguments_take_the_atom_sets_values(db, ref_sets) -> None:
     assert own != rows(db, context, top_k=0, top_p=1.0, atom_set=s.name, history_window=2)
 
 
-@pytest.mark.parametrize("which", ["gauss", "steep", "slow"])
+@pytest.mark.parametrize("which", ["gauss", "steep", "slow", "long"])
 def test_long_contexts_use_only_the_last_history_window_tokens(db, ref_sets, which: str) -> None:
     """A 5000-token context: the history atoms are those of its last history_window tokens."""
     s = ref_sets[which]
@@ -571,6 +577,7 @@ def test_migration_installs_and_removes_the_functions(scratch_database: str) -> 
 # What a database migrated before history atoms holds: these signatures must not survive a migrate.
 BEFORE_HISTORY = {
     "ht_atom_set": "text",
+    "ht_context_centroid": "integer, integer, double precision, integer[]",
     "ht_check_sampler_args": "double precision, integer, double precision, double precision, integer, "
                              "double precision",
     "ht_next_token": "integer, text, double precision, geometry, integer[], double precision, integer, "

@@ -38,6 +38,7 @@ class AtomSet(Base):
         CheckConstraint("centroid_decay > 0 AND centroid_decay <= 1", name="atom_sets_decay_check"),
         CheckConstraint("history_weight >= 0 AND history_weight < 'Infinity'", name="atom_sets_history_weight_check"),
         CheckConstraint("history_window >= 0", name="atom_sets_history_window_check"),
+        CheckConstraint("history_window <= 4096", name="atom_sets_history_window_max_check"),
         Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
     )
 

@@ -1,8 +1,51 @@
--- A frozen copy of ht_next_token as it was before history atoms (commit 4217e99), renamed to
--- pg_temp.ht_next_token_before_history. tests/test_sql_next_token.py creates it in its own session
--- and checks that next_token(..., history_weight => 0) returns exactly (==, not approximately) the
--- rows this gives for the same centroid: turning history atoms off must not change one bit.
--- Do not edit: it is the old behaviour, not the current one.
+-- Frozen copies of ht_context_centroid and ht_next_token as they were before history atoms
+-- (commit 4217e99), renamed to pg_temp.*_before_history. tests/test_sql_next_token.py creates
+-- them in its own session and checks that next_token(..., history_weight => 0) returns exactly
+-- (==, not approximately) what they give: turning history atoms off must not change one bit.
+-- Do not edit: this is the old behaviour, not the current one.
+CREATE FUNCTION pg_temp.ht_context_centroid_before_history(
+    p_set_id integer, p_window integer, p_decay double precision, p_context integer[])
+RETURNS geometry
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- The centroid of an already checked context; raises 22023 for a token id not in the set.
+DECLARE
+    n   integer := cardinality(p_context);
+    hit integer;
+    sx  double precision;
+    sy  double precision;
+    sz  double precision;
+    sw  double precision;
+    bad record;
+BEGIN
+    SELECT count(t.token_id), sum(c.w * ST_X(t.position)), sum(c.w * ST_Y(t.position)),
+           sum(c.w * ST_Z(t.position)), sum(c.w)
+      INTO hit, sx, sy, sz, sw
+      FROM (SELECT u.tid,
+                   CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
+                        WHEN p_decay = 1 THEN 1
+                        WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
+                        ELSE power(p_decay, (n - u.i)::double precision) END AS w
+              FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c
+      LEFT JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = c.tid;
+    IF hit < n THEN
+        SELECT u.i, u.tid, s.name INTO bad
+          FROM unnest(p_context) WITH ORDINALITY AS u(tid, i), atom_sets s
+         WHERE s.id = p_set_id
+           AND NOT EXISTS (SELECT 1 FROM tokens t WHERE t.atom_set_id = p_set_id AND t.token_id = u.tid)
+         ORDER BY u.i LIMIT 1;
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
+                             bad.tid, bad.i, bad.name),
+            HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+    END IF;
+    RETURN ST_MakePoint(sx / sw, sy / sw, sz / sw);
+END
+$$;
+
 CREATE FUNCTION pg_temp.ht_next_token_before_history(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
