@@ -30,7 +30,8 @@ def test_smollm2_token_and_context_sets(server_url: str) -> None:
         assert token.atoms == token.tokens == 49152
         trained = context.stats.corpus.train_tokens
         assert trained == 3000
-        assert context.stats.atoms.before_merge == trained - -(-trained // 512)  # one per position but the last
+        positions = trained - -(-trained // 512)  # every position of a 512-token chunk but the last
+        assert positions < context.stats.atoms.before_merge <= 8 * positions  # soft target: the top-8 per position
         assert token.stats.holdout.text == context.stats.holdout.text  # same seed, same holdout
         # measured: LMDS on SmolLM2's 49152 x 576 embeddings keeps trustworthiness ~0.75
         assert 0.65 < token.stats.projection.trustworthiness < 0.9
