@@ -204,7 +204,7 @@ def test_drafting_pauses_below_the_break_even_and_probes_again(spatial):
     assert 0 not in never_pause.generate(PROMPTS[0], config).stats.draft_lengths
     not_adaptive = speculative(spatial, draft_tokens=2, adaptive=False)
     not_adaptive.backend.drafter = OracleDrafter(wrong=lambda position: True)
-    assert set(not_adaptive.generate(PROMPTS[0], config).stats.draft_lengths) == {2}
+    assert 0 not in not_adaptive.generate(PROMPTS[0], config).stats.draft_lengths
 
 
 def test_a_kept_probe_resumes_drafting(spatial):
