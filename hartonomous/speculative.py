@@ -286,6 +286,11 @@ class SpeculativeBackend:
         self.min_acceptance = min_acceptance
         self.probe_every = probe_every
 
+    @property
+    def atom_set_name(self) -> str:
+        """The drafting atom set (what results and the API report as the path's atom set)."""
+        return self.spatial.atom_set_name
+
     def eos_token_ids(self) -> set[int]:
         return self.exact.eos_token_ids()
 
