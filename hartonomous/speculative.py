@@ -28,7 +28,10 @@ seeded_uniform(S, 2i), the replacement or the draw from p seeded_uniform(S, 2i +
 is drafted again only after a rejection earlier in its round, whose outcome its uniforms did not
 influence, so every decision draws fresh randomness. Each output token is therefore a function
 of the seed, its position and the text before it alone: the sample does not depend on the draft
-length, on max_new_tokens or on stop conditions. It is a different (equally distributed) sample
+length, on max_new_tokens or on stop conditions. One exception: a position decided by a plain step
+(drafting paused) draws from p at seeded_uniform(S, 2i + 1) where a drafted one would have used the
+acceptance rule, so pausing (a function of the run's past only) gives another sample with the
+same distribution; it is still reproducible by seed, and a shorter run is still a prefix. It is a different (equally distributed) sample
 than the exact path's, which draws seeded_uniform(S, i).
 """
 
