@@ -436,7 +436,7 @@ def test_score_gives_the_distribution_after_every_draft_prefix_in_one_forward():
 
 @pytest.mark.parametrize("accepted", [0, 2, 4])
 def test_after_a_rejection_the_next_distributions_equal_a_fresh_forwards(accepted):
-    backend, sampler = tiny_exact_backend(), SamplerArgs(temperature=1.0, top_k=0, top_p=1.0)
+    backend, sampler = tiny_exact_backend(), SamplerArgs(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     ids = backend.tokenizer.encode(PROMPTS[1])
     state = backend.begin(ids)
     draft = [40, 41, 42, 43]
