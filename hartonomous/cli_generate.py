@@ -16,19 +16,24 @@ import typer
 from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
 
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
+GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache) or speculative "
+                      "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept).")
+MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 
 
 def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, history_weight, history_window,
-            model, device, dtype):
-    from hartonomous.client import PATHS, Client
+            model, device, dtype, paths=("spatial", "exact"), draft_tokens: int = 4):
+    from hartonomous.client import Client
     from hartonomous.errors import UserError
 
     check_prompt(prompt)
-    if path not in PATHS:
-        raise UserError(f"--path must be spatial or exact, got '{path}'")
+    if path not in paths:
+        raise UserError(f"--path must be {' or '.join(paths)}, got '{path}'")
+    if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
     return Client(atom_set=atom_set, search_radius=search_radius, max_neighbors=max_neighbors,
                   history_weight=history_weight, history_window=history_window, model=model, device=device,
-                  dtype=dtype)
+                  dtype=dtype, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens))
 
 
 def _stats_line(result) -> str:
@@ -38,14 +43,26 @@ def _stats_line(result) -> str:
             f"{result.state.value} ({result.finish_reason}); seed {result.seed}")
 
 
+def _speculative_line(stats) -> str:
+    """The speculative statistics: how much drafting helped and where the time went."""
+    rate = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "n/a"
+    per_forward = f"{stats.tokens_per_forward:.2f}" if stats.tokens_per_forward is not None else "n/a"
+    return (f"[speculative] {stats.rounds} rounds, {stats.accepted}/{stats.drafted} drafts accepted "
+            f"(acceptance {rate}), {per_forward} tokens per forward; draft {stats.draft_s:.2f} s, "
+            f"verify {stats.verify_s:.2f} s, decide {stats.decide_s:.2f} s")
+
+
 def register(app: typer.Typer) -> None:
     """Add the generation commands to the CLI app."""
 
     @app.command("generate")
     def generate_cmd(
         prompt: str = typer.Argument(..., help="Text to continue."),
-        path: str = typer.Option("spatial", "--path", help=PATH_HELP),
+        path: str = typer.Option("spatial", "--path", help=GENERATE_PATH_HELP),
         stream: bool = typer.Option(False, "--stream", help="Print tokens as they are made, then tokens/s."),
+        draft_tokens: int = typer.Option(4, "--draft-tokens",
+                                         help=f"Speculative: tokens drafted in the first round, then adaptive "
+                                              f"(1..{MAX_DRAFT_TOKENS})."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
         max_new_tokens: int = typer.Option(GenerationConfig.max_new_tokens, "--max-new-tokens",
                                            help=f"Most tokens to generate (1..{MAX_NEW_TOKENS})."),
@@ -73,14 +90,14 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
-        """Continue PROMPT with the spatial or exact path."""
+        """Continue PROMPT with the spatial, exact or speculative path."""
         from hartonomous.client import make_config
 
         config = make_config(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
                              stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos)
         with _client(prompt, path, atom_set, search_radius, max_neighbors, history_weight, history_window, model,
-                     device, dtype) as client:
+                     device, dtype, ("spatial", "exact", "speculative"), draft_tokens) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:
@@ -101,6 +118,8 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(result_json(result), indent=2))
         else:
             print(_stats_line(result), file=sys.stderr)
+            if result.stats is not None:
+                print(_speculative_line(result.stats), file=sys.stderr)
 
     @app.command("next-token")
     def next_token_cmd(
@@ -153,4 +172,5 @@ def result_json(result) -> dict:
     return {"path": result.path, "text": result.text, "token_ids": result.token_ids, "state": result.state.value,
             "finish_reason": result.finish_reason, "seed": result.seed, "prompt_ids": result.prompt_ids,
             "timings": {"prefill_s": t.prefill_s, "total_s": t.total_s, "per_token_s": t.per_token_s,
-                        "tokens_per_second": t.tokens_per_second}}
+                        "tokens_per_second": t.tokens_per_second},
+            "stats": result.stats.as_dict() if result.stats is not None else None}

@@ -9,7 +9,9 @@
 
 Models, tokenizers and the database connection are opened on first use and reused. Options
 are GenerationConfig's (its defaults, its checks); `in_database=True` runs the spatial loop in
-SQL `generate_tokens` (hartonomous.backends.in_database).
+SQL `generate_tokens` (hartonomous.backends.in_database). `path="speculative"` drafts with the
+spatial path and verifies with the exact model (hartonomous.speculative): the exact path's output,
+with `result.stats` (a SpeculativeStats) saying how much drafting helped.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
 
-PATHS = ("spatial", "exact")
+PATHS = ("spatial", "exact", "speculative")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
 
 
@@ -43,13 +45,14 @@ class Client:
                  search_radius: float | None = None, max_neighbors: int = 100, history_weight: float | None = None,
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
-                 exact_model=None):
+                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
         self.spatial_tokenizer = spatial_tokenizer
         self.model, self.device, self.dtype = model, device, dtype
         self._exact_model = exact_model
+        self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
         self._engines: dict[tuple[str, bool], Engine] = {}
 
     # -- engines -------------------------------------------------------------------------
@@ -57,11 +60,31 @@ class Client:
     def engine(self, path: str = "spatial", *, in_database: bool = False) -> Engine:
         """The engine of a path (built on first use); `in_database` only applies to the spatial path."""
         if path not in PATHS:
-            raise InvalidArgument("path", f"path must be 'spatial' or 'exact', got '{path}'")
+            raise InvalidArgument("path", f"path must be one of {', '.join(PATHS)}, got '{path}'")
         key = (path, in_database and path == "spatial")
         if key not in self._engines:
-            self._engines[key] = Engine(self._spatial_backend(key[1]) if path == "spatial" else self._exact_backend())
+            if path == "spatial":
+                backend = self._spatial_backend(key[1])
+            elif path == "exact":
+                backend = self._exact_backend()
+            else:
+                backend = self._speculative_backend()
+            self._engines[key] = Engine(backend)
         return self._engines[key]
+
+    def _speculative_backend(self):
+        """The exact model verifying drafts of a spatial backend of its own (same atom set options)."""
+        from hartonomous.speculative import SpeculativeBackend
+
+        exact = self._exact_backend()
+        spatial_tokenizer = self.spatial_tokenizer
+        self.spatial_tokenizer = self.spatial_tokenizer or exact.tokenizer   # one tokenizer: ids must agree
+        try:
+            spatial = self._spatial_backend(False)
+        finally:
+            self.spatial_tokenizer = spatial_tokenizer
+        return SpeculativeBackend(exact, spatial, draft_tokens=self.draft_tokens,
+                                  max_draft_tokens=self.max_draft_tokens)
 
     def _connection(self):
         if self._conn is None:
@@ -127,6 +150,9 @@ class Client:
         config = make_config(temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty)      # validate before connecting
         check_prompt(prompt_or_ids)
+        if path == "speculative":
+            raise InvalidArgument("path", "next_token has no speculative path: its distribution is the exact "
+                                          "path's; use path='exact'")
         engine = self.engine(path)
         dist = engine.distribution(prompt_or_ids, config)
         rows, total = [], 0.0

@@ -15,7 +15,11 @@ Per round, with i the position of the next output token (0 = the first generated
    and greedy output is the exact path's token for token;
 4. the KV cache is rolled back past the rejected draft tokens.
 The draft length adapts: after a full acceptance it grows by 2, after a rejection it shrinks by 1,
-within [1, max_draft_tokens]. A round never decides more tokens than max_new_tokens leaves; the
+within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
+the acceptance rate over the last ACCEPTANCE_WINDOW judged draft tokens falls below
+`min_acceptance` (the break-even, see DraftPolicy), the next `probe_every` rounds draft nothing
+(a plain exact step: one token per forward, no database call), then one 1-token draft probes
+again; a kept probe resumes drafting with a fresh window. A round never decides more tokens than max_new_tokens leaves; the
 engine applies stop tokens, EOS and stop strings to the tokens as they come.
 
 Randomness (T > 0), for output position i of a generation with seed S: the draft token picks at
@@ -24,7 +28,10 @@ seeded_uniform(S, 2i), the replacement or the draw from p seeded_uniform(S, 2i +
 is drafted again only after a rejection earlier in its round, whose outcome its uniforms did not
 influence, so every decision draws fresh randomness. Each output token is therefore a function
 of the seed, its position and the text before it alone: the sample does not depend on the draft
-length, on max_new_tokens or on stop conditions. It is a different (equally distributed) sample
+length, on max_new_tokens or on stop conditions. One exception: a position decided by a plain step
+(drafting paused) draws from p at seeded_uniform(S, 2i + 1) where a drafted one would have used the
+acceptance rule, so pausing (a function of the run's past only) gives another sample with the
+same distribution; it is still reproducible by seed, and a shorter run is still a prefix. It is a different (equally distributed) sample
 than the exact path's, which draws seeded_uniform(S, i).
 """
 
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -46,6 +54,13 @@ from hartonomous.sampling import pick_index, seeded_uniform
 
 DRAFT_SALT = 0x5EC0_DA7A_D4AF_7000          # separates the draft's uniforms from the verifier's
 MAX_DRAFT_TOKENS = 64                        # draft_tokens' own bound on n
+# Break-even acceptance for a 1-token draft, measured on SmolLM2 (CPU): a round costs ~2 ms of
+# drafting plus a 2-token forward (~1.12x a 1-token one, ~40 ms) and yields 1 + a tokens, so it
+# beats a plain step when a > 2/40 + 0.12 ~ 0.17; 0.2 leaves room for the round's Python overhead.
+MIN_ACCEPTANCE = 0.2
+ACCEPTANCE_WINDOW = 16                       # judged draft tokens the running rate looks at
+MIN_JUDGED = 8                               # judged draft tokens before drafting may pause
+PROBE_EVERY = 8                              # plain rounds between probes while paused
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,7 @@ class SpeculativeStats:
     draft_s: float = 0.0        # database calls (draft_tokens)
     verify_s: float = 0.0       # exact forwards (the first one reads the prompt) and the sampler over them
     decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
-    draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round
+    draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -96,6 +111,49 @@ class SpeculativeStats:
     def as_dict(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate,
                 "tokens_per_forward": self.tokens_per_forward}
+
+
+class DraftPolicy:
+    """How many tokens one generation drafts next round (0 = a plain exact step).
+
+    Grows and shrinks the length with SpeculativeBackend.next_draft_length; pauses drafting
+    while the running acceptance rate (kept / judged draft tokens over the last
+    ACCEPTANCE_WINDOW; the tokens after a rejection are not judged) is below min_acceptance,
+    and probes with one token every probe_every rounds.
+    """
+
+    def __init__(self, backend: "SpeculativeBackend"):
+        self.backend = backend
+        self.k = backend.draft_tokens
+        self.recent: deque[bool] = deque(maxlen=ACCEPTANCE_WINDOW)
+        self.plain_left = 0
+        self.paused = False
+
+    def length(self, left: int) -> int:
+        """The draft length of the next round, `left` tokens still to decide."""
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            return 0
+        return min(self.k, left)
+
+    def update(self, asked: int, drafted: int, accepted: int) -> None:
+        """Account for a round that asked for `asked` tokens, got `drafted` and kept `accepted`."""
+        if asked == 0:
+            return
+        judged = accepted + (1 if accepted < drafted else 0)
+        self.recent.extend([True] * accepted + [False] * (judged - accepted))
+        self.k = self.backend.next_draft_length(self.k, asked, drafted, accepted)
+        backend = self.backend
+        if not backend.adaptive or backend.min_acceptance <= 0:
+            return
+        if self.paused:                              # this round was a probe
+            if drafted and accepted == drafted:
+                self.paused = False
+                self.recent.clear()                  # kept: draft again, judge afresh
+            else:
+                self.plain_left = backend.probe_every
+        elif len(self.recent) >= MIN_JUDGED and sum(self.recent) < backend.min_acceptance * len(self.recent):
+            self.paused, self.plain_left, self.k = True, backend.probe_every, 1
 
 
 class SpeculativeRun:
@@ -126,19 +184,19 @@ class SpeculativeRun:
     def _rounds(self) -> Iterator[tuple[int, float, float]]:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
-        k = self.backend.draft_tokens
+        policy = DraftPolicy(self.backend)
         produced = 0
         while produced < self.max_new_tokens:
             if self.cancel.is_set():
                 raise Cancelled()
-            n = min(k, self.max_new_tokens - produced)
+            n = policy.length(self.max_new_tokens - produced)
             t0 = time.perf_counter()
             drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
-                                   self.stop_token_ids)
+                                   self.stop_token_ids) if n else []
             self.backend.check_vocabulary(drafts)
             t1 = time.perf_counter()
             draft = [d.token_id for d in drafts]
-            fed = draft[:n - 1] if len(draft) == n else draft   # a full draft's last token needs no forward
+            fed = draft[:n - 1] if n and len(draft) == n else draft   # a full draft's last token needs no forward
             probs = exact.score(state, fed, self.sampler)
             t2 = time.perf_counter()
             accepted, tokens = self._decide(drafts, probs, produced)
@@ -152,7 +210,7 @@ class SpeculativeRun:
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.decide_s += t3 - t2
-            k = self.backend.next_draft_length(k, n, len(draft), accepted)
+            policy.update(n, len(draft), accepted)
             for j, token in enumerate(tokens):
                 produced += 1
                 stats.tokens += 1
@@ -206,12 +264,17 @@ class SpeculativeBackend:
     name = "speculative"
 
     def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
-                 max_draft_tokens: int = 8, adaptive: bool = True):
+                 max_draft_tokens: int = 8, adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE,
+                 probe_every: int = PROBE_EVERY):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"max_draft_tokens must be between draft_tokens ({draft_tokens}) and "
                             f"{MAX_DRAFT_TOKENS}, got {max_draft_tokens}")
+        if not 0 <= min_acceptance <= 1:
+            raise UserError(f"min_acceptance must be between 0 and 1 (0 = never pause drafting), got {min_acceptance}")
+        if probe_every < 1:
+            raise UserError(f"probe_every must be at least 1, got {probe_every}")
         vocab = exact.model.vocab_size
         if spatial.atom_set.vocab_size > vocab:
             raise UserError(f"atom set '{spatial.atom_set.name}' has {spatial.atom_set.vocab_size} tokens but the "
@@ -223,6 +286,13 @@ class SpeculativeBackend:
         self.draft_tokens = draft_tokens
         self.max_draft_tokens = max_draft_tokens
         self.adaptive = adaptive
+        self.min_acceptance = min_acceptance
+        self.probe_every = probe_every
+
+    @property
+    def atom_set_name(self) -> str:
+        """The drafting atom set (what results and the API report as the path's atom set)."""
+        return self.spatial.atom_set_name
 
     def eos_token_ids(self) -> set[int]:
         return self.exact.eos_token_ids()

@@ -79,6 +79,9 @@ def test_existing_set_with_the_current_layout_is_reused(server_url, tiny_results
     (["--calls", "3"], "--calls must be at least 20"),
     (["--brute-calls", "0"], "--brute-calls must be at least 1"),
     (["--concurrency-seconds", "0.5"], "--concurrency-seconds must be at least 1"),
+    (["--speculative", "--full"], "--speculative without --quick is its full size"),
+    (["--speculative", "--threads", "0"], "--threads must be at least 1"),
+    (["--speculative", "--draft-tokens", "65"], "--draft-tokens must be between 1 and 64"),
 ])
 def test_bad_options_give_one_line(capsys, args, message):
     code, _, err = run_cli(capsys, "bench", *args)
@@ -101,3 +104,42 @@ def test_hilbert_order_visits_grid_neighbours():
     assert np.all(np.abs(np.diff(walk, axis=0)).sum(axis=1) == 1)  # every step moves to a face neighbour
     points = np.random.default_rng(0).random((1000, 3))
     assert sorted(hilbert_order(points).tolist()) == list(range(1000))
+
+
+# -- bench --speculative: the parts that need no SmolLM2 -----------------------------------------
+
+def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length():
+    from hartonomous.benchmark.speculative import document_prompts
+    from hartonomous.splits import SEPARATOR
+    from tiny_model import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    short, long_, longer = "a b c " * 10, "the cat sat on the mat. " * 20, "def f(x): return x + 1\n" * 30
+    prompts = document_prompts(SEPARATOR.join([short, long_, longer]), tokenizer, count=2, prompt_tokens=40)
+    assert longer.startswith(prompts[0][:20]) and long_.startswith(prompts[1][:20])
+    assert len(prompts) == 2 and all(len(tokenizer.encode(p)) <= 41 for p in prompts)
+
+
+def test_speculative_targets_and_markdown_say_what_was_met():
+    from hartonomous.benchmark.speculative import METHODS, MethodTotals, markdown, targets
+
+    def kind(ms: dict, rate: float) -> dict:
+        totals = {m: MethodTotals(seconds=ms[m] * 64 / 1000, tokens=64, identical=1, prompts=1) for m in METHODS}
+        totals["speculative"].drafted, totals["speculative"].accepted, totals["speculative"].forwards = 40, int(40 * rate), 30
+        base = totals["transformers_generate"].row(None)["ms_per_token"]
+        return {"prompts": 1, "prompt_tokens": [10], "methods": {m: totals[m].row(base) for m in METHODS}}
+
+    kinds = {"short": kind({"transformers_generate": 60, "prompt_lookup": 55, "exact": 58, "speculative": 50}, 0.1),
+             "document": kind({"transformers_generate": 60, "prompt_lookup": 30, "exact": 58, "speculative": 35}, 0.5)}
+    met = {t["what"]: t["met"] for t in targets(kinds)}
+    assert met == {"short: speculative vs transformers generate": False, "short: speculative vs prompt lookup": True,
+                   "short: identical to transformers greedy": True,
+                   "document: speculative vs transformers generate": True,
+                   "document: speculative vs prompt lookup": False,
+                   "document: identical to transformers greedy": True, "document: acceptance rate": True}
+    assert kinds["document"]["methods"]["speculative"]["tokens_per_forward"] == pytest.approx(64 / 30)
+    results = {"mode": "speculative-quick", "machine": {"cpu": "x", "cores": 2, "load_average": [1, 1, 1]},
+               "torch_threads": 2, "atom_set": "s", "max_new_tokens": 64, "draft_tokens": 4,
+               "prompt_lookup_num_tokens": 3, "kinds": kinds, "targets": targets(kinds)}
+    text = markdown(results, "hartonomous bench --speculative --quick")
+    assert "`hartonomous bench --speculative --quick`" in text and "| speculative | 35.0 | 1.71x |" in text

@@ -82,6 +82,17 @@ def test_client_generate_stream_and_in_database(client):
         == spatial.token_ids
 
 
+def test_client_speculative_greedy_is_the_exact_paths_output_with_stats(client):
+    options = dict(temperature=0.0, max_new_tokens=16, stop_at_eos=False)
+    expected = client.generate(PROMPT, path="exact", **options)
+    result = client.generate(PROMPT, path="speculative", **options)
+    assert result.token_ids == expected.token_ids and result.text == expected.text
+    assert result.path == "speculative" and result.stats.tokens == 16 and result.stats.drafted > 0
+    assert "".join(client.stream(PROMPT, path="speculative", **options)) == expected.text
+    with pytest.raises(UserError, match="use path='exact'"):
+        client.next_token(PROMPT, path="speculative")
+
+
 def test_client_rejects_unknown_paths_and_options(client):
     with pytest.raises(UserError, match="path must be"):
         client.generate(PROMPT, path="quantum")
@@ -100,6 +111,8 @@ def test_client_rejects_unknown_paths_and_options(client):
     (["next-token", "  "], "the prompt is empty"),
     (["generate", "hi", "--path", "quantum"], "--path must be spatial or exact"),
     (["next-token", "hi", "--top-k", "-2"], "top_k"),
+    (["next-token", "hi", "--path", "speculative"], "--path must be spatial or exact"),
+    (["generate", "hi", "--path", "speculative", "--draft-tokens", "0"], "--draft-tokens must be between 1 and 64"),
 ])
 def test_cli_bad_input_is_one_line_and_nonzero(capsys, monkeypatch, args, message):
     monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")  # checked before use
@@ -157,6 +170,28 @@ def test_cli_generate_both_paths_stream_and_blocking(capsys, database_env, clien
         assert "tokens/s" in err and f"[{path}] 6 tokens" in err
         code, out, _ = run_cli(capsys, *common, "--json")
         assert code == 0 and json.loads(out)["token_ids"] == expected.token_ids
+
+
+def test_cli_generate_speculative_streams_the_exact_paths_text_and_its_stats(capsys, database_env, client, atom_set,
+                                                                              tiny_dir):
+    expected = client.generate(PROMPT, path="exact", temperature=0.0, max_new_tokens=12, stop_at_eos=False)
+    common = ["generate", PROMPT, "--path", "speculative", "--temperature", "0", "--max-new-tokens", "12",
+              "--ignore-eos", "--atom-set", atom_set, "--model", str(tiny_dir), "--device", "cpu"]
+    code, out, err = run_cli(capsys, *common, "--stream", "--draft-tokens", "3")
+    assert code == 0 and out == expected.text + "\n"
+    assert "[speculative] 12 tokens" in err
+    stats_line = err.splitlines()[-1]
+    assert stats_line.startswith("[speculative] ") and "rounds" in stats_line and "acceptance" in stats_line
+    assert "tokens per forward" in stats_line and "draft " in stats_line and "verify " in stats_line
+    code, out, _ = run_cli(capsys, *common, "--json")
+    body = json.loads(out)
+    assert code == 0 and body["token_ids"] == expected.token_ids and body["path"] == "speculative"
+    assert body["stats"]["tokens"] == 12 and body["stats"]["draft_lengths"][0] == 4
+    stop = expected.text[len(expected.text) // 2:len(expected.text) // 2 + 2]
+    code, out, _ = run_cli(capsys, *common, "--stream", "--stop", stop)       # the same stop rules
+    exact = client.generate(PROMPT, path="exact", temperature=0.0, max_new_tokens=12, stop_at_eos=False,
+                            stop_strings=(stop,))
+    assert code == 0 and out == exact.text + "\n" and len(exact.text) < len(expected.text)
 
 
 def test_cli_next_token_json_and_table(capsys, database_env, client, atom_set):

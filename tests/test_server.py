@@ -137,6 +137,7 @@ def test_openapi_docs_and_playground_are_published(http):
     page = http.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert 'id="pane-spatial"' in page.text and 'id="pane-exact"' in page.text
+    assert 'id="pane-speculative"' in page.text and 'id="use-speculative"' in page.text
     script = http.get("/static/playground.js")
     assert script.status_code == 200 and "/api/generate/stream" in script.text
     assert "http://" not in page.text + script.text.replace("http://www.w3.org/2000/svg", "")
@@ -180,6 +181,25 @@ def test_generate_equals_the_python_client(http, direct, path, extra):
     assert body["token_ids"] == expected.token_ids and body["text"] == expected.text
     assert body["state"] == "complete" and body["finish_reason"] == "length" and body["seed"] == 11
     assert body["prompt_tokens"] == len(tiny_tokenizer().encode(PROMPT)) and body["path"] == path
+
+
+def test_speculative_greedy_is_the_exact_paths_output_with_stats(http, direct):
+    options = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    exact = http.post("/api/generate", json={"prompt": PROMPT, "path": "exact", **options}).json()
+    response = http.post("/api/generate", json={"prompt": PROMPT, "path": "speculative", "draft_tokens": 3, **options})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["token_ids"] == exact["token_ids"] and body["text"] == exact["text"]
+    assert body["path"] == "speculative" and exact["stats"] is None
+    stats = body["stats"]
+    assert stats["tokens"] == 12 and stats["draft_lengths"][0] == 3 and stats["rounds"] == stats["forwards"]
+    assert stats["acceptance_rate"] == (stats["accepted"] / stats["drafted"] if stats["drafted"] else None)
+    _, events = stream(http, {"prompt": PROMPT, "path": "speculative", **options})
+    assert "".join(json.loads(d)["token"] for kind, d in events[:-1] if kind == "message") == exact["text"]
+    _, events = stream(http, {"prompt": PROMPT, "path": "speculative", "details": True, **options})
+    result = json.loads(events[-2][1])
+    assert events[-2][0] == "result" and result["token_ids"] == exact["token_ids"]
+    assert result["stats"]["tokens"] == 12
 
 
 def test_batch_equals_one_by_one(http):
@@ -283,6 +303,9 @@ def test_concurrent_requests_each_get_their_own_connection(http, served, direct)
     ("/api/next_token", {"prompt": PROMPT, "max_neighbors": 0}, "max_neighbors"),
     ("/api/next_token", {"prompt": PROMPT, "history_weight": -1}, "history_weight"),
     ("/api/generate", {"prompt": PROMPT, "history_window": 4097}, "history_window"),
+    ("/api/generate", {"prompt": PROMPT, "path": "speculative", "draft_tokens": 0}, "draft_tokens"),
+    ("/api/generate/stream", {"prompt": PROMPT, "path": "speculative", "draft_tokens": 65}, "draft_tokens"),
+    ("/api/next_token", {"prompt": PROMPT, "path": "speculative"}, "path"),
 ])
 def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, field):
     response = http.post(endpoint, json=body)

@@ -183,6 +183,51 @@ def test_draft_length_grows_after_full_acceptance_and_shrinks_after_rejection(sp
     assert hopeless.stats.accepted == 0
 
 
+def test_drafting_pauses_below_the_break_even_and_probes_again(spatial):
+    """Rejected drafts cost a database call and a wider forward: after MIN_JUDGED judged draft tokens
+    below min_acceptance, rounds draft nothing (a plain exact step) and a 1-token probe comes every
+    probe_every rounds; the output stays the exact path's."""
+    from hartonomous.speculative import MIN_JUDGED, PROBE_EVERY
+
+    config = GREEDY.with_options(max_new_tokens=40)
+    expected = exact_engine().generate(PROMPTS[0], config).token_ids
+    engine = speculative(spatial, draft_tokens=2)
+    engine.backend.drafter = OracleDrafter(wrong=lambda position: True)
+    hopeless = engine.generate(PROMPTS[0], config)
+    assert hopeless.token_ids == expected
+    paused = [2] + [1] * (MIN_JUDGED - 1)
+    cycle = [0] * PROBE_EVERY + [1]
+    assert hopeless.stats.draft_lengths == (paused + cycle * 4)[:hopeless.stats.rounds]
+    assert hopeless.stats.rounds == 40 and hopeless.stats.drafted == MIN_JUDGED + 1 + 3
+    never_pause = speculative(spatial, draft_tokens=2, min_acceptance=0)
+    never_pause.backend.drafter = OracleDrafter(wrong=lambda position: True)
+    assert 0 not in never_pause.generate(PROMPTS[0], config).stats.draft_lengths
+    not_adaptive = speculative(spatial, draft_tokens=2, adaptive=False)
+    not_adaptive.backend.drafter = OracleDrafter(wrong=lambda position: True)
+    assert 0 not in not_adaptive.generate(PROMPTS[0], config).stats.draft_lengths
+
+
+def test_a_kept_probe_resumes_drafting(spatial):
+    from hartonomous.speculative import MIN_JUDGED, PROBE_EVERY
+
+    first_probe = MIN_JUDGED + PROBE_EVERY          # the output position the first probe drafts
+    config = GREEDY.with_options(max_new_tokens=40)
+    engine = speculative(spatial, draft_tokens=2)
+    engine.backend.drafter = OracleDrafter(wrong=lambda position: position < first_probe)
+    result = engine.generate(PROMPTS[0], config)
+    assert result.token_ids == exact_engine().generate(PROMPTS[0], config).token_ids
+    lengths = result.stats.draft_lengths
+    assert lengths[:MIN_JUDGED + PROBE_EVERY + 1] == [2] + [1] * (MIN_JUDGED - 1) + [0] * PROBE_EVERY + [1]
+    assert lengths[MIN_JUDGED + PROBE_EVERY + 1:][:3] == [3, 5, 7] and 0 not in lengths[MIN_JUDGED + PROBE_EVERY:]
+
+
+def test_the_pause_options_are_checked(spatial):
+    with pytest.raises(UserError, match="min_acceptance must be between 0 and 1"):
+        SpeculativeBackend(tiny_exact_backend(), spatial, min_acceptance=1.5)
+    with pytest.raises(UserError, match="probe_every must be at least 1"):
+        SpeculativeBackend(tiny_exact_backend(), spatial, probe_every=0)
+
+
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 7])
 def test_rounds_never_decide_more_than_max_new_tokens(spatial, max_new_tokens):
     engine = speculative(spatial, draft_tokens=8)
@@ -258,12 +303,13 @@ def test_streamed_pieces_join_to_the_text_and_cancel_stops_within_a_round(spatia
 def test_a_sample_depends_on_the_seed_and_the_text_alone(random_spatial):
     """Not on the draft length, adaptivity, max_new_tokens or stop conditions (the uniforms are per
     output position), so a stop or a shorter run ends the same text earlier."""
-    reference = speculative(random_spatial, draft_tokens=4).generate(PROMPTS[0], SAMPLED.with_options(max_new_tokens=24))
+    reference = speculative(random_spatial, draft_tokens=4, min_acceptance=0).generate(
+        PROMPTS[0], SAMPLED.with_options(max_new_tokens=24))
     assert 0 < reference.stats.accepted < reference.stats.drafted
-    for options in ({"draft_tokens": 1, "adaptive": False}, {"draft_tokens": 7, "max_draft_tokens": 7}):
+    for options in ({"draft_tokens": 1, "adaptive": False}, {"draft_tokens": 7, "max_draft_tokens": 7, "min_acceptance": 0}):
         assert speculative(random_spatial, **options).generate(
             PROMPTS[0], SAMPLED.with_options(max_new_tokens=24)).token_ids == reference.token_ids
-    engine = speculative(random_spatial, draft_tokens=4)
+    engine = speculative(random_spatial, draft_tokens=4, min_acceptance=0)   # pausing: another sample (see speculative.py)
     assert engine.generate(PROMPTS[0], SAMPLED.with_options(max_new_tokens=5)).token_ids == reference.token_ids[:5]
     ref = reference.token_ids
     i = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i])

@@ -23,7 +23,11 @@ HELP = (
     "and on CUDA if present).\n\n"
     "Writes <out>/bench-<quick|full>.json and .md and prints the tables; docs/benchmarks.md records a run "
     "with its machine. Benchmarks are not tests: run them on a quiet machine (the load average is recorded "
-    "with the results)."
+    "with the results).\n\n"
+    "--speculative instead measures speculative decoding against its peers on SmolLM2 (transformers generate, "
+    "transformers prompt-lookup decoding, our exact and speculative paths; short prompts and documents from "
+    "the atom set's held-out test half; writes <out>/bench-speculative[-quick].json and .md). With --quick: "
+    "3 short prompts and 2 documents (a few minutes); without: 8 and 6."
 )
 
 
@@ -56,12 +60,20 @@ def register(app: typer.Typer) -> None:
         rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the synthetic atom sets (ingest timings)."),
         sizes: str = typer.Option(None, "--sizes", metavar="N,N,...",
                                   help="Atom counts instead of the mode's, e.g. 1e4,1e6."),
+        speculative: bool = typer.Option(False, "--speculative",
+                                         help="Benchmark speculative decoding against its peers instead."),
+        atom_set: str = typer.Option(None, "--atom-set", help="Speculative: the drafting atom set (default set)."),
+        threads: int = typer.Option(None, "--threads", help="Speculative: torch threads (default: min(cores, 4))."),
+        draft_tokens: int = typer.Option(4, "--draft-tokens", help="Speculative: first draft length (1..64)."),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Speculative: new tokens per prompt."),
     ) -> None:
         from hartonomous.benchmark import run
         from hartonomous.db.connection import owner_url
 
         if quick and full:
             raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
+        if speculative:
+            return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens)
         if calls < 20:
             raise UserError(f"--calls must be at least 20 (percentiles need them), got {calls}")
         if brute_calls < 1:
@@ -78,3 +90,35 @@ def register(app: typer.Typer) -> None:
         json_path, md_path = run.write(results, out, command)
         Console().print(run.markdown(results, command))
         Console().print(f"wrote {json_path} and {md_path}")
+
+
+def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threads: int | None, draft_tokens: int,
+                 max_new_tokens: int) -> None:
+    """`hartonomous bench --speculative [--quick]`: see hartonomous.benchmark.speculative."""
+    import json
+
+    from hartonomous.benchmark import run, speculative
+    from hartonomous.db.connection import owner_url
+
+    if full:
+        raise UserError("--full is for the next_token suite; --speculative without --quick is its full size")
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
+    if not 1 <= draft_tokens <= 64:
+        raise UserError(f"--draft-tokens must be between 1 and 64, got {draft_tokens}")
+    if not 1 <= max_new_tokens <= 1024:
+        raise UserError(f"--max-new-tokens must be between 1 and 1024, got {max_new_tokens}")
+    url = owner_url()
+    run.check_ready(url)
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    results = speculative.run(url, quick=quick, atom_set=atom_set, max_new_tokens=max_new_tokens, threads=threads,
+                              draft_tokens=draft_tokens)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {out}: {exc.strerror}") from exc
+    json_path, md_path = out / f"bench-{results['mode']}.json", out / f"bench-{results['mode']}.md"
+    json_path.write_text(json.dumps({**results, "command": command}, indent=2, default=str))
+    md_path.write_text(speculative.markdown(results, command))
+    Console().print(speculative.markdown(results, command))
+    Console().print(f"wrote {json_path} and {md_path}")

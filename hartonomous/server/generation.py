@@ -32,12 +32,13 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
             "prompt_tokens": len(result.prompt_ids), "state": result.state.value,
             "finish_reason": result.finish_reason, "seed": result.seed,
             "timings": {"prefill_s": t.prefill_s, "total_s": t.total_s, "tokens_per_second": t.tokens_per_second,
-                        "time_to_first_token_s": t.time_to_first_token_s}}
+                        "time_to_first_token_s": t.time_to_first_token_s},
+            "stats": result.stats.as_dict() if result.stats is not None else None}
 
 
 def _client(runtime: Runtime, req):
     return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
-                          req.history_window)
+                          req.history_window, getattr(req, "draft_tokens", 4))
 
 
 def _config(req, *prompts: str) -> GenerationConfig:

@@ -65,6 +65,14 @@ class SharedModel:
         with self._lock:
             return self._model.full_logits(*args, **kwargs)
 
+    def extend(self, *args, **kwargs):          # speculative verification
+        with self._lock:
+            return self._model.extend(*args, **kwargs)
+
+    def full_logits_many(self, *args, **kwargs):
+        with self._lock:
+            return self._model.full_logits_many(*args, **kwargs)
+
 
 class Runtime:
     """Shared resources of one server; `open()` before use, `close()` at shutdown."""
@@ -172,18 +180,21 @@ class Runtime:
     @contextmanager
     def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
                max_neighbors: int = 100, history_weight: float | None = None,
-               history_window: int | None = None) -> Iterator[Any]:
-        """A Client for one request: its own pooled connection (spatial) or the shared model (exact)."""
+               history_window: int | None = None, draft_tokens: int = 4) -> Iterator[Any]:
+        """A Client for one request: its own pooled connection (spatial), the shared model (exact), or
+        both (speculative)."""
         from hartonomous.client import Client
 
         if path == "exact":
             with Client(exact_model=self.exact_model()) as client:
                 yield client
             return
+        exact = self.exact_model() if path == "speculative" else None
         with self.connection() as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
-                        spatial_tokenizer=self.spatial_tokenizer) as client:
+                        spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
+                        draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens)) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

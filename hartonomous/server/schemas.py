@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig
 
+MAX_DRAFT_TOKENS = 64          # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
+
 MAX_PROMPT_CHARS = 8000        # characters of one prompt
 MAX_NEW_TOKENS_PER_REQUEST = 512   # the server's cap on max_new_tokens; within the engine's MAX_NEW_TOKENS
 MAX_BATCH = 16                 # prompts in one batch request
@@ -25,6 +27,7 @@ MAX_DISTRIBUTION_ROWS = 1000   # rows next_token returns at most (`limit`)
 INT64 = 2**63
 
 PathName = Literal["spatial", "exact"]
+GenerationPath = Literal["spatial", "exact", "speculative"]     # speculative: generation only (no distribution of its own)
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS,
                               description=f"Text to continue (at most {MAX_PROMPT_CHARS} characters, "
@@ -75,6 +78,11 @@ class NextTokenRequest(SamplerParams):
 
 
 class GenerationOptions(SamplerParams):
+    path: GenerationPath = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer), or "
+                                                        "speculative (spatial drafts, exact verifies: the exact "
+                                                        "path's output, with `stats`).")
+    draft_tokens: int = Field(4, ge=1, le=MAX_DRAFT_TOKENS,
+                              description="Speculative: tokens drafted in the first round (then adaptive).")
     max_new_tokens: int = Field(GenerationConfig.max_new_tokens, ge=1, le=MAX_NEW_TOKENS_PER_REQUEST,
                                 description=f"At most {MAX_NEW_TOKENS_PER_REQUEST} per request.")
     seed: int | None = Field(None, ge=-INT64, le=INT64 - 1, description="Reproducible sampling; random if null.")
@@ -129,8 +137,22 @@ class TimingsOut(BaseModel):
     time_to_first_token_s: float | None = None
 
 
+class SpeculativeStatsOut(BaseModel):
+    rounds: int
+    drafted: int
+    accepted: int
+    tokens: int
+    forwards: int
+    draft_s: float
+    verify_s: float
+    decide_s: float
+    draft_lengths: list[int]
+    acceptance_rate: float | None = None
+    tokens_per_forward: float | None = None
+
+
 class GenerateResponse(BaseModel):
-    path: PathName
+    path: GenerationPath
     atom_set: str | None = None
     text: str
     token_ids: list[int]
@@ -139,6 +161,8 @@ class GenerateResponse(BaseModel):
     finish_reason: str
     seed: int
     timings: TimingsOut
+    stats: SpeculativeStatsOut | None = Field(None, description="Speculative: rounds, acceptance, draft vs "
+                                                                "verify time.")
 
 
 class BatchResponse(BaseModel):

@@ -64,6 +64,7 @@ function pane(path) {
       tokens = 0; seconds = 0; started = performance.now();
       q(".prompt-echo").textContent = prompt;
       q(".generated").textContent = "";
+      if (q(".spec-stats")) q(".spec-stats").textContent = "";
       this.state("starting");
       show();
     },
@@ -84,6 +85,14 @@ function pane(path) {
         q(".rate").textContent = `${result.timings.tokens_per_second.toFixed(1)} tokens/s`;
       }
       this.state(`${result.state} (${result.finish_reason}) · seed ${result.seed}`, "done");
+      const s = result.stats;
+      const box = q(".spec-stats");
+      if (s && box) {
+        const rate = s.acceptance_rate === null ? "n/a" : s.acceptance_rate.toFixed(2);
+        const perForward = s.tokens_per_forward === null ? "n/a" : s.tokens_per_forward.toFixed(2);
+        box.textContent = `${s.rounds} rounds · acceptance ${rate} (${s.accepted}/${s.drafted}) · ` +
+          `${perForward} tokens/forward · draft ${s.draft_s.toFixed(2)} s, verify ${s.verify_s.toFixed(2)} s`;
+      }
     },
   };
 }
@@ -167,7 +176,8 @@ async function generate(ev) {
   if (ev) ev.preventDefault();
   stop();
   const body = requestBody();
-  const paths = ["spatial", "exact"].filter((p) => $(`use-${p}`).checked);
+  const paths = ["spatial", "exact", "speculative"].filter((p) => $(`use-${p}`).checked);
+  $("pane-speculative").hidden = !$("use-speculative").checked;
   $("generate").disabled = true;
   $("stop").disabled = false;
   await Promise.all(paths.map((p) => run(p, body)));

@@ -1,0 +1,242 @@
+"""`hartonomous bench --speculative`: speculative decoding against its peers, one process, same prompts.
+
+Four ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS ignored):
+transformers `generate` (greedy), transformers prompt-lookup decoding (`prompt_lookup_num_tokens=3`),
+our exact path (hartonomous.engine with the KV-cached ExactBackend) and our speculative path
+(the spatial path drafts from the atom set, the exact model verifies). Two prompt kinds: short
+free-continuation prompts, and continuations of longer documents (pieces of the atom set's
+held-out TEST half, which neither the atoms nor the calibration saw). Per kind: ms/token, the
+speed-up over transformers `generate`, acceptance rate and tokens per forward where a drafter
+runs, and whether the output is token for token transformers' greedy output.
+
+Every method runs once on each prompt after one warm-up generation per method; torch threads are
+fixed (and reported) so the four see the same CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from hartonomous.errors import UserError
+
+SHORT_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.",
+    "Return a new list containing the items of the iterable in sorted order. The sort is stable:",
+    "Once upon a time, in a small village,",
+    "The quick brown fox",
+    "import os\nimport sys\n\ndef main():",
+    "Photosynthesis is the process by which",
+    "Raise ValueError if the argument is",
+)
+METHODS = ("transformers_generate", "prompt_lookup", "exact", "speculative")
+DOC_PROMPT_TOKENS = 192       # tokens of a document before the continuation point
+PROMPT_LOOKUP_TOKENS = 3
+
+
+@dataclass
+class MethodTotals:
+    """One method on one prompt kind, summed over the prompts."""
+
+    seconds: float = 0.0
+    tokens: int = 0
+    identical: int = 0
+    prompts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    forwards: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    decide_s: float = 0.0
+    per_prompt_ms: list[float] = field(default_factory=list)
+
+    def row(self, baseline_ms: float | None) -> dict:
+        ms = 1000 * self.seconds / self.tokens if self.tokens else None
+        return {"ms_per_token": ms, "speedup_vs_generate": baseline_ms / ms if ms and baseline_ms else None,
+                "identical": f"{self.identical}/{self.prompts}", "all_identical": self.identical == self.prompts,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+                "tokens_per_forward": self.tokens / self.forwards if self.forwards else None,
+                "draft_s": self.draft_s if self.forwards else None,
+                "verify_s": self.verify_s if self.forwards else None,
+                "decide_s": self.decide_s if self.forwards else None,
+                "other_s": self.seconds - self.draft_s - self.verify_s - self.decide_s if self.forwards else None,
+                "seconds": self.seconds, "tokens": self.tokens, "per_prompt_ms": self.per_prompt_ms}
+
+
+def document_prompts(test_text: str, tokenizer, count: int, prompt_tokens: int = DOC_PROMPT_TOKENS) -> list[str]:
+    """Up to `count` document prompts: the first `prompt_tokens` tokens of the test half's longest segments."""
+    from hartonomous.splits import SEPARATOR
+
+    segments = sorted((s for s in test_text.split(SEPARATOR) if s.strip()), key=len, reverse=True)
+    prompts = []
+    for segment in segments[:count]:
+        ids = tokenizer.encode(segment)
+        if len(ids) < 32:
+            break
+        prompts.append(tokenizer.decode(ids[:prompt_tokens]))
+    if not prompts and test_text.strip():          # a holdout of one long run of text: cut it into pieces
+        ids = tokenizer.encode(test_text)
+        step = max(len(ids) // max(count, 1), 32)
+        prompts = [tokenizer.decode(ids[i:i + min(prompt_tokens, step)]) for i in range(0, len(ids) - 31, step)][:count]
+    return prompts
+
+
+class Runner:
+    """The four methods over one loaded model and one atom set."""
+
+    def __init__(self, conn: psycopg.Connection, atom_set: str | None, max_new_tokens: int, draft_tokens: int):
+        from hartonomous.backends.exact import ExactBackend
+        from hartonomous.backends.spatial import SpatialBackend
+        from hartonomous.engine import Engine, GenerationConfig
+        from hartonomous.exact import ExactModel
+        from hartonomous.speculative import SpeculativeBackend
+
+        self.model = ExactModel.load("smollm2", device="cpu")
+        self.tokenizer = self.model.tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=False)
+        self.exact = Engine(ExactBackend(self.model))
+        self.spatial = SpatialBackend(conn, atom_set, tokenizer=self.tokenizer)
+        if self.spatial.atom_set.model_key not in (None, "smollm2"):
+            raise UserError(f"atom set '{self.spatial.atom_set.name}' was built from "
+                            f"{self.spatial.atom_set.model_key}, not smollm2; pass --atom-set with a SmolLM2 set")
+        self.speculative = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial,
+                                                     draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens)))
+
+    def _hf(self, ids: list[int], **options) -> list[int]:
+        import torch
+
+        input_ids = torch.tensor([ids], device=self.model.device)
+        with torch.inference_mode():
+            out = self.model.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                            max_new_tokens=self.max_new_tokens, min_new_tokens=self.max_new_tokens,
+                                            do_sample=False, temperature=None, top_p=None, top_k=None,
+                                            pad_token_id=self.tokenizer.eos_token_id, **options)
+        return [int(t) for t in out[0, len(ids):]]
+
+    def run(self, method: str, prompt: str) -> tuple[list[int], float, object]:
+        """(generated ids, seconds, speculative stats or None)."""
+        ids = self.tokenizer.encode(prompt)
+        t0 = time.perf_counter()
+        if method == "transformers_generate":
+            out, stats = self._hf(ids), None
+        elif method == "prompt_lookup":
+            out, stats = self._hf(ids, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), None
+        else:
+            result = (self.exact if method == "exact" else self.speculative).generate(ids, self.config)
+            out, stats = result.token_ids, result.stats
+        return out, time.perf_counter() - t0, stats
+
+
+def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_tokens: int = 64,
+        threads: int | None = None, draft_tokens: int = 4, short: int | None = None,
+        documents: int | None = None) -> dict:
+    """Measure the four methods on both prompt kinds; returns the results (see `markdown`)."""
+    import torch
+
+    from hartonomous import measure
+    from hartonomous.splits import split_holdout
+
+    cores = measure.host()["cores"] or 1
+    torch.set_num_threads(threads or min(cores, 4))
+    short_n = short if short is not None else (3 if quick else len(SHORT_PROMPTS))
+    docs_n = documents if documents is not None else (2 if quick else 6)
+    with psycopg.connect(url, autocommit=True) as conn:
+        runner = Runner(conn, atom_set, max_new_tokens, draft_tokens)
+        record = runner.spatial.atom_set
+        holdout = record.stats.holdout.text if record.stats.holdout else None
+        if not holdout:
+            raise UserError(f"atom set '{record.name}' records no held-out text; build a context set "
+                            "(`hartonomous build --kind context`) to get document prompts")
+        kinds = {"short": list(SHORT_PROMPTS[:short_n]),
+                 "document": document_prompts(split_holdout(holdout).test, runner.tokenizer, docs_n)}
+        for method in METHODS:                       # warm-up: first-call costs out of the timings
+            runner.run(method, "Warm up the")
+        results: dict[str, dict] = {}
+        for kind, prompts in kinds.items():
+            totals = {m: MethodTotals() for m in METHODS}
+            for prompt in prompts:
+                reference = None
+                for method in METHODS:
+                    out, seconds, stats = runner.run(method, prompt)
+                    reference = out if reference is None else reference
+                    t = totals[method]
+                    t.seconds += seconds
+                    t.tokens += len(out)
+                    t.prompts += 1
+                    t.identical += out == reference
+                    t.per_prompt_ms.append(1000 * seconds / max(len(out), 1))
+                    if stats is not None:
+                        t.drafted += stats.drafted
+                        t.accepted += stats.accepted
+                        t.forwards += stats.forwards
+                        t.draft_s += stats.draft_s
+                        t.verify_s += stats.verify_s
+                        t.decide_s += stats.decide_s
+            baseline = totals["transformers_generate"].row(None)["ms_per_token"]
+            results[kind] = {"prompts": len(prompts),
+                             "prompt_tokens": [len(runner.tokenizer.encode(p)) for p in prompts],
+                             "methods": {m: totals[m].row(baseline) for m in METHODS}}
+        machine = measure.describe_machine(conn, "cpu", "smollm2")
+    return {"mode": "speculative-quick" if quick else "speculative", "atom_set": record.name,
+            "atom_set_history_weight": getattr(record, "history_weight", None),
+            "max_new_tokens": max_new_tokens, "draft_tokens": draft_tokens, "torch_threads": torch.get_num_threads(),
+            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "kinds": results, "targets": targets(results),
+            "machine": machine}
+
+
+def targets(results: dict) -> list[dict]:
+    """The issue's targets (benchmark, not test) against these measurements."""
+    rows = []
+    for kind, r in results.items():
+        m = r["methods"]
+        spec, lookup = m["speculative"]["ms_per_token"], m["prompt_lookup"]["ms_per_token"]
+        speedup = m["speculative"]["speedup_vs_generate"]
+        rows.append({"what": f"{kind}: speculative vs transformers generate", "target": ">= 1.5x",
+                     "measured": f"{speedup:.2f}x" if speedup else None, "met": bool(speedup and speedup >= 1.5)})
+        rows.append({"what": f"{kind}: speculative vs prompt lookup", "target": "faster",
+                     "measured": f"{lookup / spec:.2f}x" if spec and lookup else None,
+                     "met": bool(spec and lookup and spec < lookup)})
+        rows.append({"what": f"{kind}: identical to transformers greedy", "target": "always",
+                     "measured": m["speculative"]["identical"], "met": m["speculative"]["all_identical"]})
+    doc = results.get("document", {}).get("methods", {}).get("speculative", {})
+    rate = doc.get("acceptance_rate")
+    rows.append({"what": "document: acceptance rate", "target": ">= 0.4",
+                 "measured": f"{rate:.2f}" if rate is not None else None, "met": bool(rate is not None and rate >= 0.4)})
+    return rows
+
+
+def _f(value, fmt: str = ".1f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def markdown(results: dict, command: str) -> str:
+    from hartonomous.measure import load_warning
+
+    m = results["machine"]
+    lines = [f"# Speculative decoding benchmark ({results['mode']})", "",
+             f"Command: `{command}`", "",
+             f"Machine: {m.get('cpu')}, {m.get('cores')} cores, load average {m.get('load_average')}; "
+             f"torch {m.get('torch')} with {results['torch_threads']} threads; PostgreSQL {m.get('postgresql')}. "
+             f"Atom set `{results['atom_set']}`; greedy, {results['max_new_tokens']} new tokens, EOS ignored; "
+             f"speculative starts at {results['draft_tokens']} draft tokens (adaptive); prompt lookup "
+             f"with prompt_lookup_num_tokens={results['prompt_lookup_num_tokens']}.{load_warning(m)}", ""]
+    for kind, r in results["kinds"].items():
+        lines += [f"## {kind} prompts ({r['prompts']}, {min(r['prompt_tokens'], default=0)}–"
+                  f"{max(r['prompt_tokens'], default=0)} prompt tokens)", "",
+                  "| method | ms/token | vs generate | identical to generate | acceptance | tokens/forward "
+                  "| draft s | verify s | decide s | other s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, row in r["methods"].items():
+            lines.append(f"| {name} | {_f(row['ms_per_token'])} | {_f(row['speedup_vs_generate'], '.2f')}x "
+                         f"| {row['identical']} | {_f(row['acceptance_rate'], '.2f')} "
+                         f"| {_f(row['tokens_per_forward'], '.2f')} | {_f(row['draft_s'], '.2f')} "
+                         f"| {_f(row['verify_s'], '.2f')} | {_f(row['decide_s'], '.2f')} | {_f(row['other_s'], '.2f')} |")
+        lines.append("")
+    lines += ["## Targets", "", "| target | wanted | measured | met |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        lines.append(f"| {t['what']} | {t['target']} | {t['measured'] or '—'} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
