@@ -10,9 +10,10 @@ $HT db status
 # (the default: soft top-8 targets, history atoms with the calibrated weight, and --controls: its
 # random-positions sibling smollm2-context.random-positions, scored by compare as a control).
 # Both read the same held-out slice of the default corpus (stdlib docstrings); the build tunes on
-# its calibration half. 20,000 tokens is what fits in ~10 minutes on 2 cores (the teacher pass
-# runs ~75 tokens/s there; docs/fidelity.md). Idempotent: a set that exists is kept;
-# DEMO_REBUILD=1 rebuilds both with --replace.
+# its calibration half. DEMO_MAX_TOKENS stays 20,000: on the shared 2-core machine that build took
+# 6 min (teacher pass 74 tokens/s) and the first compare 5 min (its n-gram labels are a second
+# teacher pass over the same tokens), so more does not fit in ~10 minutes (docs/fidelity.md).
+# Idempotent: a set that exists is kept; DEMO_REBUILD=1 rebuilds both with --replace.
 DEMO_MAX_TOKENS=${DEMO_MAX_TOKENS:-20000}
 has_set() {
     $HT atom-sets --json | $PY -c 'import json, sys; sys.exit(0 if any(r["name"] == sys.argv[1] for r in json.load(sys.stdin)) else 1)' "$1"
