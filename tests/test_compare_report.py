@@ -86,7 +86,7 @@ def controlled_set(server_url):
     control = write_context_set(server_url, STATS, seed=99)
     name = write_context_set(server_url, {**STATS, "controls": {"random_positions": control}})
     yield name, control
-    _drop(server_url, name, control)
+    _drop(server_url, name)  # drop_atom_set drops the recorded control with it
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +323,47 @@ def test_next_token_gets_the_whole_context_up_to_each_position(calibration_run, 
     assert {tuple(ids[: t + 1]) for t in range(20)} <= sent
 
 
+@pytest.fixture(scope="module")
+def history_runs(server_url, controlled_set):
+    """The test half scored with history atoms off (0) and with a heavy weight (50)."""
+    model, tokenizer = tiny_model(0)
+    runs = {}
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for weight in (0.0, 50.0):
+            options = CompareOptions(atom_set=controlled_set[0], max_positions=30, generation=False,
+                                     query_samples=2, max_neighbors=20, history_weight=weight)
+            runs[weight] = run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+    return runs
+
+
+def test_history_weight_reaches_the_spatial_path_and_its_control(history_runs, server_url, controlled_set):
+    """--history-weight W scores next_token(ctx, history_weight => W) for the set and its control alike."""
+    from hartonomous.compare.metrics import argmax
+    from hartonomous.compare.spatial import spatial_distribution
+
+    ids = encode(tiny_model(0)[1], TEST)
+    name, control = controlled_set
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for weight, report in history_runs.items():
+            validate_report(report)
+            assert report["settings"]["history_weight"] == weight
+            rows = report["fidelity"]["per_position"]
+            assert [r["spatial_argmax"] for r in rows] == [
+                argmax(spatial_distribution(conn, ids[: r["position"] + 1], name, 20, weight)) for r in rows]
+            hits = [argmax(spatial_distribution(conn, ids[: r["position"] + 1], control, 20, weight))
+                    == r["exact_argmax"] for r in rows]
+            assert report["fidelity"]["controls"]["random_positions"]["path"]["top1"]["mean"] == pytest.approx(
+                np.mean(hits))
+    # the test half repeats "def add(a, b)": a heavy history weight must change some prediction
+    off, heavy = ([r["spatial_argmax"] for r in history_runs[w]["fidelity"]["per_position"]] for w in (0.0, 50.0))
+    assert off != heavy
+
+
+def test_compare_without_history_weight_leaves_the_sets_calibrated_value(rendered):
+    report, _ = rendered
+    assert report["settings"]["history_weight"] is None
+
+
 def test_control_not_built_is_said_not_omitted(rendered_user_text):
     from hartonomous.compare.controls import NOT_BUILT
     from hartonomous.compare.render import to_html, to_markdown
@@ -362,6 +403,9 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
         bad_split = _cli(server_url, "--atom-set", name, "--split", "bogus")
         assert bad_split.returncode == 1 and bad_split.stderr.strip().count("\n") == 0
         assert "--split must be one of test, calibration, all; got 'bogus'" in bad_split.stderr
+        bad_weight = _cli(server_url, "--atom-set", name, "--history-weight", "-1")
+        assert bad_weight.returncode == 1 and bad_weight.stderr.strip().count("\n") == 0
+        assert "--history-weight must be a finite number >= 0" in bad_weight.stderr
         missing = _cli(server_url, "--atom-set", name, "--text", str(tmp_path / "nope.txt"))
         assert missing.returncode == 1 and "nope.txt does not exist" in missing.stderr and "--text" in missing.stderr
         assert not list(Path(tmp_path).glob("report.*"))

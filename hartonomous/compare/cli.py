@@ -96,6 +96,9 @@ def compare(
     no_generation: bool = typer.Option(False, "--no-generation", help="Skip free generation."),
     device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
                                "(default HARTONOMOUS_DEVICE, else auto)."),
+    history_weight: float = typer.Option(None, "--history-weight",
+                                         help="Weight of the history atoms in the spatial path and its control "
+                                              "(default: the atom set's calibrated weight; 0: no history atoms)."),
     out: Path = typer.Option(None, "--out", help="Output folder (default reports/<atom set>/)."),
 ) -> None:
     """Compare the spatial path with exact inference: report.html, report.md, report.json."""
@@ -108,6 +111,7 @@ def compare(
         max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
         generation=not no_generation, distill_tokens=distill_tokens,
         cache_dir=get_settings().home / "cache" / "compare", split=split or "test",
+        history_weight=history_weight,
         command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
     options.validate()
     if split is not None and text:

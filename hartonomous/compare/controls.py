@@ -38,8 +38,10 @@ class Control:
         return {"status": self.status, "atom_set": self.atom_set, "note": self.note, "path": path}
 
 
-def random_positions(conn: psycopg.Connection, info: AtomSet, max_neighbors: int) -> Control:
-    """The random-positions sibling named in stats.controls, as a predictor like the spatial path's."""
+def random_positions(conn: psycopg.Connection, info: AtomSet, max_neighbors: int,
+                     history_weight: float | None = None) -> Control:
+    """The random-positions sibling named in stats.controls, as a predictor like the spatial path's
+    (the same K and history weight)."""
     name = info.stats.controls.random_positions if info.stats.controls else None
     if not name:
         return Control("not built", None, NOT_BUILT)
@@ -52,4 +54,4 @@ def random_positions(conn: psycopg.Connection, info: AtomSet, max_neighbors: int
         return Control("missing", name, f"'{name}' is a {other.kind} set of {other.vocab_size} tokens, not a "
                                         f"{info.kind} set of {info.vocab_size}: not a control of this set")
     return Control("scored", name, WHAT_IT_CONTROLS,
-                   lambda context: spatial_distribution(conn, context, name, max_neighbors))
+                   lambda context: spatial_distribution(conn, context, name, max_neighbors, history_weight))

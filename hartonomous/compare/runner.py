@@ -52,6 +52,7 @@ class CompareOptions:
     cache_dir: Path | None = None
     command: str = ""
     split: str = "test"                    # which half of the holdout to score; ignored with `texts`
+    history_weight: float | None = None    # spatial path's history atoms: None = the set's calibrated weight, 0 = off
 
     def validate(self) -> None:
         if self.max_positions < 1:
@@ -62,6 +63,10 @@ class CompareOptions:
             raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.distill_tokens is not None and self.distill_tokens < 0:
             raise UserError(f"--distill-tokens must be >= 0, got {self.distill_tokens}")
+        if self.history_weight is not None and not (math.isfinite(self.history_weight)
+                                                    and self.history_weight >= 0):
+            raise UserError(f"--history-weight must be a finite number >= 0 (0: no history atoms), "
+                            f"got {self.history_weight}")
         if self.split not in SPLITS:
             raise UserError(f"--split must be one of test, calibration, all; got {self.split!r}")
 
@@ -154,10 +159,11 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     fid = fid_mod.Fidelity()
     total = sum(max(k - 1, 0) for k in keep)
     mixture = _cache_baseline(predictors, info, model, model_name, tokenizer, options, max(keep), vocab, progress)
-    control = controls.random_positions(conn, info, options.max_neighbors)
+    control = controls.random_positions(conn, info, options.max_neighbors, options.history_weight)
     scored = {controls.RANDOM_POSITIONS: control.predict} if control.predict else {}
     progress.stage("teacher-forced fidelity", total)
-    paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors), **predictors,
+    paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors,
+                                                         options.history_weight), **predictors,
              **scored}
     kept = [(index, ids[:k]) for index, (ids, k) in enumerate(zip(encoded, keep)) if k >= 2]
     exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
@@ -315,6 +321,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "top_k_overlap": metrics.TOP_K_OVERLAP, "log_base": "e", "js_unit": "nats",
             "seed": options.seed, "max_new_tokens": options.max_new_tokens,
             "split": None if options.texts else options.split,
+            "history_weight": options.history_weight,
         },
         "texts": [{"source": t.source, "held_out": t.held_out, "split": t.split, "tokens": len(e), "tokens_used": k,
                    "positions": max(k - 1, 0)} for t, e, k in zip(texts, encoded, keep)],

@@ -22,9 +22,13 @@ KNN_KEYS = (
 
 
 def spatial_distribution(conn: psycopg.Connection, context: Sequence[int], atom_set: str,
-                         max_neighbors: int = 100) -> Sparse:
-    """next_token's full candidate distribution (top-k and top-p off, T = 1)."""
-    rows = sqlcalls.next_token(conn, context, FULL_DISTRIBUTION, SpatialArgs(max_neighbors=max_neighbors), atom_set)
+                         max_neighbors: int = 100, history_weight: float | None = None) -> Sparse:
+    """next_token's full candidate distribution (top-k and top-p off, T = 1).
+
+    history_weight None: the atom set's calibrated weight of the history atoms; 0: none.
+    """
+    args = SpatialArgs(max_neighbors=max_neighbors, history_weight=history_weight)
+    rows = sqlcalls.next_token(conn, context, FULL_DISTRIBUTION, args, atom_set)
     if not rows:
         return Sparse.empty()
     arr = np.asarray(rows, dtype=np.float64)
