@@ -7,11 +7,15 @@ Generated text goes to stdout; the statistics line goes to stderr, so output can
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from typing import Optional
 
 import typer
+from typer.models import OptionInfo
 
 from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
 
@@ -21,8 +25,52 @@ GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with
 MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 
 
-def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, history_weight, history_window,
-            model, device, dtype, paths=("spatial", "exact"), draft_tokens: int = 4):
+def _option(name: str, annotation, default: OptionInfo) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+# The options `generate` and `next-token` share, declared once; `with_options` adds them to a command.
+SAMPLER_OPTIONS = [
+    _option("temperature", float, typer.Option(GenerationConfig.temperature, "--temperature", help="0 = greedy.")),
+    _option("top_k", int, typer.Option(GenerationConfig.top_k, "--top-k",
+                                       help="Keep the k most likely tokens (0 = off).")),
+    _option("top_p", float, typer.Option(GenerationConfig.top_p, "--top-p", help="Nucleus mass in (0, 1]; 1 = off.")),
+    _option("repetition_penalty", float, typer.Option(GenerationConfig.repetition_penalty, "--repetition-penalty",
+                                                      help="> 0; 1 = off.")),
+]
+CLIENT_OPTIONS = [
+    _option("atom_set", Optional[str], typer.Option(None, "--atom-set",
+                                                    help="Spatial: atom set (default set if omitted).")),
+    _option("search_radius", Optional[float], typer.Option(None, "--search-radius", help="Spatial: KNN radius.")),
+    _option("max_neighbors", int, typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000).")),
+    _option("history_weight", Optional[float], typer.Option(
+        None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; default: the "
+                                       "atom set's calibrated weight).")),
+    _option("history_window", Optional[int], typer.Option(
+        None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; default: "
+                                       "the atom set's).")),
+    _option("model", Optional[str], typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder.")),
+    _option("device", Optional[str], typer.Option(None, "--device", help="Exact: auto | cpu | cuda.")),
+    _option("dtype", str, typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16.")),
+]
+
+
+def with_options(command: Callable) -> Callable:
+    """Add the shared options to a command; it receives them as `sampler_options` and `client_options` dicts."""
+    own = [p for name, p in inspect.signature(command).parameters.items()
+           if name not in ("sampler_options", "client_options")]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        sampler = {p.name: kwargs.pop(p.name) for p in SAMPLER_OPTIONS}
+        client = {p.name: kwargs.pop(p.name) for p in CLIENT_OPTIONS}
+        return command(sampler_options=sampler, client_options=client, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature([*own, *SAMPLER_OPTIONS, *CLIENT_OPTIONS])
+    return wrapper
+
+
+def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exact"), draft_tokens: int = 4):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
 
@@ -31,9 +79,7 @@ def _client(prompt: str, path: str, atom_set, search_radius, max_neighbors, hist
         raise UserError(f"--path must be {' or '.join(paths)}, got '{path}'")
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
-    return Client(atom_set=atom_set, search_radius=search_radius, max_neighbors=max_neighbors,
-                  history_weight=history_weight, history_window=history_window, model=model, device=device,
-                  dtype=dtype, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens))
+    return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens))
 
 
 def _stats_line(result) -> str:
@@ -56,6 +102,7 @@ def register(app: typer.Typer) -> None:
     """Add the generation commands to the CLI app."""
 
     @app.command("generate")
+    @with_options
     def generate_cmd(
         prompt: str = typer.Argument(..., help="Text to continue."),
         path: str = typer.Option("spatial", "--path", help=GENERATE_PATH_HELP),
@@ -66,38 +113,21 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
         max_new_tokens: int = typer.Option(GenerationConfig.max_new_tokens, "--max-new-tokens",
                                            help=f"Most tokens to generate (1..{MAX_NEW_TOKENS})."),
-        temperature: float = typer.Option(GenerationConfig.temperature, "--temperature", help="0 = greedy."),
-        top_k: int = typer.Option(GenerationConfig.top_k, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-        top_p: float = typer.Option(GenerationConfig.top_p, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
-        repetition_penalty: float = typer.Option(GenerationConfig.repetition_penalty, "--repetition-penalty",
-                                                 help="> 0; 1 = off."),
         stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
         stop_token_id: list[int] = typer.Option([], "--stop-token-id", help="Stop token id (repeatable)."),
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the EOS token."),
-        atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
         in_database: bool = typer.Option(False, "--in-database",
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
-        search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
-        max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
-        history_weight: Optional[float] = typer.Option(
-            None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; "
-                                           "default: the atom set's calibrated weight)."),
-        history_window: Optional[int] = typer.Option(
-            None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; "
-                                           "default: the atom set's)."),
-        model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
-        device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
-        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        sampler_options: dict | None = None,
+        client_options: dict | None = None,
     ) -> None:
         """Continue PROMPT with the spatial, exact or speculative path."""
         from hartonomous.client import make_config
 
-        config = make_config(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
-                             stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos)
-        with _client(prompt, path, atom_set, search_radius, max_neighbors, history_weight, history_window, model,
-                     device, dtype, ("spatial", "exact", "speculative"), draft_tokens) as client:
+        config = make_config(max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop),
+                             stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos, **sampler_options)
+        with _client(prompt, path, client_options, ("spatial", "exact", "speculative"), draft_tokens) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:
@@ -122,37 +152,21 @@ def register(app: typer.Typer) -> None:
                 print(_speculative_line(result.stats), file=sys.stderr)
 
     @app.command("next-token")
+    @with_options
     def next_token_cmd(
         prompt: str = typer.Argument(..., help="Context text."),
         path: str = typer.Option("spatial", "--path", help=PATH_HELP),
-        temperature: float = typer.Option(GenerationConfig.temperature, "--temperature", help="0 = greedy."),
-        top_k: int = typer.Option(GenerationConfig.top_k, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-        top_p: float = typer.Option(GenerationConfig.top_p, "--top-p", help="Nucleus mass in (0, 1]; 1 = off."),
-        repetition_penalty: float = typer.Option(GenerationConfig.repetition_penalty, "--repetition-penalty",
-                                                 help="> 0; 1 = off."),
-        atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Spatial: atom set (default set if omitted)."),
-        search_radius: Optional[float] = typer.Option(None, "--search-radius", help="Spatial: KNN radius."),
-        max_neighbors: int = typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000)."),
-        history_weight: Optional[float] = typer.Option(
-            None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; "
-                                           "default: the atom set's calibrated weight)."),
-        history_window: Optional[int] = typer.Option(
-            None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; "
-                                           "default: the atom set's)."),
-        model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
-        device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
-        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
         limit: int = typer.Option(20, "--limit", help="Rows to show in the table (JSON has all)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        sampler_options: dict | None = None,
+        client_options: dict | None = None,
     ) -> None:
         """Show the next-token distribution after PROMPT (after the sampler), as a table or JSON."""
         from rich.console import Console
         from rich.table import Table
 
-        with _client(prompt, path, atom_set, search_radius, max_neighbors, history_weight, history_window, model,
-                     device, dtype) as client:
-            rows = client.next_token(prompt, path, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     repetition_penalty=repetition_penalty)
+        with _client(prompt, path, client_options) as client:
+            rows = client.next_token(prompt, path, **sampler_options)
         if as_json:
             print(json.dumps([r.__dict__ for r in rows], indent=2))
             return
