@@ -217,7 +217,7 @@ ANY = {
         st.lists(st.lists(TOKEN, min_size=2, max_size=2), min_size=1, max_size=3)),      # 2-D arrays
     "temperature": ANY_FLOAT, "top_k": ANY_INT, "top_p": ANY_FLOAT, "search_radius": ANY_FLOAT,
     "max_neighbors": ANY_INT, "repetition_penalty": ANY_FLOAT,
-    "atom_set": st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00"), max_size=20)),
+    "atom_set": st.one_of(st.none(), st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)),
     "seed": st.one_of(st.none(), INT64), "step": st.one_of(st.none(), INT32),
     "max_new_tokens": st.one_of(st.none(), st.integers(-3, 12),
                                 st.sampled_from([MAX_NEW_TOKENS + 1, 100_001, 2**31 - 1, -2**31])),
