@@ -38,6 +38,7 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_sort = on
 AS $$
 -- The tiles layout of ht_knn (see the top of this file).
 #variable_conflict use_column
@@ -69,21 +70,23 @@ BEGIN
         ws := ws || tile.weights;
         IF bound IS NULL AND cardinality(tids) >= p_k THEN
             SELECT u.d INTO bound
-              FROM (SELECT sqrt((u.x - cx) * (u.x - cx) + (u.y - cy) * (u.y - cy)
-                                + (u.z - cz) * (u.z - cz)) AS d
-                      FROM unnest(xs, ys, zs) AS u(x, y, z)) u
+              FROM (SELECT sqrt((u.x - cx) * (u.x - cx) + (ys[u.i] - cy) * (ys[u.i] - cy)
+                                + (zs[u.i] - cz) * (zs[u.i] - cz)) AS d
+                      FROM unnest(xs) WITH ORDINALITY AS u(x, i)) u
              ORDER BY u.d OFFSET p_k - 1 LIMIT 1;
         END IF;
     END LOOP;
     CLOSE tiles;
+    -- One unnest plus subscripts: a multi-array unnest materialises each array first (slower).
+    -- Atoms beyond the bound cannot be among the first p_k, so they skip the sort.
+    bound := least(bound, p_radius);
     RETURN QUERY
-        SELECT k.tid, k.w, k.d
-          FROM (SELECT u.tid, u.w,
-                       sqrt((u.x - cx) * (u.x - cx) + (u.y - cy) * (u.y - cy)
-                            + (u.z - cz) * (u.z - cz)) AS d
-                  FROM unnest(xs, ys, zs, tids, ws) AS u(x, y, z, tid, w)) k
-         WHERE p_radius IS NULL OR k.d <= p_radius
-         ORDER BY k.d, k.tid, k.w
+        SELECT tids[k.i], ws[k.i], k.d
+          FROM (SELECT u.i, sqrt((u.x - cx) * (u.x - cx) + (ys[u.i] - cy) * (ys[u.i] - cy)
+                                 + (zs[u.i] - cz) * (zs[u.i] - cz)) AS d
+                  FROM unnest(xs) WITH ORDINALITY AS u(x, i)) k
+         WHERE bound IS NULL OR k.d <= bound
+         ORDER BY k.d, tids[k.i], ws[k.i]
          LIMIT p_k;
 END
 $$;
@@ -96,6 +99,7 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_sort = off
 AS $$
 -- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file).
 #variable_conflict use_column
@@ -103,15 +107,20 @@ BEGIN
     IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) = 'tiles' THEN
         RETURN QUERY SELECT * FROM ht_knn_tiles(p_set_id, p_center, p_k, p_radius);
     ELSE
+        -- The index scan yields the distance order; an incremental sort over it breaks the ties
+        -- (it reads ahead up to 31 rows past the k-th). PostgreSQL 15 plans an index scan with
+        -- ORDER BY operators only for the whole ORDER BY, hence the subquery, and with
+        -- enable_sort = off (this function's setting) so that the generic plan does not sort
+        -- the whole partition instead.
         RETURN QUERY
             SELECT n.tid, n.w, n.d
               FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
                       FROM atoms a
                      WHERE a.atom_set_id = p_set_id
-                     ORDER BY a.position <<->> p_center, a.token_id, a.weight
-                     LIMIT p_k) n
+                     ORDER BY a.position <<->> p_center) n
              WHERE p_radius IS NULL OR n.d <= p_radius
-             ORDER BY n.d, n.tid, n.w;
+             ORDER BY n.d, n.tid, n.w
+             LIMIT p_k;
     END IF;
 END
 $$;

@@ -37,7 +37,7 @@ INDEX_LAYOUT = f"Hilbert COPY order, GiST nd WITH ({GIST_OPTIONS}), no CLUSTER"
 # in the same Hilbert order, into tiles of TILE_ATOMS atoms: one row (and one page) per tile.
 LAYOUTS = ("rows", "tiles")
 DEFAULT_LAYOUT = "rows"
-TILE_ATOMS = 64
+TILE_ATOMS = 32
 MAX_TILE_ATOMS = 128  # a tile row is ~60 bytes per atom, stored PLAIN: at most one 8 KiB page
 
 
