@@ -7,7 +7,8 @@
 -- on the layout, bit for bit):
 --  1. distance is the 3D distance from the atom to p_center, exactly as PostGIS's
 --     `position <<->> p_center` computes it for two POINT Zs:
---     sqrt((x - cx) * (x - cx) + (y - cy) * (y - cy) + (z - cz) * (z - cz)) in float8.
+--     sqrt((x - cx) * (x - cx) + (y - cy) * (y - cy) + (z - cz) * (z - cz)) in float8 (a square
+--     that underflows is 0, as in C).
 --  2. The atoms are ordered by (distance, token_id, weight); the first p_k are returned, in that
 --     order. Ties in distance are broken by token_id, then weight: atoms equal in all three are
 --     interchangeable for next_token, so the rows (and their order, which decides the rounding of
@@ -58,6 +59,12 @@ DECLARE
     tids  integer[] := '{}';
     ws    double precision[] := '{}';
     bound double precision;       -- once p_k atoms are in hand: the p_k-th smallest distance
+    -- PostgreSQL raises where a float8 product underflows to 0; C (PostGIS) gives 0. A square
+    -- d * d underflows exactly when 0 < |d| < sq0, which needs a coordinate of the centre below
+    -- ~1.5e-146 in magnitude (else two distinct coordinates differ by more than sq0): only then
+    -- are the squares guarded (to the same 0).
+    sq0   constant double precision := 1.5717277847026288e-162;
+    tiny  constant boolean := least(abs(ST_X(p_center)), abs(ST_Y(p_center)), abs(ST_Z(p_center))) < 1e-145;
 BEGIN
     OPEN tiles;
     LOOP
@@ -70,9 +77,11 @@ BEGIN
         ws := ws || tile.weights;
         IF bound IS NULL AND cardinality(tids) >= p_k THEN
             SELECT u.d INTO bound
-              FROM (SELECT sqrt((u.x - cx) * (u.x - cx) + (ys[u.i] - cy) * (ys[u.i] - cy)
-                                + (zs[u.i] - cz) * (zs[u.i] - cz)) AS d
-                      FROM unnest(xs) WITH ORDINALITY AS u(x, i)) u
+              FROM (SELECT sqrt(CASE WHEN tiny AND abs(u.dx) < sq0 THEN 0 ELSE u.dx * u.dx END
+                                + CASE WHEN tiny AND abs(u.dy) < sq0 THEN 0 ELSE u.dy * u.dy END
+                                + CASE WHEN tiny AND abs(u.dz) < sq0 THEN 0 ELSE u.dz * u.dz END) AS d
+                      FROM (SELECT u.x - cx AS dx, ys[u.i] - cy AS dy, zs[u.i] - cz AS dz
+                              FROM unnest(xs) WITH ORDINALITY AS u(x, i) OFFSET 0) u) u
              ORDER BY u.d OFFSET p_k - 1 LIMIT 1;
         END IF;
     END LOOP;
@@ -82,9 +91,11 @@ BEGIN
     bound := least(bound, p_radius);
     RETURN QUERY
         SELECT tids[k.i], ws[k.i], k.d
-          FROM (SELECT u.i, sqrt((u.x - cx) * (u.x - cx) + (ys[u.i] - cy) * (ys[u.i] - cy)
-                                 + (zs[u.i] - cz) * (zs[u.i] - cz)) AS d
-                  FROM unnest(xs) WITH ORDINALITY AS u(x, i)) k
+          FROM (SELECT u.i, sqrt(CASE WHEN tiny AND abs(u.dx) < sq0 THEN 0 ELSE u.dx * u.dx END
+                                 + CASE WHEN tiny AND abs(u.dy) < sq0 THEN 0 ELSE u.dy * u.dy END
+                                 + CASE WHEN tiny AND abs(u.dz) < sq0 THEN 0 ELSE u.dz * u.dz END) AS d
+                  FROM (SELECT u.i, u.x - cx AS dx, ys[u.i] - cy AS dy, zs[u.i] - cz AS dz
+                          FROM unnest(xs) WITH ORDINALITY AS u(x, i) OFFSET 0) u) k
          WHERE bound IS NULL OR k.d <= bound
          ORDER BY k.d, tids[k.i], ws[k.i]
          LIMIT p_k;
