@@ -129,6 +129,7 @@ DECLARE
     sz      double precision;
     sw      double precision;
     bad     record;
+    pos     record;               -- the context's token positions: xs, ys, zs
     v_m     integer := 0;         -- number of keys
     v_first integer := 1;         -- the first key's prefix ends at element v_first
     v_last  integer := 0;         -- the last key's at element v_last = n - 1
@@ -162,22 +163,22 @@ BEGIN
             v_lo := greatest(1, v_first - v_span + 1);
         END IF;
     END IF;
-    SELECT count(t.token_id), sum(c.w * ST_X(t.position)), sum(c.w * ST_Y(t.position)),
-           sum(c.w * ST_Z(t.position)), sum(c.w),
-           array_agg(t.position ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
-           sum(c.g * ST_X(t.position)) FILTER (WHERE c.i <= v_carry),
-           sum(c.g * ST_Y(t.position)) FILTER (WHERE c.i <= v_carry),
-           sum(c.g * ST_Z(t.position)) FILTER (WHERE c.i <= v_carry),
+    -- The positions in one read per block of token ids (sql/012_token_positions.sql).
+    SELECT * INTO pos FROM ht_token_positions(p_set_id, p_context);
+    SELECT count(c.x), sum(c.w * c.x), sum(c.w * c.y), sum(c.w * c.z), sum(c.w),
+           array_agg(ST_MakePoint(c.x, c.y, c.z) ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           sum(c.g * c.x) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * c.y) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * c.z) FILTER (WHERE c.i <= v_carry),
            sum(c.g) FILTER (WHERE c.i <= v_carry)
       INTO hit, sx, sy, sz, sw, tail, cx, cy, cz, cg
-      FROM (SELECT u.tid, u.i,
+      FROM (SELECT u.tid, u.i, pos.xs[u.i] AS x, pos.ys[u.i] AS y, pos.zs[u.i] AS z,
                    CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
                         WHEN p_decay = 1 THEN 1
                         WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
                         ELSE power(p_decay, (n - u.i)::double precision) END AS w,
                    CASE WHEN u.i <= v_carry THEN exp((v_first - u.i) * v_ln_d) END AS g
-              FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c
-      LEFT JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = c.tid;
+              FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c;
     IF hit < n THEN
         SELECT u.i, u.tid, s.name INTO bad
           FROM unnest(p_context) WITH ORDINALITY AS u(tid, i), atom_sets s

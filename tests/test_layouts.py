@@ -209,3 +209,30 @@ def test_build_with_a_bad_layout_prints_one_line_and_exits_non_zero() -> None:
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["error: --layout must be one of rows, tiles, got 'heap'"]
+
+
+def test_token_positions_come_from_the_blocks_and_equal_the_tokens_table(server_url: str) -> None:
+    """ht_token_positions reads token_blocks (one row per 256 ids); a set without blocks (written
+    before they existed) reads `tokens`; either way the positions are tokens.position, bit for bit,
+    and NULL for an id the set lacks."""
+    rng = np.random.default_rng(7)
+    ids = np.array([0, 1, 5, 255, 256, 700, 701, 1500])            # gaps, block edges, empty blocks
+    spec = AtomSetSpec(name="layout-blocks", model="m", vocab_size=1501, embedding_dim=0, projection="p",
+                       kind="context")
+    positions = rng.normal(size=(len(ids), 3))
+    context = [700, 0, 1500, 3, 256, 255, 700, -1, 1 << 30, 5]
+    expected = [tuple(positions[list(ids).index(t)]) if t in ids else (None, None, None) for t in context]
+    with psycopg.connect(server_url) as conn:
+        write_atom_set(conn, spec, TokenRows(ids, [None] * len(ids), positions),
+                       AtomRows(ids[:2], positions[:2]), replace=True)
+        set_id = _set_id(conn, "layout-blocks")
+        blocks = [r[0] for r in conn.execute("SELECT block FROM token_blocks WHERE atom_set_id = %s ORDER BY block",
+                                             (set_id,))]
+        query = "SELECT * FROM ht_token_positions(%s, %s::int[])"
+        from_blocks = list(zip(*conn.execute(query, (set_id, context)).fetchone()))
+        conn.execute("DELETE FROM token_blocks WHERE atom_set_id = %s", (set_id,))
+        from_tokens = list(zip(*conn.execute(query, (set_id, context)).fetchone()))
+        conn.rollback()
+        drop_atom_set(conn, "layout-blocks")
+    assert blocks == [0, 1, 2, 5]
+    assert from_blocks == expected and from_tokens == expected

@@ -261,12 +261,20 @@ def test_python_history_checks_match_sql(weight, window, argument: str) -> None:
 
 def _before_history(db: psycopg.Connection, s: AtomSetData, context: list[int], temperature, top_k, top_p,
                     search_radius, max_neighbors, repetition_penalty) -> list[tuple]:
+    """The frozen next_token at today's centroid. The frozen centroid summed the positions in the
+    order its tokens join produced (a plan choice); today's sums them in context order, so the two
+    agree to rounding (checked here), and the kernel and sampler must then agree bit for bit."""
+    frozen, today = db.execute(
+        "SELECT pg_temp.ht_context_centroid_before_history(s.id, s.centroid_window, s.centroid_decay, %s),"
+        " context_centroid(%s, s.name) FROM atom_sets s WHERE s.name = %s", (context, context, s.name)).fetchone()
+    assert frozen is not None and today is not None
     return db.execute(
         "SELECT h.* FROM atom_sets s, pg_temp.ht_next_token_before_history(s.id, s.kernel, s.bandwidth,"
-        " pg_temp.ht_context_centroid_before_history(s.id, s.centroid_window, s.centroid_decay, %s),"
-        " %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
+        " context_centroid(%s, s.name), %s, %s, %s, %s, %s, %s, %s) h"
+        " WHERE s.name = %s AND ST_3DDistance(%s::geometry, %s::geometry) <= 1e-14 * (1 + ST_3DLength("
+        "ST_MakeLine(ST_MakePoint(0, 0, 0), %s::geometry)))",
         (context, context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
-         s.name)).fetchall()
+         s.name, frozen, today, today)).fetchall()
 
 
 def test_history_off_is_exactly_the_result_before_history_atoms(db, ref_sets) -> None:

@@ -39,6 +39,7 @@ LAYOUTS = ("rows", "tiles")
 DEFAULT_LAYOUT = "rows"
 TILE_ATOMS = 32
 MAX_TILE_ATOMS = 128  # a tile row is ~60 bytes per atom, stored PLAIN: at most one 8 KiB page
+TOKEN_BLOCK = 256  # token positions per token_blocks row (sql/010_context_centroid.sql ht_token_positions)
 
 
 @dataclass
@@ -143,6 +144,7 @@ def write_atom_set(
         set_id = _insert_atom_set(conn, spec)
         say(f"tokens: {len(tokens.token_ids)}")
         _copy_tokens(conn, set_id, tokens)
+        _write_token_blocks(conn, set_id, tokens)
         if landmarks is not None:
             _copy_landmarks(conn, set_id, landmarks)
         table = partition_name(set_id)
@@ -267,6 +269,21 @@ def _copy_tokens(conn: psycopg.Connection, set_id: int, tokens: TokenRows) -> No
                 buf.clear()
         buf += TRAILER
         copy.write(bytes(buf))
+
+
+def _write_token_blocks(conn: psycopg.Connection, set_id: int, tokens: TokenRows) -> None:
+    """The token positions again, TOKEN_BLOCK consecutive ids per row, NaN where there is no token."""
+    ids = np.asarray(tokens.token_ids, dtype=np.int64)
+    positions = np.asarray(tokens.positions, dtype=np.float64)
+    if len(ids) == 0 or ids.min() < 0:
+        return  # negative ids never come from a tokenizer; such sets read the tokens table only
+    grid = np.full((int(ids.max()) // TOKEN_BLOCK + 1) * TOKEN_BLOCK * 3, np.nan).reshape(-1, 3)
+    grid[ids] = positions
+    blocks = grid.reshape(-1, TOKEN_BLOCK, 3)
+    rows = [(set_id, b, *(block[:, axis].tolist() for axis in range(3)))
+            for b, block in enumerate(blocks) if not np.isnan(block[:, 0]).all()]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO token_blocks (atom_set_id, block, xs, ys, zs) VALUES (%s, %s, %s, %s, %s)", rows)
 
 
 def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRows) -> None:

@@ -121,6 +121,20 @@ class AtomTile(Base):
     weights: Mapped[list[float]] = mapped_column(ARRAY(Double))
 
 
+class TokenBlock(Base):
+    """Token positions in blocks of 256 consecutive ids (NaN: no such token), read by the centroid."""
+
+    __tablename__ = "token_blocks"
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    block: Mapped[int] = mapped_column(Integer, primary_key=True)
+    xs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    ys: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    zs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+
+
 class Landmark(Base):
     """A landmark of the projection, stored so new vectors project the same way."""
 
