@@ -138,7 +138,9 @@ DECLARE
     v_span  integer;              -- the effective window W; NULL: unbounded
     v_block integer := 1;         -- keys per block
     v_ln_d  double precision := 0;
-    tail    geometry[];
+    tx      double precision[];   -- the kept elements' coordinates
+    ty      double precision[];
+    tz      double precision[];
     cx      double precision;
     cy      double precision;
     cz      double precision;
@@ -166,12 +168,14 @@ BEGIN
     -- The positions in one read per block of token ids (sql/012_token_positions.sql).
     SELECT * INTO pos FROM ht_token_positions(p_set_id, p_context);
     SELECT count(c.x), sum(c.w * c.x), sum(c.w * c.y), sum(c.w * c.z), sum(c.w),
-           array_agg(ST_MakePoint(c.x, c.y, c.z) ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           array_agg(c.x ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           array_agg(c.y ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           array_agg(c.z ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
            sum(c.g * c.x) FILTER (WHERE c.i <= v_carry),
            sum(c.g * c.y) FILTER (WHERE c.i <= v_carry),
            sum(c.g * c.z) FILTER (WHERE c.i <= v_carry),
            sum(c.g) FILTER (WHERE c.i <= v_carry)
-      INTO hit, sx, sy, sz, sw, tail, cx, cy, cz, cg
+      INTO hit, sx, sy, sz, sw, tx, ty, tz, cx, cy, cz, cg
       FROM (SELECT u.tid, u.i, pos.xs[u.i] AS x, pos.ys[u.i] AS y, pos.zs[u.i] AS z,
                    CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
                         WHEN p_decay = 1 THEN 1
@@ -200,8 +204,8 @@ BEGIN
         -- Short or unbounded windows: windowed sums straight from the frame (PostgreSQL re-adds
         -- a moving frame row by row, so this costs W per key; an unbounded frame never moves).
         WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
+            SELECT e.k + v_lo - 1 AS j, e.x, ty[e.k] AS y, tz[e.k] AS z
+              FROM unnest(tx) WITH ORDINALITY AS e(x, k)
         ), member AS (
             SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
               FROM element e
@@ -227,8 +231,8 @@ BEGIN
     ELSE
         -- Long windows: running sums minus the running sum W elements back (O(1) per key).
         WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
+            SELECT e.k + v_lo - 1 AS j, e.x, ty[e.k] AS y, tz[e.k] AS z
+              FROM unnest(tx) WITH ORDINALITY AS e(x, k)
         ), member AS (
             SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
               FROM element e
