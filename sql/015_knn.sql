@@ -25,23 +25,23 @@
 --         and one page per tile: a MULTIPOINT Z of its atoms plus the atoms unpacked into arrays).
 --         The GiST nd index over the tiles' boxes yields tiles in order of `atoms <<->> c`, the
 --         exact distance from c to the tile's nearest atom (PostGIS rechecks the box bound with
---         the geometry). ht_knn_tiles reads tiles in that order, and once it holds k atoms it
+--         the geometry). ht_knn reads tiles in that order, and once it holds k atoms it
 --         knows an upper bound b of the k-th distance (the k-th smallest distance among them);
 --         every atom at distance <= b lies in a tile whose nearest atom is <= b, so it reads on
 --         until the next tile's distance exceeds b (or p_radius) and returns the first k of what
 --         it read in the order of rule 2: exactly the rows layout's atoms. Work: the tiles that
 --         reach within b of c, a handful at 10^6 atoms (docs/benchmarks.md), each one buffer.
 
-CREATE OR REPLACE FUNCTION ht_knn_tiles(
+CREATE OR REPLACE FUNCTION ht_knn(
     p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL)
 RETURNS TABLE(token_id integer, weight double precision, distance double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
-SET enable_sort = on
+SET enable_sort = off
 AS $$
--- The tiles layout of ht_knn (see the top of this file).
+-- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file).
 #variable_conflict use_column
 DECLARE
     tiles CURSOR FOR
@@ -66,6 +66,24 @@ DECLARE
     sq0   constant double precision := 1.5717277847026288e-162;
     tiny  constant boolean := least(abs(ST_X(p_center)), abs(ST_Y(p_center)), abs(ST_Z(p_center))) < 1e-145;
 BEGIN
+    IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
+    -- The index scan yields the distance order; an incremental sort over it breaks the ties
+    -- (it reads ahead up to 31 rows past the k-th). PostgreSQL 15 plans an index scan with
+    -- ORDER BY operators only for the whole ORDER BY, hence the subquery, and with
+    -- enable_sort = off (this function's setting) so that the generic plan does not sort
+    -- the whole partition instead.
+    RETURN QUERY
+        SELECT n.tid, n.w, n.d
+          FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
+                  FROM atoms a
+                 WHERE a.atom_set_id = p_set_id
+                 ORDER BY a.position <<->> p_center) n
+         WHERE p_radius IS NULL OR n.d <= p_radius
+         ORDER BY n.d, n.tid, n.w
+         LIMIT p_k;
+        RETURN;
+    END IF;
+    -- The tiles layout.
     OPEN tiles;
     LOOP
         FETCH tiles INTO tile;
@@ -99,39 +117,5 @@ BEGIN
          WHERE bound IS NULL OR k.d <= bound
          ORDER BY k.d, tids[k.i], ws[k.i]
          LIMIT p_k;
-END
-$$;
-
-
-CREATE OR REPLACE FUNCTION ht_knn(
-    p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL)
-RETURNS TABLE(token_id integer, weight double precision, distance double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = public, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_sort = off
-AS $$
--- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file).
-#variable_conflict use_column
-BEGIN
-    IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) = 'tiles' THEN
-        RETURN QUERY SELECT * FROM ht_knn_tiles(p_set_id, p_center, p_k, p_radius);
-    ELSE
-        -- The index scan yields the distance order; an incremental sort over it breaks the ties
-        -- (it reads ahead up to 31 rows past the k-th). PostgreSQL 15 plans an index scan with
-        -- ORDER BY operators only for the whole ORDER BY, hence the subquery, and with
-        -- enable_sort = off (this function's setting) so that the generic plan does not sort
-        -- the whole partition instead.
-        RETURN QUERY
-            SELECT n.tid, n.w, n.d
-              FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
-                      FROM atoms a
-                     WHERE a.atom_set_id = p_set_id
-                     ORDER BY a.position <<->> p_center) n
-             WHERE p_radius IS NULL OR n.d <= p_radius
-             ORDER BY n.d, n.tid, n.w
-             LIMIT p_k;
-    END IF;
 END
 $$;

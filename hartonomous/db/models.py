@@ -99,7 +99,18 @@ class Atom(Base):
     key = mapped_column(Vector(), nullable=True)
 
 
-class AtomTile(Base):
+class _SetCoordinates:
+    """A row of one atom set holding coordinates as float8 arrays (xs[i], ys[i], zs[i])."""
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    xs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    ys: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    zs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+
+
+class AtomTile(_SetCoordinates, Base):
     """The 'tiles' layout: atoms packed along the Hilbert curve, one row per tile (sql/015_knn.sql)."""
 
     __tablename__ = "atom_tiles"
@@ -109,30 +120,18 @@ class AtomTile(Base):
         {"postgresql_partition_by": "LIST (atom_set_id)"},
     )
 
-    atom_set_id: Mapped[int] = mapped_column(
-        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
-    )
     tile_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     atoms = mapped_column(Geometry(geometry_type="MULTIPOINTZ", dimension=3, spatial_index=False), nullable=False)
-    xs: Mapped[list[float]] = mapped_column(ARRAY(Double))
-    ys: Mapped[list[float]] = mapped_column(ARRAY(Double))
-    zs: Mapped[list[float]] = mapped_column(ARRAY(Double))
     token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     weights: Mapped[list[float]] = mapped_column(ARRAY(Double))
 
 
-class TokenBlock(Base):
+class TokenBlock(_SetCoordinates, Base):
     """Token positions in blocks of 256 consecutive ids (NaN: no such token), read by the centroid."""
 
     __tablename__ = "token_blocks"
 
-    atom_set_id: Mapped[int] = mapped_column(
-        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
-    )
     block: Mapped[int] = mapped_column(Integer, primary_key=True)
-    xs: Mapped[list[float]] = mapped_column(ARRAY(Double))
-    ys: Mapped[list[float]] = mapped_column(ARRAY(Double))
-    zs: Mapped[list[float]] = mapped_column(ARRAY(Double))
 
 
 class Landmark(Base):
