@@ -236,3 +236,22 @@ def test_token_positions_come_from_the_blocks_and_equal_the_tokens_table(server_
         drop_atom_set(conn, "layout-blocks")
     assert blocks == [0, 1, 2, 5]
     assert from_blocks == expected and from_tokens == expected
+
+
+def test_the_layouts_benchmark_measures_both_layouts_and_names_the_faster(server_url: str) -> None:
+    from hartonomous.benchmark import layouts
+
+    results = layouts.run(server_url, sizes=(300, 600), calls=20)
+    measured = {(r["layout"], r["atoms"], r["context_length"]) for r in results["rows"]}
+    assert measured == {(lay, n, length) for lay in ("rows", "tiles") for n in (300, 600) for length in (512, 8)}
+    for r in results["rows"]:
+        assert 0 < r["in_db_p50_ms"] <= r["in_db_p95_ms"] and r["shared_buffers_p50"] > 0
+    verdict = results["verdict"]
+    assert verdict["faster"] in ("rows", "tiles") and verdict["at_atoms"] == 600
+    assert set(verdict["p50_ratio_600_over_300"]) == {"rows", "tiles"}
+    text = layouts.markdown(results, "hartonomous bench --layouts --sizes 300,600")
+    assert f"**{verdict['faster']}**" in text and text.count("\n| rows |") == 4
+    with psycopg.connect(server_url) as conn:
+        for n in (300, 600):
+            for layout in ("rows", "tiles"):
+                drop_atom_set(conn, layouts.set_name(n, layout))
