@@ -30,7 +30,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The atom set named p_atom_set, or the default one when it is NULL; history_weight and
--- history_window are the arguments when given (checked by the caller), else the set's own.
+-- history_window are the arguments when given (checked by the caller), else the set's own, and
+-- history_window is 0 when history_weight is 0: it is the number of history keys to compute.
 #variable_conflict use_column
 BEGIN
     IF p_atom_set IS NULL THEN
@@ -57,7 +58,7 @@ BEGIN
         END IF;
     END IF;
     history_weight := coalesce(p_history_weight, history_weight);
-    history_window := coalesce(p_history_window, history_window);
+    history_window := CASE WHEN history_weight > 0 THEN coalesce(p_history_window, history_window) ELSE 0 END;
 END
 $$;
 
@@ -86,6 +87,59 @@ BEGIN
                              array_position(p_context, NULL)),
             HINT = 'Remove the NULLs; every element is a token id.';
     END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_check_between(p_argument text, p_value bigint, p_min bigint,
+                                            p_max bigint, p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- A whole-number argument within [p_min, p_max]; NULL is out of range. Raises 22023 naming it.
+BEGIN
+    IF p_value IS NULL OR p_value < p_min OR p_value > p_max THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s must be between %s and %s, got %s', p_argument, p_min, p_max,
+                             coalesce(p_value::text, 'NULL')),
+            HINT = p_hint;
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_history_members(
+    p_tail geometry[], p_lo integer, p_first integer, p_last integer, p_block integer,
+    p_span integer, p_ln_decay double precision)
+RETURNS TABLE(b bigint, j bigint, x double precision, y double precision, z double precision,
+              g double precision)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- The rows ht_context_centroid sums the history keys from (see there): each kept element j
+-- (p_tail[k] is element p_lo + k - 1) in its own block b, and in the next one when its window
+-- (p_span elements; NULL: unbounded) reaches it, with its scale g = decay^(r - j) for the
+-- block's reference r = p_first + b * p_block. Both of its ways of summing windows read these.
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH element AS (
+        SELECT e.k + p_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
+          FROM unnest(p_tail) WITH ORDINALITY AS e(p, k)
+    ), member AS (
+        SELECT e.j, greatest(e.j - p_first, 0) / p_block AS b, e.x, e.y, e.z
+          FROM element e
+        UNION ALL
+        SELECT e.j, (e.j - p_first) / p_block + 1, e.x, e.y, e.z
+          FROM element e
+         WHERE e.j >= p_first AND (e.j - p_first) % p_block + p_span > p_block
+           AND p_first + ((e.j - p_first) / p_block + 1) * p_block <= p_last
+    )
+    SELECT m.b, m.j, m.x, m.y, m.z, exp((p_first + m.b * p_block - m.j) * p_ln_decay)
+      FROM member m;
 END
 $$;
 
@@ -193,23 +247,9 @@ BEGIN
     IF v_m = 0 THEN
         RETURN;
     END IF;
-    -- Rows: each kept element j in its own block b, and in the next one when its window reaches
-    -- it, with its scale g = decay^(r - j) for the block's reference r.
     IF v_span IS NULL OR v_span <= 16 THEN
         -- Short or unbounded windows: windowed sums straight from the frame (PostgreSQL re-adds
         -- a moving frame row by row, so this costs W per key; an unbounded frame never moves).
-        WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
-        ), member AS (
-            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
-              FROM element e
-            UNION ALL
-            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
-              FROM element e
-             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
-               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
-        )
         SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
           INTO history_keys
           FROM (SELECT g.b, g.j,
@@ -217,31 +257,16 @@ BEGIN
                        sum(g.g * g.y) OVER w + CASE WHEN g.b = 0 THEN coalesce(cy, 0) ELSE 0 END AS sy,
                        sum(g.g * g.z) OVER w + CASE WHEN g.b = 0 THEN coalesce(cz, 0) ELSE 0 END AS sz,
                        sum(g.g) OVER w + CASE WHEN g.b = 0 THEN coalesce(cg, 0) ELSE 0 END AS sg
-                  FROM (SELECT m.b, m.j, m.x, m.y, m.z,
-                               exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
-                          FROM member m) g
+                  FROM ht_history_members(tail, v_lo, v_first, v_last, v_block, v_span, v_ln_d) g
                 WINDOW w AS (PARTITION BY g.b ORDER BY g.j
                              ROWS BETWEEN coalesce(v_span - 1, n) PRECEDING AND CURRENT ROW)) k
          WHERE k.j >= v_first + k.b * v_block;
     ELSE
         -- Long windows: running sums minus the running sum W elements back (O(1) per key).
-        WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
-        ), member AS (
-            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
-              FROM element e
-            UNION ALL
-            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
-              FROM element e
-             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
-               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
-        ), running AS (
+        WITH running AS (
             SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
                    sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
-              FROM (SELECT m.b, m.j, m.x, m.y, m.z,
-                           exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
-                      FROM member m) g
+              FROM ht_history_members(tail, v_lo, v_first, v_last, v_block, v_span, v_ln_d) g
             WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
         )
         SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
