@@ -43,7 +43,7 @@ DistillStats = _section(
     "DistillStats", "The exact model's teacher-forcing pass of the build.",
     target=str, tokens=int, seconds=float, tokens_per_second=float, device=str, batch_tokens=int)
 AtomStats = _section(
-    "AtomStats", "The atoms written: how many, how many before merging near duplicates, and how.",
+    "AtomStats", "The atoms written: how many, how many before merging (merge_radius), full-dimensional keys or not.",
     count=int, before_merge=int, merge_radius=float, full_keys=bool)
 IngestStats = _section(
     "IngestStats", "Timings of the write (hartonomous/atomset/write.py); `layout` names the index layout.",
