@@ -122,10 +122,11 @@ def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length
 
 def test_speculative_targets_and_markdown_say_what_was_met():
     from hartonomous.benchmark.speculative import METHODS, MethodTotals, markdown, targets
+    from hartonomous.speculative import SpeculativeStats
 
     def kind(ms: dict, rate: float) -> dict:
         totals = {m: MethodTotals(seconds=ms[m] * 64 / 1000, tokens=64, identical=1, prompts=1) for m in METHODS}
-        totals["speculative"].drafted, totals["speculative"].accepted, totals["speculative"].forwards = 40, int(40 * rate), 30
+        totals["speculative"].add_drafting(SpeculativeStats(drafted=40, accepted=int(40 * rate), forwards=30))
         base = totals["transformers_generate"].row(None)["ms_per_token"]
         return {"prompts": 1, "prompt_tokens": [10], "methods": {m: totals[m].row(base) for m in METHODS}}
 
