@@ -71,5 +71,33 @@ def cluster_down(delete: bool = typer.Option(False, "--delete", help="Also delet
         console.print(line)
 
 
+@cluster_app.command("bench")
+def cluster_bench(
+    sizes: str = typer.Option("1e5,1e6", help="Comma-separated atom counts."),
+    calls: int = typer.Option(200, help="next_token calls per size and side."),
+    out: str = typer.Option(".hartonomous/bench/scale-out.json", help="Where the JSON goes."),
+) -> None:
+    """next_token on the single-node `db` vs this cluster, same synthetic sets (docs/scale-out.md)."""
+    from pathlib import Path
+
+    from hartonomous.benchmark import scaleout
+    from hartonomous.db import migrate
+    from hartonomous.db.connection import embedded_cluster
+
+    try:
+        counts = tuple(int(float(v)) for v in sizes.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"--sizes must be comma-separated atom counts such as 1e5,1e6; got '{sizes}'") from None
+    cluster = _cluster()
+    if not cluster.is_running():
+        raise UserError("the local Citus cluster is not running; start it with `hartonomous cluster up`")
+    single = embedded_cluster()
+    single.up()
+    for url in (single.url(), cluster.url()):
+        migrate.upgrade(url)
+    results = scaleout.run(single.url(), cluster.url(), counts, calls, Path(out))
+    print(scaleout.markdown(results))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(cluster_app, name="cluster")
