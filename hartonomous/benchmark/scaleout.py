@@ -5,9 +5,11 @@ over the cube) are built on both databases, and for each size we take
 
 - in-database latency p50/p95 (the server-side timer loop of hartonomous/benchmark/latency.py);
 - client round trip p50 and throughput with 1 and 4 concurrent clients;
+- the CPU time of the caller's backend per call (on the cluster: the coordinator's);
 - on the cluster, the KNN statement alone under EXPLAIN ANALYZE with every task shown: the
-  slowest shard's execution time per call (the per-shard cost) and the rest (the coordinator's
-  planning, fan-out and merge), which is what the capacity plan extrapolates from;
+  slowest shard's execution time per call (the per-shard cost), the sum over the shards (the
+  workers' work), and the rest (the coordinator's fan-out, waits and merge), which is what the
+  capacity plan extrapolates from;
 - bytes per atom: the set's heap + GiST + primary key, summed over its shards on the cluster.
 
 On one machine the workers share the cores with the coordinator, so the point is correctness
@@ -52,7 +54,7 @@ def knn_tasks(conn: psycopg.Connection, name: str, contexts: list[list[int]]) ->
     every task shown), at each context's last-token position (the synthetic sets' centroid)."""
     set_id = _set_id(conn, name)
     conn.execute("SET citus.explain_all_tasks = on")
-    totals, slowest, tasks = [], [], 0
+    totals, slowest, summed, tasks = [], [], [], 0
     for ctx in contexts:
         (x, y, z) = conn.execute("SELECT ST_X(position), ST_Y(position), ST_Z(position) FROM tokens "
                                  "WHERE atom_set_id = %s AND token_id = %s", (set_id, ctx[-1])).fetchone()
@@ -64,9 +66,10 @@ def knn_tasks(conn: psycopg.Connection, name: str, contexts: list[list[int]]) ->
         # The last "Execution Time" is the coordinator's whole statement; the others are tasks.
         totals.append(shard_ms[-1])
         slowest.append(max(shard_ms[:-1]))
+        summed.append(sum(shard_ms[:-1]))
         tasks = len(shard_ms) - 1
     return {"tasks": tasks, "statement_p50_ms": percentile(totals, 50),
-            "slowest_shard_p50_ms": percentile(slowest, 50),
+            "slowest_shard_p50_ms": percentile(slowest, 50), "all_shards_p50_ms": percentile(summed, 50),
             "coordinator_overhead_p50_ms": percentile([t - s for t, s in zip(totals, slowest)], 50)}
 
 
@@ -83,11 +86,12 @@ def measure(url: str, sizes: tuple[int, ...], calls: int, distributed: bool,
         say(f"{'cluster' if distributed else 'single'} {n}: built in {built_s}")
         with psycopg.connect(url, autocommit=True) as conn:
             in_database(conn, name, contexts[:30], K)  # warm-up
-            times, _ = in_database(conn, name, contexts, K)
+            times, cpu = in_database(conn, name, contexts, K)
             roundtrip(conn, name, contexts[:10], K)
             rt = roundtrip(conn, name, contexts, K)
             row = {"atoms": n, "distributed": distributed, "build_seconds": built_s,
                    "in_db_p50_ms": percentile(times, 50), "in_db_p95_ms": percentile(times, 95),
+                   "backend_cpu_ms": cpu,
                    "roundtrip_p50_ms": percentile(rt, 50),
                    "bytes_per_atom": bytes_per_atom(conn, name, n, distributed)}
             if distributed:
@@ -114,14 +118,16 @@ def run(single_url: str, cluster_url: str, sizes: tuple[int, ...], calls: int, o
 
 
 def markdown(results: dict) -> str:
-    lines = ["| atoms | nodes | in-db p50 ms | in-db p95 ms | round trip p50 ms | calls/s (1 client) | "
-             "calls/s (4 clients) | bytes/atom | KNN tasks | slowest shard p50 ms | coordinator overhead p50 ms |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| atoms | nodes | in-db p50 ms | in-db p95 ms | backend CPU ms/call | round trip p50 ms | "
+             "calls/s (1 client) | calls/s (4 clients) | bytes/atom | KNN tasks | slowest shard p50 ms | "
+             "all shards p50 ms | coordinator rest p50 ms |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results["rows"]:
         nodes = "coordinator + 2 workers" if r["distributed"] else "1 node"
-        extra = (f"{r['tasks']} | {r['slowest_shard_p50_ms']:.3f} | {r['coordinator_overhead_p50_ms']:.3f}"
-                 if r["distributed"] else "— | — | —")
+        extra = (f"{r['tasks']} | {r['slowest_shard_p50_ms']:.2f} | {r['all_shards_p50_ms']:.2f} | "
+                 f"{r['coordinator_overhead_p50_ms']:.2f}" if r["distributed"] else "— | — | — | —")
+        cpu = f"{r['backend_cpu_ms']:.2f}" if r.get("backend_cpu_ms") is not None else "—"
         lines.append(f"| {r['atoms']:,} | {nodes} | {r['in_db_p50_ms']:.2f} | {r['in_db_p95_ms']:.2f} | "
-                     f"{r['roundtrip_p50_ms']:.2f} | {r['calls_per_second_1']:.1f} | {r['calls_per_second_4']:.1f} | "
+                     f"{cpu} | {r['roundtrip_p50_ms']:.2f} | {r['calls_per_second_1']:.1f} | {r['calls_per_second_4']:.1f} | "
                      f"{r['bytes_per_atom']:.0f} | {extra} |")
     return "\n".join(lines)

@@ -22,7 +22,9 @@ from hartonomous.db.cluster import PG_MAJOR, ClusterState, EmbeddedCluster
 from hartonomous.errors import UserError
 
 CITUS_EXTENSIONS = ("citus", "postgis", "vector")
-SHARDS_PER_WORKER = 4
+# Shards per worker of the local cluster: each task is a round trip on the worker's one cached
+# connection, so on a small machine fewer shards cost less (docs/scale-out.md, the capacity plan).
+SHARDS_PER_WORKER = 2
 # Small nodes: this is a development cluster, several of which may share a 2-core machine.
 NODE_CONF = {
     "shared_preload_libraries": "'citus'",
@@ -33,8 +35,9 @@ NODE_CONF = {
     "tcp_keepalives_idle": "5",
     "tcp_keepalives_interval": "2",
     "tcp_keepalives_count": "3",
-    # One connection per worker and query on a 2-core machine; more only adds fork cost.
-    "citus.max_adaptive_executor_pool_size": "2",
+    # One connection per worker and query, the one each session caches: a second one would be
+    # opened (fork, TLS, SCRAM) and closed again by every query on a small machine.
+    "citus.max_adaptive_executor_pool_size": "1",
 }
 HOST = "127.0.0.1"
 
