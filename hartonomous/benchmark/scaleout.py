@@ -73,6 +73,44 @@ def knn_tasks(conn: psycopg.Connection, name: str, contexts: list[list[int]]) ->
             "coordinator_overhead_p50_ms": percentile([t - s for t, s in zip(totals, slowest)], 50)}
 
 
+def knn_fan_out(conn: psycopg.Connection, name: str, shard_counts: tuple[int, ...] = (2, 4, 8, 16, 32),
+                calls: int = 100) -> dict:
+    """The bare KNN statement on copies of a set's atoms distributed over 2..32 shards: wall time and
+    the coordinator backend's CPU per call, i.e. what each extra shard (task) costs the coordinator.
+    The copies are dropped afterwards."""
+    import numpy as np
+
+    from hartonomous.benchmark.latency import backend_cpu_ns
+
+    source = f"atoms_{_set_id(conn, name)}"
+    points = np.random.default_rng(5).random((calls + 20, 3)).tolist()
+    out = {}
+    for shards in shard_counts:
+        table = f"bench_knn_{shards}_shards"
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"CREATE TABLE {table} (atom_id bigint, token_id int, weight float8, position geometry(PointZ, 0))")
+        conn.execute("SELECT create_distributed_table(%s, 'atom_id', shard_count => %s, colocate_with => 'none')",
+                     (table, shards))
+        conn.execute(f"INSERT INTO {table} SELECT atom_id, token_id, weight, position FROM {source}")
+        conn.execute(f"CREATE INDEX ON {table} USING gist (position gist_geometry_ops_nd)")
+        conn.execute(f"ANALYZE {table}")
+        query = (f"SELECT token_id, weight, position <<->> ST_MakePoint(%s, %s, %s) FROM {table} "
+                 f"ORDER BY position <<->> ST_MakePoint(%s, %s, %s) LIMIT {K}")
+        for p in points[:20]:
+            conn.execute(query, (*p, *p)).fetchall()
+        walls = []
+        cpu0 = backend_cpu_ns(conn)
+        for p in points[20:]:
+            t0 = time.perf_counter()
+            conn.execute(query, (*p, *p)).fetchall()
+            walls.append((time.perf_counter() - t0) * 1000)
+        cpu1 = backend_cpu_ns(conn)
+        out[shards] = {"wall_p50_ms": percentile(walls, 50),
+                       "coordinator_cpu_ms": (cpu1 - cpu0) / 1e6 / calls if cpu0 is not None else None}
+        conn.execute(f"DROP TABLE {table}")
+    return out
+
+
 def measure(url: str, sizes: tuple[int, ...], calls: int, distributed: bool,
             say=print) -> list[dict]:
     rows = []
@@ -114,6 +152,10 @@ def run(single_url: str, cluster_url: str, sizes: tuple[int, ...], calls: int, o
         results["rows"] += measure(cluster_url, (n,), calls, distributed=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2))
+    with psycopg.connect(cluster_url, autocommit=True) as conn:
+        results["knn_fan_out"] = knn_fan_out(conn, synthetic_name(min(sizes)))
+    results["load_1m_end"] = round(os.getloadavg()[0], 2)
+    out.write_text(json.dumps(results, indent=2))
     return results
 
 

@@ -146,13 +146,17 @@ class CitusCluster:
 
     def _register(self, coordinator: EmbeddedCluster, workers: list[EmbeddedCluster],
                   shared: ClusterState, layout: dict) -> None:
-        """Authentication for node-to-node connections, then the coordinator and worker nodes."""
+        """Authentication for node-to-node connections on every node (workers connect to each other
+        for repartitioned queries; Citus does not copy pg_dist_authinfo), then the coordinator and
+        worker nodes."""
+        for node in (coordinator, *workers):
+            with psycopg.connect(node.url(), autocommit=True, connect_timeout=10) as conn:
+                for role, password in (("hartonomous", shared.password),
+                                       ("hartonomous_reader", shared.reader_password)):
+                    conn.execute("DELETE FROM pg_dist_authinfo WHERE nodeid = 0 AND rolename = %s", (role,))
+                    conn.execute("INSERT INTO pg_dist_authinfo (nodeid, rolename, authinfo) VALUES (0, %s, %s)",
+                                 (role, f"password={password}"))
         with psycopg.connect(coordinator.url(), autocommit=True, connect_timeout=10) as conn:
-            for role, password in (("hartonomous", shared.password),
-                                   ("hartonomous_reader", shared.reader_password)):
-                conn.execute("DELETE FROM pg_dist_authinfo WHERE nodeid = 0 AND rolename = %s", (role,))
-                conn.execute("INSERT INTO pg_dist_authinfo (nodeid, rolename, authinfo) VALUES (0, %s, %s)",
-                             (role, f"password={password}"))
             conn.execute("SELECT citus_set_coordinator_host(%s, %s)", (HOST, coordinator.running_port()))
             node_ids = layout.setdefault("node_ids", {})
             for i, worker in enumerate(workers, start=1):
