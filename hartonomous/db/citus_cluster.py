@@ -30,8 +30,13 @@ NODE_CONF = {
     "shared_preload_libraries": "'citus'",
     "shared_buffers": "128MB",
     "max_connections": "60",
-    # A worker that stops answering makes a statement fail within seconds instead of hanging.
+    # A worker that is down makes a call fail within seconds instead of hanging: connecting to it
+    # times out after 5 s, and the coordinator's connections to the workers (TLS as Citus's
+    # default) probe an idle peer after 5 s and give up on unacknowledged data after 10 s (a
+    # machine or network that went away; docs/scale-out.md says what this does not catch).
     "citus.node_connection_timeout": "5000",
+    "citus.node_conninfo": ("'sslmode=require keepalives=1 keepalives_idle=5 keepalives_interval=2 "
+                            "keepalives_count=3 tcp_user_timeout=10000'"),
     "tcp_keepalives_idle": "5",
     "tcp_keepalives_interval": "2",
     "tcp_keepalives_count": "3",
