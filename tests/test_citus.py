@@ -13,6 +13,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -194,6 +196,27 @@ def test_the_reader_role_runs_next_token_on_the_coordinator(citus, coord, single
         assert_same_rows(reader.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall())
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.execute("DELETE FROM atoms")
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+def test_the_cluster_commands_are_idempotent_and_the_other_commands_use_the_coordinator(citus) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARTONOMOUS_")}
+    env["HARTONOMOUS_HOME"] = str(citus.root.parent)
+
+    def hartonomous(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hartonomous.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=Path(__file__).resolve().parents[1], timeout=300)
+
+    again = hartonomous("cluster", "up")
+    assert again.returncode == 0 and "already running" in again.stdout
+    assert hartonomous("cluster", "url").stdout.strip() == citus.url()
+    assert hartonomous("db", "url").stdout.strip() == citus.url()  # while it runs, commands use it
+    status = json.loads(hartonomous("cluster", "status", "--json").stdout)
+    assert len(status["active_workers"]) == WORKERS
+    shrink = hartonomous("cluster", "up", "--workers", "1")
+    assert shrink.returncode == 1
+    assert shrink.stderr.startswith("error: the cluster has 2 workers") and shrink.stderr.count("\n") == 1
 
 
 # --- faults ------------------------------------------------------------------------------------
