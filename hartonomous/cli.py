@@ -355,6 +355,10 @@ from hartonomous.benchmark.cli import register as _register_bench  # noqa: E402
 
 _register_bench(app)  # bench
 
+from hartonomous.db.cluster_cli import register as _register_cluster  # noqa: E402
+
+_register_cluster(app)  # cluster
+
 
 def main() -> None:
     """Entry point: run the app, turning user-fixable errors into one line and exit 1."""

@@ -17,9 +17,11 @@ _COLUMNS = """
     s.id, s.name, s.model, s.model_key, s.kind, s.vocab_size, s.embedding_dim, s.projection,
     s.projection_params, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
     s.history_weight, s.history_window, s.layout, s.is_default, s.created_at, s.stats,
-    COALESCE((s.stats->'ingest'->>'atoms')::bigint,
-             (SELECT count(*) FROM atoms a WHERE a.atom_set_id = s.id)) AS atoms
+    (s.stats->'ingest'->>'atoms')::bigint AS atoms
 """
+# Sets built before ingest stats were recorded are counted by a query of their own (Citus refuses a
+# correlated subquery on the distributed atoms from a query on the reference table atom_sets).
+_COUNT = "SELECT count(*) AS atoms FROM atoms WHERE atom_set_id = %s"
 _SELECT = f"SELECT {_COLUMNS} FROM atom_sets s"
 
 
@@ -31,7 +33,11 @@ def _record(row: dict) -> AtomSet:
 def _query(conn: psycopg.Connection, sql: str, params: tuple = ()) -> list[dict]:
     try:
         with conn.cursor(row_factory=dict_row) as cur:
-            return cur.execute(sql, params).fetchall()
+            rows = cur.execute(sql, params).fetchall()
+            for row in rows:
+                if "atoms" in row and row["atoms"] is None:
+                    row["atoms"] = cur.execute(_COUNT, (row["id"],)).fetchone()["atoms"]
+            return rows
     except pg_errors.UndefinedTable as exc:
         raise UserError("the database has no hartonomous schema; run `hartonomous migrate`") from exc
     except pg_errors.UndefinedColumn as exc:

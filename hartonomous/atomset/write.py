@@ -17,6 +17,7 @@ import numpy as np
 import psycopg
 
 from hartonomous.atomset.catalog import delete_atom_set_rows, mark_default, partition_name, tile_partition_name
+from hartonomous.db.citus import begin_build, distribute_partition
 from hartonomous.atomset.record import BuildStats, IngestStats
 from hartonomous.errors import UserError
 from hartonomous.atomset.hilbert import hilbert_order
@@ -131,6 +132,10 @@ def write_atom_set(
     _validate(spec, tokens, atoms)
     start = time.perf_counter()
     with conn.transaction():
+        citus = begin_build(conn)
+        if citus and spec.layout == "tiles":
+            raise UserError("the tiles layout is single-node (its KNN cannot run on Citus shards); "
+                            "build with --layout rows on a Citus cluster")
         existing = conn.execute("SELECT id FROM atom_sets WHERE name = %s FOR UPDATE",
                                 (spec.name,)).fetchone()
         if existing and not replace:
@@ -150,9 +155,10 @@ def write_atom_set(
         table = partition_name(set_id)
         conn.execute(f"CREATE TABLE {table} (LIKE atoms INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
         conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_set CHECK (atom_set_id = {set_id})")
+        distributed = distribute_partition(conn, table)  # Citus: shards first, then COPY routes rows
         t0 = time.perf_counter()
         say(f"COPY {len(atoms.token_ids)} atoms (binary, Hilbert order)")
-        _copy_atoms(conn, table, set_id, atoms)
+        _copy_atoms(conn, table, set_id, atoms, freeze=not distributed)
         t1 = time.perf_counter()
         say("building the GiST nd index")
         conn.execute(f"SET LOCAL maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
@@ -298,7 +304,7 @@ def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRo
         copy.write(fixed_width_payload(columns))
 
 
-def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows) -> None:
+def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, freeze: bool = True) -> None:
     positions = np.asarray(atoms.positions, dtype=np.float64)
     order = hilbert_order(positions)
     n = len(order)
@@ -306,8 +312,10 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
     names = "atom_set_id, atom_id, token_id, position, weight" + (", key" if atoms.keys is not None else "")
     # FREEZE: the table was created in this transaction, so the rows can be written frozen and
     # all-visible; the first queries then do not dirty every page to set hint bits, and the
-    # autovacuum that follows a large insert has nothing to rewrite.
-    with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY, FREEZE)") as copy:
+    # autovacuum that follows a large insert has nothing to rewrite. (Not for Citus shards: the
+    # coordinator's COPY reaches them over other connections.)
+    options = "FORMAT BINARY, FREEZE" if freeze else "FORMAT BINARY"
+    with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN ({options})") as copy:
         for lo in range(0, n, COPY_CHUNK_ROWS):
             idx = order[lo:lo + COPY_CHUNK_ROWS]
             columns = [("int4", np.full(len(idx), set_id)), ("int8", idx),

@@ -106,10 +106,15 @@ class ClusterState:
 class EmbeddedCluster:
     """A PostgreSQL cluster owned by this project, under `data_dir`."""
 
-    def __init__(self, data_dir: Path, pg_bin: Path | None = None, port: int | None = None):
+    def __init__(self, data_dir: Path, pg_bin: Path | None = None, port: int | None = None,
+                 conf: dict[str, str] | None = None, extensions: tuple[str, ...] = EXTENSIONS):
+        """`conf` adds or overrides postgresql.conf settings at initdb; `extensions` are created in
+        the database on every `up` (hartonomous/db/citus_cluster.py uses both for Citus nodes)."""
         self.requested_dir = Path(data_dir).expanduser().absolute()
         self._pg_bin = pg_bin
         self.requested_port = port
+        self.conf = dict(conf or {})
+        self.extensions = extensions
         self.state_file = self.requested_dir.parent / f"{self.requested_dir.name}.state.json"
 
     # -- locations and identity -------------------------------------------------
@@ -251,6 +256,7 @@ class EmbeddedCluster:
                 "max_connections = 100\n"
                 "jit = off\n"
                 "log_min_messages = warning\n"
+                + "".join(f"{key} = {value}\n" for key, value in self.conf.items())
             )
         state.save(self.state_file)
         return True
@@ -334,6 +340,10 @@ class EmbeddedCluster:
                     raise UserError(f"the embedded database is not accepting connections: {exc}") from exc
                 time.sleep(0.3)
         with psycopg.connect(self.url(), autocommit=True) as conn:
+            if "citus" in self.extensions and conn.execute(
+                    "SELECT 1 FROM pg_extension WHERE extname = 'citus'").fetchone():
+                # A Citus node applies the role locally (a worker refuses to propagate it).
+                conn.execute("SET citus.enable_ddl_propagation = off")
             # The least-privilege login used for inference; migrations grant what it may do.
             conn.execute(sql.SQL("""DO $$ BEGIN
                 IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'hartonomous_reader') THEN
@@ -341,12 +351,13 @@ class EmbeddedCluster:
                 END IF; END $$"""))
             conn.execute(sql.SQL("ALTER ROLE hartonomous_reader LOGIN PASSWORD {}").format(
                 sql.Literal(state.reader_password)))
-            for ext in EXTENSIONS:
+            for ext in self.extensions:
                 try:
                     conn.execute(f"CREATE EXTENSION IF NOT EXISTS {ext}")
                 except psycopg.errors.UndefinedFile as exc:
                     raise UserError(
                         f"the PostgreSQL extension '{ext}' is not installed; run `make install-system`"
+                        + (" (Citus: scripts/install-citus.sh, docs/scale-out.md)" if ext == "citus" else "")
                     ) from exc
 
 

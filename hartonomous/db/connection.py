@@ -7,6 +7,7 @@ import re
 import psycopg
 
 from hartonomous.config import Settings, get_settings
+from hartonomous.db.citus_cluster import CitusCluster
 from hartonomous.db.cluster import EmbeddedCluster
 from hartonomous.errors import DatabaseUnavailable
 
@@ -18,8 +19,15 @@ def embedded_cluster(settings: Settings | None = None) -> EmbeddedCluster:
     return EmbeddedCluster(settings.resolved_data_dir, settings.pg_bin, settings.db_port)
 
 
+def local_citus(settings: Settings | None = None) -> CitusCluster:
+    """The local Citus cluster of `hartonomous cluster up` (under <home>/citus)."""
+    settings = settings or get_settings()
+    return CitusCluster(settings.home.expanduser().absolute() / "citus", settings.pg_bin)
+
+
 def owner_url(settings: Settings | None = None, autostart: bool = True) -> str:
-    """URL of the owner role: HARTONOMOUS_DATABASE_URL, else the embedded cluster."""
+    """URL of the owner role: HARTONOMOUS_DATABASE_URL, else the running local Citus cluster's
+    coordinator, else the embedded cluster."""
     settings = settings or get_settings()
     if settings.database_url:
         return _plain(settings.database_url)
@@ -37,7 +45,11 @@ def reader_url(settings: Settings | None = None, autostart: bool = True) -> str:
 
 
 def _embedded_url(settings: Settings, role: str, autostart: bool) -> str:
-    """The embedded cluster's URL for `role`, starting the cluster first when asked to."""
+    """The embedded cluster's URL for `role`, starting the cluster first when asked to; while
+    `hartonomous cluster up` has a Citus coordinator running, that coordinator's URL instead."""
+    citus = local_citus(settings)
+    if citus.is_running():
+        return citus.url(role)
     cluster = embedded_cluster(settings)
     if autostart and cluster.running_pid() is None:
         cluster.up()

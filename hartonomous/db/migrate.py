@@ -18,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
+from hartonomous.db.citus import HAS_CITUS, function_source
 from hartonomous.db.connection import owner_url, sqlalchemy_url
 from hartonomous.errors import UserError
 
@@ -59,10 +60,17 @@ def sql_sources() -> list[Path]:
     return sorted(SQL_DIR.glob("*.sql"))
 
 
+def sql_source_texts(execute) -> list[str]:
+    """The `sql/*.sql` texts as this server installs them (a Citus coordinator plans them per
+    call: hartonomous/db/citus.py); `execute` is a psycopg connection's or cursor's."""
+    citus = bool(execute(HAS_CITUS).fetchone()[0])
+    return [function_source(path.read_text(), citus) for path in sql_sources()]
+
+
 def install_sql_functions(execute) -> None:
-    """Run every `sql/*.sql` file through `execute(text)` (alembic's op.execute or a cursor)."""
-    for path in sql_sources():
-        execute(path.read_text())
+    """Run every `sql/*.sql` file through `execute(text)` (a psycopg connection's or cursor's)."""
+    for text in sql_source_texts(execute):
+        execute(text)
 
 
 _FUNCTIONS = """
@@ -80,8 +88,8 @@ def _in_scratch_schema(conn: psycopg.Connection, query: str) -> list[tuple]:
     with conn.transaction(force_rollback=True):
         conn.execute(f"CREATE SCHEMA {SCRATCH_SCHEMA}")
         conn.execute(f"SET LOCAL search_path = {SCRATCH_SCHEMA}, public")
-        for path in sql_sources():
-            conn.execute(path.read_text())
+        for text in sql_source_texts(conn.execute):
+            conn.execute(text)
         return conn.execute(query, (SCRATCH_SCHEMA,)).fetchall()
 
 

@@ -1,0 +1,275 @@
+"""A real local Citus cluster (a coordinator and 2 workers, `hartonomous cluster up`): the same atom
+sets built on one node and on the cluster give the same next_token, next_token_batch and
+generate_tokens rows; the KNN runs on the workers' shards; the reader role works; a stopped
+worker gives a clear error, and the coordinator answers again once the worker is back.
+
+Needs Citus 12.1 for PostgreSQL 15 (scripts/install-citus.sh). Under CI=true a missing Citus is a
+failure; elsewhere these tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hartonomous.errors import UserError
+from hartonomous.db import migrate
+from hartonomous.db.citus_cluster import CitusCluster, citus_installed
+
+WORKERS = 2
+TOL = 1e-9
+NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s)"
+KNN = ("SELECT token_id, weight, position <<->> ST_MakePoint(0.4, 0.5, 0.6) AS d FROM atoms "
+       "WHERE atom_set_id = {set_id} ORDER BY position <<->> ST_MakePoint(0.4, 0.5, 0.6) LIMIT 100")
+
+
+def _require_citus() -> None:
+    if citus_installed():
+        return
+    reason = ("Citus is not installed for PostgreSQL 15; build it with scripts/install-citus.sh "
+              "(HARTONOMOUS_CITUS_TARBALL=<citus-12.1.12.tar.gz>) or install Citus's packages")
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs Citus: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def citus() -> Iterator[CitusCluster]:
+    """A fresh coordinator + 2 workers under a temporary folder, migrated; deleted afterwards."""
+    _require_citus()
+    root = Path(tempfile.mkdtemp(prefix="hartonomous-citus-test-"))
+    root.chmod(0o755)
+    cluster = CitusCluster(root / "citus")
+    try:
+        cluster.up(WORKERS)
+        migrate.upgrade(cluster.url())
+        yield cluster
+    finally:
+        cluster.down(delete=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# --- the same small deterministic atom sets on both ---------------------------------------------
+
+SETS = {
+    # name: (seed, atom_sets fields)
+    "citustest_gauss": (11, dict(kernel="gaussian", bandwidth=0.15)),
+    "citustest_expo": (12, dict(kernel="exponential", bandwidth=0.1, centroid_window=3, centroid_decay=0.6,
+                                history_weight=1.5, history_window=8)),
+}
+VOCAB, ATOMS = 60, 4000
+
+
+def build_sets(conn: psycopg.Connection) -> dict[str, int]:
+    """Write SETS through `conn` (binary COPY; on the cluster through the coordinator)."""
+    ids = {}
+    for name, (seed, fields) in SETS.items():
+        rng = np.random.default_rng(seed)
+        spec = AtomSetSpec(name=name, model="test", vocab_size=VOCAB, embedding_dim=3, projection="random",
+                           kind="context", **fields)
+        tokens = TokenRows(np.arange(VOCAB), [f"t{i}" for i in range(VOCAB)], rng.random((VOCAB, 3)))
+        atoms = AtomRows(rng.integers(0, VOCAB, ATOMS), rng.random((ATOMS, 3)), rng.uniform(0.2, 2.0, ATOMS))
+        ids[name] = write_atom_set(conn, spec, tokens, atoms).atom_set_id
+    return ids
+
+
+@pytest.fixture(scope="module")
+def single(server_url: str) -> Iterator[psycopg.Connection]:
+    """The single-node side: the sets inside one transaction that is rolled back at the end."""
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")
+        build_sets(conn)
+        yield conn
+        conn.rollback()
+
+
+@pytest.fixture(scope="module")
+def cluster_ids(citus: CitusCluster) -> dict[str, int]:
+    with psycopg.connect(citus.url()) as conn:
+        return build_sets(conn)
+
+
+@pytest.fixture
+def coord(citus: CitusCluster, cluster_ids) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(citus.url(), autocommit=True) as conn:
+        yield conn
+
+
+def assert_same_rows(got: list[tuple], want: list[tuple]) -> None:
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert g[:-2] == w[:-2]  # the ids (context_index, token_id)
+        assert g[-2:] == pytest.approx(w[-2:], abs=TOL)
+
+
+# --- the layout -------------------------------------------------------------------------------
+
+def test_a_tiles_build_on_the_cluster_is_refused_and_leaves_nothing(citus, coord, cluster_ids) -> None:
+    rng = np.random.default_rng(0)
+    spec = AtomSetSpec(name="citustest_tiles", model="test", vocab_size=VOCAB, embedding_dim=3,
+                       projection="random", kind="context", layout="tiles")
+    tokens = TokenRows(np.arange(VOCAB), [f"t{i}" for i in range(VOCAB)], rng.random((VOCAB, 3)))
+    atoms = AtomRows(rng.integers(0, VOCAB, 100), rng.random((100, 3)), np.ones(100))
+    with psycopg.connect(citus.url()) as conn, pytest.raises(UserError, match="--layout rows"):
+        write_atom_set(conn, spec, tokens, atoms)
+    assert coord.execute("SELECT count(*) FROM atom_sets WHERE name = 'citustest_tiles'").fetchone() == (0,)
+
+
+def test_the_workers_are_registered_and_atoms_is_hash_distributed(citus, coord, cluster_ids) -> None:
+    ports = sorted(w.running_port() for w in citus.workers())
+    active = coord.execute("SELECT node_port FROM citus_get_active_worker_nodes() ORDER BY 1").fetchall()
+    assert [p for (p,) in active] == ports
+    kinds = dict(coord.execute("SELECT logicalrelid::text, partmethod FROM pg_dist_partition").fetchall())
+    assert kinds["atoms"] == "h"
+    assert {kinds[t] for t in ("atom_sets", "tokens", "token_blocks", "landmarks")} == {"n"}  # reference tables
+    assert kinds["atom_tiles"] == "h"
+    partition = f"atoms_{cluster_ids['citustest_gauss']}"
+    assert kinds[partition] == "h"
+    (colocated,) = coord.execute(
+        "SELECT count(DISTINCT colocationid) FROM pg_dist_partition WHERE logicalrelid IN ('atoms'::regclass, %s::regclass)",
+        (partition,)).fetchone()
+    assert colocated == 1
+    per_worker = coord.execute(
+        "SELECT nodeport, count(*), sum(shard_size) FROM citus_shards WHERE table_name = %s::regclass "
+        "GROUP BY 1 ORDER BY 1", (partition,)).fetchall()
+    assert [p for p, _, _ in per_worker] == ports  # every worker holds shards of the set
+    (rows,) = coord.execute(f"SELECT count(*) FROM {partition}").fetchone()
+    assert rows == ATOMS
+
+
+def test_the_knn_runs_on_every_shard_with_its_own_gist_index(citus, coord, cluster_ids) -> None:
+    coord.execute("SET citus.explain_all_tasks = on")
+    plan = "\n".join(r for (r,) in coord.execute(
+        "EXPLAIN (COSTS OFF) " + KNN.format(set_id=cluster_ids["citustest_gauss"])).fetchall())
+    (shards,) = coord.execute("SELECT count(*) FROM citus_shards WHERE table_name = %s::regclass",
+                              (f"atoms_{cluster_ids['citustest_gauss']}",)).fetchone()
+    assert "Custom Scan (Citus Adaptive)" in plan
+    assert f"Task Count: {shards}" in plan
+    tasks = plan.split("->  Task")[1:]
+    assert len(tasks) == shards
+    for task in tasks:  # each shard: LIMIT over an ordered scan of its own GiST index
+        assert re.search(r"Limit\s*\n\s*->\s+Index Scan using atoms_\d+_position_idx_\d+", task), task
+        assert re.search(r'Order By: \("?position"? <<->>', task), task
+    nodes = {int(p) for p in re.findall(r"Node: host=127\.0\.0\.1 port=(\d+)", plan)}
+    assert nodes == {w.running_port() for w in citus.workers()}
+
+
+# --- the same rows ----------------------------------------------------------------------------
+
+CALLS = [  # (context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty)
+    ([3, 7, 11], 1.0, 40, 0.9, None, 100, 1.0),
+    ([5], 0.7, 0, 1.0, None, 300, 1.0),
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 1.3, 20, 0.95, None, 50, 1.3),
+    ([42, 42, 8], 0.0, 40, 0.9, None, 100, 1.0),
+    ([17, 23], 1.0, 0, 1.0, 0.2, 1000, 1.0),
+]
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+@pytest.mark.parametrize("call", CALLS, ids=[f"call{i}" for i in range(len(CALLS))])
+def test_next_token_gives_the_same_rows_on_the_cluster(single, coord, name, call) -> None:
+    context, t, k, p, radius, neighbors, penalty = call
+    args = (context, t, k, p, radius, neighbors, name, penalty)
+    assert_same_rows(coord.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall())
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_next_token_batch_gives_the_same_rows_on_the_cluster(single, coord, name) -> None:
+    contexts = json.dumps([c for c, *_ in CALLS])
+    call = "SELECT * FROM next_token_batch(%s::jsonb, 1.1, 30, 0.92, NULL, 120, %s)"
+    assert_same_rows(coord.execute(call, (contexts, name)).fetchall(),
+                     single.execute(call, (contexts, name)).fetchall())
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_generate_tokens_gives_the_same_tokens_on_the_cluster(single, coord, name) -> None:
+    call = "SELECT generate_tokens(ARRAY[4, 9, 16], 25, 1.2, 20, 0.95, NULL, 80, %s, 1.2, 2024)"
+    (got,) = coord.execute(call, (name,)).fetchone()
+    (want,) = single.execute(call, (name,)).fetchone()
+    assert len(got) == 25 and got == want
+
+
+def test_the_reader_role_runs_next_token_on_the_coordinator(citus, coord, single) -> None:
+    args = ([3, 7, 11], 1.0, 40, 0.9, None, 100, "citustest_gauss", 1.0)
+    with psycopg.connect(citus.url("reader")) as reader:
+        assert_same_rows(reader.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall())
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.execute("DELETE FROM atoms")
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+def test_the_cluster_commands_are_idempotent_and_the_other_commands_use_the_coordinator(citus) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARTONOMOUS_")}
+    env["HARTONOMOUS_HOME"] = str(citus.root.parent)
+
+    def hartonomous(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hartonomous.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=Path(__file__).resolve().parents[1], timeout=300)
+
+    again = hartonomous("cluster", "up")
+    assert again.returncode == 0 and "already running" in again.stdout
+    assert hartonomous("cluster", "url").stdout.strip() == citus.url()
+    assert hartonomous("db", "url").stdout.strip() == citus.url()  # while it runs, commands use it
+    status = json.loads(hartonomous("cluster", "status", "--json").stdout)
+    assert len(status["active_workers"]) == WORKERS
+    shrink = hartonomous("cluster", "up", "--workers", "1")
+    assert shrink.returncode == 1
+    assert shrink.stderr.startswith("error: the cluster has 2 workers") and shrink.stderr.count("\n") == 1
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+def test_a_worker_stopped_during_a_call_gives_a_clear_error_and_the_cluster_recovers(citus, coord) -> None:
+    """generate_tokens of 4096 tokens runs for many seconds; worker 2 stops (fast shutdown) while it
+    runs. The caller gets an error naming the worker within seconds, new calls fail fast while it
+    is down, and after `cluster up` the same call answers again."""
+    worker = citus.worker(2)
+    long_call = "SELECT generate_tokens(ARRAY[4, 9, 16], 4096, 1.0, 40, 0.9, NULL, 100, 'citustest_gauss', 1.0, 7)"
+    outcome: dict = {}
+
+    def run() -> None:
+        start = time.monotonic()
+        try:
+            with psycopg.connect(citus.url()) as conn:
+                outcome["result"] = conn.execute(long_call).fetchone()
+        except psycopg.Error as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(2.0)
+    assert thread.is_alive(), "the long call finished before the worker could be stopped"
+    stopped_at = time.monotonic()
+    assert worker.down() == "stopped"
+    try:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "next_token hung after its worker stopped"
+        assert "error" in outcome, "the call succeeded although a worker it needs was stopped"
+        assert time.monotonic() - stopped_at < 30
+        message = str(outcome["error"])
+        assert re.search(r"127\.0\.0\.1:\d+|remote node|connection", message), message
+        start = time.monotonic()
+        with pytest.raises(psycopg.Error) as down:
+            coord.execute(NEXT_TOKEN, ([3, 7, 11], 1.0, 40, 0.9, None, 100, "citustest_gauss", 1.0))
+        assert time.monotonic() - start < 20, "a call with a worker down must fail within the connection timeout"
+        assert f"127.0.0.1:{worker.state().port}" in str(down.value)
+    finally:
+        citus.up()
+    again = coord.execute(NEXT_TOKEN, ([3, 7, 11], 1.0, 40, 0.9, None, 100, "citustest_gauss", 1.0)).fetchall()
+    assert len(again) > 0 and abs(again[-1][2] - 1.0) < TOL
