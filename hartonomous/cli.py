@@ -193,11 +193,14 @@ def build_cmd(
                                        "become history atoms (0-4096)."),
     controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
                                   "the same atoms keyed with randomly permuted token positions (a control)."),
+    teacher_cache: bool = typer.Option(True, "--teacher-cache/--no-teacher-cache", help="Reuse (and store) the "
+                                       "exact model's labels per chunk under HARTONOMOUS_HOME/cache/teacher."),
 ) -> None:
     """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
     from pathlib import Path
 
     from hartonomous.db.connection import connect, owner_url
+    from hartonomous.teacher import cache_dir
     from projection.build import BuildOptions, build
     from projection.progress import RichReporter
 
@@ -210,7 +213,8 @@ def build_cmd(
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
-        device=device or settings.device, replace=replace, make_default=default)
+        device=device or settings.device, replace=replace, make_default=default,
+        teacher_cache=cache_dir(settings.home) if teacher_cache else None)
     options.check()
     with connect(owner_url()) as conn:
         result = build(conn, options, reporter=RichReporter(console))
@@ -234,7 +238,8 @@ def _print_build_summary(result) -> None:
         ("held-out top-1", f"{s.bandwidth.top1:.3f} vs the exact argmax, log-likelihood "
                            f"{s.bandwidth.log_likelihood:.3f} (calibration half: {s.calibration_split.positions:,} "
                            f"positions; test half {s.test_split.positions:,})"),
-        ("forward pass", f"{s.distill.tokens_per_second:,.0f} tokens/s ({s.distill.device})"),
+        ("forward pass", (f"{s.distill.tokens_per_second:,.0f} tokens/s" if s.distill.tokens_per_second else
+                          "all labels from the teacher-label cache") + f" ({s.distill.device})"),
         ("ingest", f"{s.ingest.atoms_per_second:,.0f} atoms/s ({s.ingest.total_seconds:.1f}s)"),
         ("total", f"{result.seconds:.1f}s ("
                   + ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items()) + ")"),

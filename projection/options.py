@@ -63,6 +63,7 @@ class BuildOptions:
     history_weight: float | None = None  # None = calibrate (context sets) / 0 (token sets); 0 = off
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
+    teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
     @property
     def random_positions_name(self) -> str:

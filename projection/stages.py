@@ -178,9 +178,13 @@ def label(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Labelled:
             f"{sum(map(len, texts.calibration_chunks))} calibration + {sum(map(len, texts.test_chunks))} "
             "test held-out tokens")
     with ui.bar("teacher forcing", int(sum(map(len, label_chunks))), "tok") as advance:
-        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance, top_k=top_k)
-    ui.step(f"forward pass: {forced.tokens} tokens in {forced.seconds:.1f}s "
-            f"({forced.tokens_per_second:,.0f} tokens/s)")
+        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance, top_k=top_k,
+                         cache_dir=options.teacher_cache)
+    rate = forced.tokens_per_second
+    ui.step(f"forward pass: {forced.tokens} tokens in {forced.seconds:.1f}s ("
+            + (f"{rate:,.0f} tokens/s over {forced.tokens - forced.cached_tokens} run" if rate is not None else
+               "none run")
+            + (f"; {forced.cached_tokens} from the teacher-label cache" if forced.cached_tokens else "") + ")")
     n = len(train_labelled)
     return Labelled(train_chunks, texts.calibration_chunks,
                     forced.argmax[:n] if options.target == "argmax" else None,
@@ -438,6 +442,7 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         distill=DistillStats(target=options.target if is_context else None, tokens=labelled.forced.tokens,
                              seconds=labelled.forced.seconds, tokens_per_second=labelled.forced.tokens_per_second,
                              device=labelled.device, batch_tokens=options.batch_tokens,
+                             cached_tokens=labelled.forced.cached_tokens,
                              soft_k=options.soft_k if is_context and options.target == "soft" else None),
         atoms=AtomStats(count=int(len(atoms.rows.token_ids)), before_merge=atoms.before_merge,
                         merge_radius=options.merge_radius if is_context else None,
