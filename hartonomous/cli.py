@@ -193,6 +193,10 @@ def build_cmd(
                                        "become history atoms (0-4096)."),
     controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
                                   "the same atoms keyed with randomly permuted token positions (a control)."),
+    calibrate_by: str = typer.Option("top1", "--calibrate-by", help="How the history weight and its bandwidth are "
+                                     "chosen on the calibration half: top1 (best top-1 agreement with the exact "
+                                     "argmax, near-ties by log-likelihood) or loglik (by --bandwidth-objective, "
+                                     "the criterion before session 3)."),
     teacher_cache: bool = typer.Option(True, "--teacher-cache/--no-teacher-cache", help="Reuse (and store) the "
                                        "exact model's labels per chunk under HARTONOMOUS_HOME/cache/teacher."),
 ) -> None:
@@ -214,7 +218,7 @@ def build_cmd(
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default,
-        teacher_cache=cache_dir(settings.home) if teacher_cache else None)
+        teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by)
     options.check()
     with connect(owner_url()) as conn:
         result = build(conn, options, reporter=RichReporter(console))

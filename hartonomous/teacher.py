@@ -42,6 +42,7 @@ import numpy as np
 HEAD_SLICE = 2048
 DEFAULT_BATCH_TOKENS = 4096
 CACHE_VERSION = 1
+CACHE_GROUP_BATCHES = 8  # with a cache, chunks are run and stored in groups of about this many batches
 
 
 @dataclass(frozen=True)
@@ -169,9 +170,9 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
     cached_tokens = int(sum(len(chunks[i]) for i, entry in enumerate(found) if entry is not None))
     if advance and cached_tokens:
         advance(cached_tokens)
-    if missing:
-        ran = _run(model, [chunks[i] for i in missing], batch_tokens, top_k, False, advance)
-        for j, i in enumerate(missing):
+    for group in _groups(missing, [len(c) for c in chunks], CACHE_GROUP_BATCHES * batch_tokens):
+        ran = _run(model, [chunks[i] for i in group], batch_tokens, top_k, False, advance)
+        for j, i in enumerate(group):
             ids = ran.top_ids[j] if top_k else np.empty((len(chunks[i]), 0), np.int64)
             probs = ran.top_probs[j] if top_k else np.empty((len(chunks[i]), 0), np.float32)
             _save_entry(paths[i], ran.argmax[j], ids, probs)
@@ -180,6 +181,20 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
                   [e["top_ids"] for e in found] if top_k else None,
                   [e["top_probs"] for e in found] if top_k else None,
                   None, time.perf_counter() - start, cached_tokens)
+
+
+def _groups(indices: list[int], lengths: list[int], tokens: int) -> list[list[int]]:
+    """`indices` in consecutive groups of about `tokens` tokens, so that an interrupted pass keeps
+    what its finished groups stored."""
+    groups: list[list[int]] = []
+    size = tokens
+    for i in indices:
+        if size >= tokens:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += lengths[i]
+    return groups
 
 
 def _vocabulary(model) -> int:

@@ -155,3 +155,20 @@ def test_log_probs_bypass_the_cache_and_a_torn_entry_is_recomputed(chunks, tmp_p
         entry.write_bytes(b"not an npz")
     again = teacher_force(model, chunks[:1], cache_dir=tmp_path)
     assert model.positions == 3 * ran and again.argmax[0].tolist() == full.argmax[0].tolist()
+
+
+def test_an_interrupted_pass_keeps_the_groups_it_finished(chunks, tmp_path) -> None:
+    """With a cache the chunks run in groups of CACHE_GROUP_BATCHES batches, each stored when done."""
+    model = CountingModel(tiny_model(0)[0])
+
+    first_group = len(chunks[0]) + len(chunks[1])  # batch_tokens=1: groups close after 8+ tokens: 7 + 33
+
+    def stop_after_the_first_group(n: int) -> None:
+        if model.positions > first_group:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        teacher_force(model, chunks, batch_tokens=1, cache_dir=tmp_path, advance=stop_after_the_first_group)
+    assert len(list(tmp_path.rglob("*.npz"))) == 2
+    again = teacher_force(model, chunks, batch_tokens=1, cache_dir=tmp_path)
+    assert again.cached_tokens == first_group < again.tokens
