@@ -78,18 +78,24 @@ def test_history_weight_zero_is_exactly_the_stored_only_score() -> None:
     assert plain.coverage == off.coverage
 
 
-def test_the_grid_picks_history_when_the_text_repeats_itself() -> None:
-    """Stored atoms know nothing (one far atom of token 0); the text repeats a cycle, so the
-    history atoms predict its next token and a positive weight must win; weight 0 is in the grid."""
+def cycle_case():
+    """Stored atoms know nothing (one far atom of token 0); the text repeats a cycle of 5 tokens.
+    Returns (stored neighbours, their calibration, the history pairs, the targets)."""
+    from projection.calibrate import calibrate_bandwidth
+
     rng = np.random.default_rng(3)
     token_positions = rng.normal(size=(6, 3))
     chunk = np.tile(np.arange(1, 6), 8)
     queries = prefix_centroids(token_positions[chunk], 2, 0.5)[:-1]
     targets = chunk[1:]
     stored = nearest_atoms(np.array([[50.0, 50, 50]]), np.array([0]), None, queries, k=1)
-    stored_record = {"h": 1.0, "top1": 0.0, "log_likelihood": score(stored, targets, 1.0, "gaussian", 6).log_likelihood,
-                     "coverage": 0.0}
-    pairs = history_pairs([chunk], token_positions, 2, 0.5, 512)
+    return stored, calibrate_bandwidth(stored, targets, "gaussian", 6), history_pairs([chunk], token_positions, 2, 0.5,
+                                                                                      512), targets
+
+
+def test_the_grid_picks_history_when_the_text_repeats_itself() -> None:
+    """The history atoms predict the cycle's next token, so a positive weight must win; weight 0 is in the grid."""
+    stored, stored_record, pairs, targets = cycle_case()
     choice = choose_history_weight(stored, stored_record, pairs, targets, "gaussian", 6, "log-likelihood")
     assert [r["history_weight"] for r in choice.grid] == list(HISTORY_GRID)
     assert choice.weight > 0
@@ -128,19 +134,6 @@ def test_candidates_are_every_point_of_every_weights_curve_unless_h_was_given() 
     assert candidate_points(records, fixed_h=False) == [point(0.0, 0.5, 0.25, -3.5), point(0.0, 1.0, 0.2, -3.0),
                                                         point(10.0, 0.7, 0.3, -2.0)]
     assert candidate_points(records, fixed_h=True) == [point(0.0, 1.0, 0.2, -3.0), point(10.0, 0.7, 0.3, -2.0)]
-
-
-def cycle_case():
-    """Stored atoms of one token that never comes next, near every query, and a text that repeats a cycle."""
-    rng = np.random.default_rng(3)
-    token_positions = rng.normal(size=(6, 3))
-    chunk = np.tile(np.arange(1, 6), 8)
-    queries = prefix_centroids(token_positions[chunk], 2, 0.5)[:-1]
-    targets = chunk[1:]
-    stored = nearest_atoms(np.array([[50.0, 50, 50]]), np.array([0]), None, queries, k=1)
-    from projection.calibrate import calibrate_bandwidth
-    stored_record = calibrate_bandwidth(stored, targets, "gaussian", 6)
-    return stored, stored_record, history_pairs([chunk], token_positions, 2, 0.5, 512), targets
 
 
 def test_the_top1_criterion_chooses_weight_and_h_among_all_scored_points() -> None:
