@@ -173,3 +173,28 @@ def test_cli_builds_with_history_off_and_controls_then_drops_both(server_url: st
     assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name LIKE 'cli-hist%%'")[0] == 0
     bad = cli("build", "--name", "x", "--soft-k", "0", url=server_url)
     assert bad.returncode == 1 and bad.stderr.startswith("error: --soft-k must be") and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_rebuild_and_compare_labels_read_the_builds_teacher_labels(server_url: str, corpus_file,  # noqa: F811
+                                                                     tmp_path) -> None:
+    """The build stores its teacher pass in the teacher-label cache; a re-build with other calibration
+    reads every label from it, and compare's n-gram labels (teacher.argmax_labels over the same
+    training tokens, in chunks of the build's context length) find them there too."""
+    from hartonomous.teacher import argmax_labels
+
+    first = run_build(server_url, options("tiny-cached", "context", corpus_file, soft_k=2, teacher_cache=tmp_path,
+                                          replace=True))
+    assert first.stats.distill.cached_tokens == 0 and any(tmp_path.rglob("*.npz"))
+    again = run_build(server_url, options("tiny-cached", "context", corpus_file, soft_k=2, teacher_cache=tmp_path,
+                                          calibrate_by="loglik", replace=True))
+    assert again.stats.distill.cached_tokens == again.stats.distill.tokens == first.stats.distill.tokens
+    assert again.stats.distill.tokens_per_second is None
+    model, tokenizer = tiny_model(0)
+    ids = tokenize(tokenizer, again.stats.corpus.text)[0]
+    context = again.stats.corpus.context_length
+    whole = len(ids) - len(ids) % context               # the full chunks: the ones the build labelled
+    entries = len(list(tmp_path.rglob("*.npz")))
+    labels = argmax_labels(model, ids[:whole], window=context, cache_dir=tmp_path)
+    assert len(list(tmp_path.rglob("*.npz"))) == entries   # nothing new was run and stored
+    forced = distill(model, chunk_ids(ids[:whole], context))
+    assert labels.tolist() == np.concatenate(forced.argmax).tolist()
