@@ -114,7 +114,9 @@ def _load_entry(path: Path, length: int, top_k: int) -> dict[str, np.ndarray] | 
             entry = {name: stored[name] for name in stored.files}
     except (OSError, ValueError, KeyError):  # a torn or foreign file: recompute and overwrite it
         return None
-    if len(entry.get("argmax", ())) != length or entry["top_ids"].shape[1] < top_k:
+    if not {"argmax", "top_ids", "top_probs"} <= entry.keys():
+        return None
+    if len(entry["argmax"]) != length or entry["top_ids"].shape[1] < top_k:
         return None
     return {"argmax": entry["argmax"], "top_ids": entry["top_ids"][:, :top_k],
             "top_probs": entry["top_probs"][:, :top_k]}
