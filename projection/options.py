@@ -13,6 +13,7 @@ from hartonomous.centroid import validate as validate_centroid
 from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
+from projection.history import CRITERIA, DEFAULT_CRITERION
 
 # Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
 # 0.01 was at the top of held-out top-1 at both 20K and 100K training tokens ((2|4, 0.01) within
@@ -65,6 +66,8 @@ class BuildOptions:
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
     layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
+    calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
+    teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
     @property
     def random_positions_name(self) -> str:
@@ -107,6 +110,8 @@ class BuildOptions:
             raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
         if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):
             raise UserError(f"--bandwidth must be a positive number, got {self.bandwidth}")
+        if self.calibrate_by not in CRITERIA:
+            raise UserError(f"--calibrate-by must be one of {', '.join(CRITERIA)}, got '{self.calibrate_by}'")
         if self.bandwidth_objective not in OBJECTIVES:
             raise UserError(f"--bandwidth-objective must be one of {', '.join(OBJECTIVES)}, "
                             f"got '{self.bandwidth_objective}'")
