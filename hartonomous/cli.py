@@ -193,6 +193,15 @@ def build_cmd(
                                        "become history atoms (0-4096)."),
     controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
                                   "the same atoms keyed with randomly permuted token positions (a control)."),
+    positions: str = typer.Option("projection", "--positions", help="projection (the 3D projection's token "
+                                  "positions) or learned (trained from them by gradient descent against the exact "
+                                  "model's labels, early-stopped on the calibration half; context sets)."),
+    epochs: int = typer.Option(30, "--epochs", help="--positions learned: at most this many epochs (KNN "
+                               "recomputed each epoch)."),
+    learning_rate: float = typer.Option(0.01, "--learning-rate", help="--positions learned: Adam step size, in "
+                                        "units of the positions' spread."),
+    learn_decay: bool = typer.Option(False, "--learn-decay/--no-learn-decay", help="--positions learned: also "
+                                     "train the centroid decay."),
 ) -> None:
     """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
     from pathlib import Path
@@ -210,7 +219,8 @@ def build_cmd(
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
-        device=device or settings.device, replace=replace, make_default=default)
+        device=device or settings.device, replace=replace, make_default=default, positions=positions,
+        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay)
     options.check()
     with connect(owner_url()) as conn:
         result = build(conn, options, reporter=RichReporter(console))
@@ -244,6 +254,15 @@ def _print_build_summary(result) -> None:
         rows.append(("control", f"'{c.name}': {c.atoms:,} atoms, h = {c.bandwidth:.4g}, history weight "
                                 f"{c.history_weight:g}, held-out top-1 {c.stats.bandwidth.top1:.3f}, "
                                 f"log-likelihood {c.stats.bandwidth.log_likelihood:.3f}"))
+    learned = s.learned_positions
+    if learned is not None:
+        first, kept = learned.curve[0], learned.curve[learned.best_epoch]
+        rows.append(("learned positions", f"kept epoch {learned.best_epoch} of {len(learned.curve) - 1} "
+                                          f"({learned.seconds:.1f}s); calibration top-1 {first['calibration_top1']:.3f}"
+                                          f" -> {kept['calibration_top1']:.3f}, log-likelihood "
+                                          f"{first['calibration_log_likelihood']:.3f} -> "
+                                          f"{kept['calibration_log_likelihood']:.3f}"))
+        _print_loss_curve(learned.curve)
     for key, value in rows:
         table.add_row(key, value)
     if s.centroid_sweep:
@@ -254,6 +273,20 @@ def _print_build_summary(result) -> None:
             sweep.add_row("all" if r["window"] is None else str(r["window"]), f"{r['decay']:g}", f"{r['atoms']:,}",
                           f"{r['h']:.4g}", f"{r['top1']:.3f}", f"{r['log_likelihood']:.3f}")
         console.print(sweep)
+    console.print(table)
+
+
+def _print_loss_curve(curve: list[dict]) -> None:
+    """The loss curve of `build --positions learned` (epoch 0 = the starting positions)."""
+    from rich.table import Table
+
+    table = Table(title="learned positions: loss curve (calibration half re-calibrated each epoch)")
+    for column in ("epoch", "train KL", "cal. top-1", "cal. log-lik.", "cal. h", "rms moved", "s"):
+        table.add_column(column, justify="right")
+    for r in curve:
+        table.add_row(str(r["epoch"]), f"{r['train_kl']:.4f}", f"{r['calibration_top1']:.3f}",
+                      f"{r['calibration_log_likelihood']:.3f}", f"{r['calibration_h']:.4g}",
+                      f"{r['rms_displacement']:.4f}", f"{r['seconds']:.1f}")
     console.print(table)
 
 

@@ -12,6 +12,7 @@ from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
+from projection.learned import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, MAX_WINDOW, check_training
 
 # Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
 # 0.01 was at the top of held-out top-1 at both 20K and 100K training tokens ((2|4, 0.01) within
@@ -25,6 +26,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 TARGETS = ("soft", "argmax", "corpus")
 DEFAULT_SOFT_K = 8
 MAX_SOFT_K = 64
+POSITIONS = ("projection", "learned")
 RANDOM_POSITIONS_SUFFIX = ".random-positions"
 KEEP = object()
 
@@ -63,6 +65,10 @@ class BuildOptions:
     history_weight: float | None = None  # None = calibrate (context sets) / 0 (token sets); 0 = off
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
+    positions: str = "projection"  # learned: trained from the projection (projection/learned.py)
+    epochs: int = DEFAULT_EPOCHS
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    learn_decay: bool = False
 
     @property
     def random_positions_name(self) -> str:
@@ -117,7 +123,22 @@ class BuildOptions:
         for path in self.corpus:
             if not Path(path).is_file():
                 raise UserError(f"corpus file '{path}' does not exist")
+        self._check_positions()
         try:
             validate_centroid(self.resolved_window(), self.resolved_decay())
         except ValueError as exc:
             raise UserError(f"--window/--decay: {exc}") from None
+
+    def _check_positions(self) -> None:
+        if self.positions not in POSITIONS:
+            raise UserError(f"--positions must be one of {', '.join(POSITIONS)}, got '{self.positions}'")
+        if self.positions != "learned":
+            return
+        if self.kind != "context" or self.target not in ("soft", "argmax", "corpus"):
+            raise UserError("--positions learned trains the positions of a context set; pass --kind context")
+        window = self.resolved_window()
+        if window is None or window > MAX_WINDOW:
+            raise UserError(f"--positions learned needs a finite --window of at most {MAX_WINDOW}, got {window}")
+        if self.merge_radius != 0:
+            raise UserError("--positions learned needs --merge-radius 0 (it trains on exactly merged atoms)")
+        check_training(self.epochs, self.learning_rate)

@@ -110,6 +110,21 @@ class ControlStats(_Section):
     random_positions: str | None = None   # same atoms, keys from random token positions
 
 
+class LearnedPositionsStats(_Section):
+    """`build --positions learned` (projection/learned.py): the settings, the training curve (one
+    row per epoch, epoch 0 = the projection), the epoch kept, the time, the positions' statistics."""
+
+    epochs: int | None = None
+    learning_rate: float | None = None
+    best_epoch: int | None = None
+    stopped_early: bool | None = None
+    seconds: float | None = None
+    split: str | None = None                         # what the epochs were validated on
+    contexts: int | None = None
+    curve: list[dict[str, Any]] = Field(default_factory=list)
+    displacement: dict[str, Any] = Field(default_factory=dict)
+
+
 class BuildStats(_Section):
     """Everything a build records about itself; each section is None when the build had no such step."""
 
@@ -128,6 +143,7 @@ class BuildStats(_Section):
     test_split: SplitStats | None = None           # what `compare` scores by default; never tuned on
     history: dict[str, Any] | None = None          # the history-weight calibration (grid and choice)
     controls: ControlStats | None = None
+    learned_positions: LearnedPositionsStats | None = None
 
     @model_validator(mode="before")
     @classmethod
