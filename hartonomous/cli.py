@@ -202,11 +202,18 @@ def build_cmd(
                                         "units of the positions' spread."),
     learn_decay: bool = typer.Option(False, "--learn-decay/--no-learn-decay", help="--positions learned: also "
                                      "train the centroid decay."),
+    calibrate_by: str = typer.Option("top1", "--calibrate-by", help="How the history weight and its bandwidth are "
+                                     "chosen on the calibration half: top1 (best top-1 agreement with the exact "
+                                     "argmax, near-ties by log-likelihood) or loglik (by --bandwidth-objective, "
+                                     "the criterion before session 3)."),
+    teacher_cache: bool = typer.Option(True, "--teacher-cache/--no-teacher-cache", help="Reuse (and store) the "
+                                       "exact model's labels per chunk under HARTONOMOUS_HOME/cache/teacher."),
 ) -> None:
     """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
     from pathlib import Path
 
     from hartonomous.db.connection import connect, owner_url
+    from hartonomous.teacher import cache_dir
     from projection.build import BuildOptions, build
     from projection.progress import RichReporter
 
@@ -220,7 +227,8 @@ def build_cmd(
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default, positions=positions,
-        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay)
+        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay,
+        teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by)
     options.check()
     with connect(owner_url()) as conn:
         result = build(conn, options, reporter=RichReporter(console))
@@ -244,7 +252,8 @@ def _print_build_summary(result) -> None:
         ("held-out top-1", f"{s.bandwidth.top1:.3f} vs the exact argmax, log-likelihood "
                            f"{s.bandwidth.log_likelihood:.3f} (calibration half: {s.calibration_split.positions:,} "
                            f"positions; test half {s.test_split.positions:,})"),
-        ("forward pass", f"{s.distill.tokens_per_second:,.0f} tokens/s ({s.distill.device})"),
+        ("forward pass", (f"{s.distill.tokens_per_second:,.0f} tokens/s" if s.distill.tokens_per_second else
+                          "all labels from the teacher-label cache") + f" ({s.distill.device})"),
         ("ingest", f"{s.ingest.atoms_per_second:,.0f} atoms/s ({s.ingest.total_seconds:.1f}s)"),
         ("total", f"{result.seconds:.1f}s ("
                   + ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items()) + ")"),

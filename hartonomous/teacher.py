@@ -9,18 +9,40 @@ the caller asks for: always the argmax, optionally the top-k probabilities (soft
 the full log-probabilities (the comparison's exact distribution), all from the same logits.
 
 The build's distillation (projection/distill.py) and `hartonomous compare` both use it.
+
+Label cache. With `cache_dir` set (the CLI passes `cache_dir(home)`, i.e.
+`$HARTONOMOUS_HOME/cache/teacher/`), argmax and top-k results are kept on disk per chunk, so a
+build's teacher pass is not repeated by `compare`'s n-gram labels or by a re-build of the same
+corpus with other options. One file per (model, chunk):
+
+    <cache_dir>/<model fingerprint[:16]>/<sha256(CACHE_VERSION | fingerprint | chunk ids as int64)>.npz
+
+holding `argmax` (n,) int64 and `top_ids` / `top_probs` (n, k). The model fingerprint
+(`model_fingerprint`) is a sha256 over every parameter's name, dtype, shape and bytes, so two
+different weights never share an entry whatever their names. A chunk is one context (the
+context restarts at every chunk), so the chunk's own tokens are its whole input: the chunking is
+part of the key because the chunk is. An entry with k' stored top tokens answers any request
+with k <= k' (the first k columns: the top-k are sorted, most probable first); a request for
+more recomputes the chunk and overwrites the entry. Full log-probability rows are never cached
+(positions x vocabulary floats); a pass that asks for them runs the model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 HEAD_SLICE = 2048
 DEFAULT_BATCH_TOKENS = 4096
+CACHE_VERSION = 1
+CACHE_GROUP_BATCHES = 8  # with a cache, chunks are run and stored in groups of about this many batches
 
 
 @dataclass(frozen=True)
@@ -38,14 +60,77 @@ class Forced:
     top_probs: list[np.ndarray] | None         # (n, k) float32 each
     log_probs: list[np.ndarray] | None         # (n, V) float32 each
     seconds: float
+    cached_tokens: int = 0                     # of `tokens`, answered from the label cache
 
     @property
     def tokens(self) -> int:
         return int(sum(len(c) for c in self.chunks))
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+    def tokens_per_second(self) -> float | None:
+        """Forward-pass speed over the tokens the model actually ran (None when all were cached)."""
+        computed = self.tokens - self.cached_tokens
+        if computed == 0:
+            return None
+        return computed / self.seconds if self.seconds > 0 else float("inf")
+
+
+def cache_dir(home: Path) -> Path:
+    """Where the teacher-label cache lives under a Hartonomous home ($HARTONOMOUS_HOME)."""
+    return Path(home) / "cache" / "teacher"
+
+
+def model_fingerprint(model) -> str:
+    """sha256 over every parameter's name, dtype, shape and bytes (computed once per model object)."""
+    import torch
+
+    known = getattr(model, "_hartonomous_fingerprint", None)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        values = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{values.dtype}|{tuple(values.shape)}|".encode())
+        digest.update(values.view(-1).view(torch.uint8).numpy().tobytes())
+    fingerprint = digest.hexdigest()
+    try:
+        model._hartonomous_fingerprint = fingerprint
+    except AttributeError:  # a model object that refuses attributes: hash again next time
+        pass
+    return fingerprint
+
+
+def _entry_path(directory: Path, fingerprint: str, chunk: np.ndarray) -> Path:
+    key = hashlib.sha256(f"{CACHE_VERSION}|{fingerprint}|".encode() + chunk.astype(np.int64).tobytes())
+    return directory / fingerprint[:16] / f"{key.hexdigest()}.npz"
+
+
+def _load_entry(path: Path, length: int, top_k: int) -> dict[str, np.ndarray] | None:
+    """The cached arrays of one chunk when the entry exists and holds at least top_k columns."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as stored:
+            entry = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, KeyError):  # a torn or foreign file: recompute and overwrite it
+        return None
+    if len(entry.get("argmax", ())) != length or entry["top_ids"].shape[1] < top_k:
+        return None
+    return {"argmax": entry["argmax"], "top_ids": entry["top_ids"][:, :top_k],
+            "top_probs": entry["top_probs"][:, :top_k]}
+
+
+def _save_entry(path: Path, argmax: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray) -> None:
+    """Write one entry atomically (a temporary file renamed), so concurrent readers see all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, argmax=argmax, top_ids=top_ids, top_probs=top_probs)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def max_context(model) -> int:
@@ -63,16 +148,60 @@ def windows(ids: Sequence[int] | np.ndarray, length: int) -> list[np.ndarray]:
 
 def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAULT_BATCH_TOKENS, *,
                   top_k: int = 0, log_probs: bool = False,
-                  advance: Callable[[int], None] | None = None) -> Forced:
+                  advance: Callable[[int], None] | None = None, cache_dir: Path | None = None) -> Forced:
     """Run the model over every chunk (teacher forcing, T = 1) and keep what is asked for.
 
     `top_k` > 0 keeps the k most probable next tokens per position (soft labels; k is capped at
     the vocabulary); `log_probs` keeps the full float32 log-softmax rows (positions x vocabulary:
     memory grows with both).
-    `advance(n)` is called after each batch with its number of tokens.
+    `advance(n)` is called after each batch with its number of tokens (cached chunks included).
+    With `cache_dir` (and no `log_probs`) chunks found in the label cache are not run, and the
+    chunks that are run are stored there (see the module docstring).
     """
-    import torch
+    if cache_dir is None or log_probs:
+        return _run(model, chunks, batch_tokens, top_k, log_probs, advance)
+    start = time.perf_counter()
+    chunks = _checked(chunks, batch_tokens, top_k)
+    top_k = min(top_k, _vocabulary(model))
+    fingerprint = model_fingerprint(model)
+    paths = [_entry_path(Path(cache_dir), fingerprint, c) for c in chunks]
+    found = [_load_entry(p, len(c), top_k) for p, c in zip(paths, chunks)]
+    missing = [i for i, entry in enumerate(found) if entry is None]
+    cached_tokens = int(sum(len(chunks[i]) for i, entry in enumerate(found) if entry is not None))
+    if advance and cached_tokens:
+        advance(cached_tokens)
+    for group in _groups(missing, [len(c) for c in chunks], CACHE_GROUP_BATCHES * batch_tokens):
+        ran = _run(model, [chunks[i] for i in group], batch_tokens, top_k, False, advance)
+        for j, i in enumerate(group):
+            ids = ran.top_ids[j] if top_k else np.empty((len(chunks[i]), 0), np.int64)
+            probs = ran.top_probs[j] if top_k else np.empty((len(chunks[i]), 0), np.float32)
+            _save_entry(paths[i], ran.argmax[j], ids, probs)
+            found[i] = {"argmax": ran.argmax[j], "top_ids": ids, "top_probs": probs}
+    return Forced(chunks, [e["argmax"] for e in found],
+                  [e["top_ids"] for e in found] if top_k else None,
+                  [e["top_probs"] for e in found] if top_k else None,
+                  None, time.perf_counter() - start, cached_tokens)
 
+
+def _groups(indices: list[int], lengths: list[int], tokens: int) -> list[list[int]]:
+    """`indices` in consecutive groups of about `tokens` tokens, so that an interrupted pass keeps
+    what its finished groups stored."""
+    groups: list[list[int]] = []
+    size = tokens
+    for i in indices:
+        if size >= tokens:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += lengths[i]
+    return groups
+
+
+def _vocabulary(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _checked(chunks: Sequence[np.ndarray], batch_tokens: int, top_k: int) -> list[np.ndarray]:
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
     if top_k < 0:
@@ -80,10 +209,19 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
     chunks = [np.asarray(c, dtype=np.int64) for c in chunks]
     if any(len(c) == 0 for c in chunks):
         raise ValueError("every chunk needs at least one token")
+    return chunks
+
+
+def _run(model, chunks: Sequence[np.ndarray], batch_tokens: int, top_k: int, log_probs: bool,
+         advance: Callable[[int], None] | None) -> Forced:
+    """The forward pass itself (no cache)."""
+    import torch
+
+    chunks = _checked(chunks, batch_tokens, top_k)
     device = next(model.parameters()).device
     body = model.base_model
     head = model.get_output_embeddings()
-    top_k = min(top_k, int(head.weight.shape[0]))
+    top_k = min(top_k, _vocabulary(model))
     kept: dict[str, list] = {}  # output name -> one array per chunk, in the caller's order
     order = sorted(range(len(chunks)), key=lambda i: -len(chunks[i]))
     start = time.perf_counter()
@@ -143,7 +281,7 @@ def _head_outputs(head, hidden, top_k: int, log_probs: bool) -> dict[str, np.nda
 
 def argmax_labels(model, ids: Sequence[int] | np.ndarray, window: int = 512,
                   batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+                  progress: Callable[[int], None] | None = None, cache_dir: Path | None = None) -> np.ndarray:
     """The exact argmax after every prefix of a long text, in non-overlapping windows.
 
     Each window restarts the context, as the builder's teacher forcing does when it distils a
@@ -151,5 +289,6 @@ def argmax_labels(model, ids: Sequence[int] | np.ndarray, window: int = 512,
     """
     if len(ids) == 0:
         return np.empty(0, dtype=np.int64)
-    forced = teacher_force(model, windows(ids, min(window, max_context(model))), batch_tokens, advance=progress)
+    forced = teacher_force(model, windows(ids, min(window, max_context(model))), batch_tokens, advance=progress,
+                           cache_dir=cache_dir)
     return np.concatenate(forced.argmax)

@@ -8,6 +8,7 @@ hartonomous.teacher (batched, shared with `hartonomous compare`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -35,9 +36,11 @@ def chunk_ids(ids: np.ndarray, context_length: int) -> list[np.ndarray]:
 
 
 def distill(model, chunks: list[np.ndarray], batch_tokens: int = DEFAULT_BATCH_TOKENS,
-            advance: Callable[[int], None] | None = None, top_k: int = 0) -> Forced:
+            advance: Callable[[int], None] | None = None, top_k: int = 0,
+            cache_dir: Path | None = None) -> Forced:
     """Run the model over every chunk (teacher forcing) and keep the argmax (and the top-k
-    probabilities when top_k > 0) at each position."""
+    probabilities when top_k > 0) at each position; chunks in the teacher-label cache at
+    `cache_dir` (hartonomous.teacher) are read from it instead."""
     if not chunks:
         raise UserError("the corpus has no text to distill; pass a longer --corpus or raise --max-tokens")
-    return teacher_force(model, chunks, batch_tokens, top_k=top_k, advance=advance)
+    return teacher_force(model, chunks, batch_tokens, top_k=top_k, advance=advance, cache_dir=cache_dir)

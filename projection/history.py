@@ -9,10 +9,20 @@ position t (context = tokens 0..t, centroid P[t]) therefore has the history atom
 Those are computed here for all positions at once and join each position's stored KNN atoms
 (projection.calibrate.with_history), so the build scores exactly what next_token computes.
 
-The weight is chosen on a grid by the bandwidth objective (held-out log-likelihood of the exact
-argmax by default), with the bandwidth re-fitted at every weight: history atoms sit at the
-centroids of the text's own earlier contexts, typically closer to the query than the stored
-atoms, so the best h moves with the weight, and a fixed h would bias the choice towards 0.
+The weight is chosen on a grid with the bandwidth re-fitted at every weight: history atoms sit
+at the centroids of the text's own earlier contexts, typically closer to the query than the
+stored atoms, so the best h moves with the weight, and a fixed h would bias the choice towards 0.
+Two criteria pick the (weight, h) pair (`--calibrate-by`):
+
+- `top1` (the default since session 3): every (weight, h) point scored on the calibration half
+  (each weight's whole bandwidth curve) is a candidate; the best calibration top-1 agreement
+  with the exact argmax wins, and candidates within TOP1_TOLERANCE of it count as tied and are
+  ranked by log-likelihood (then the smaller weight, the smaller h). Top-1 is the report's
+  headline metric; the tolerance (5 positions in 1,000) keeps the choice from chasing single
+  positions of noise and prefers the better-calibrated distribution among near-equals.
+- `loglik` (sessions 1-2): each weight's h and then the weight by the bandwidth objective
+  (log-likelihood of the exact argmax by default). It favours spreading mass: at 20K tokens it
+  chose weight 0.3 with a 12x wider h, which lowered calibration and test top-1 (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -25,6 +35,16 @@ from hartonomous.centroid import prefix_centroids
 from projection import calibrate as cal
 
 HISTORY_GRID = (0.0, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+CRITERIA = ("top1", "loglik")
+DEFAULT_CRITERION = "top1"
+TOP1_TOLERANCE = 0.005  # calibration top-1 within this of the best counts as a tie (broken by log-likelihood)
+CRITERION_DEFINITIONS = {
+    "top1": "the (history weight, h) point with the best calibration top-1 agreement with the exact argmax; "
+            f"points within {TOP1_TOLERANCE} of it tie and go to the higher log-likelihood, then the smaller "
+            "weight, then the smaller h",
+    "loglik": "h at each weight and then the weight by --bandwidth-objective (log-likelihood of the exact argmax "
+              "by default; ties: top-1, then the smaller weight)",
+}
 DEFAULT_HISTORY_WINDOW = 512
 REFIT_OCTAVES = (-4, 4)  # the bandwidth grid around the stored-only h, at each history weight
 
@@ -62,20 +82,50 @@ def history_pairs(chunks: list[np.ndarray], token_positions: np.ndarray, window:
 
 @dataclass(frozen=True)
 class HistoryChoice:
-    """The chosen weight, every weight's calibration record (h and scores), and their summary rows."""
+    """The chosen weight and the record of its final (h, scores); every weight's calibration
+    record; one summary row per weight (its point under the criterion); with `top1`, every
+    (weight, h) candidate scored."""
 
     weight: float
+    final: dict
     records: list[dict]
     grid: list[dict]
+    criterion: str
+    candidates: list[dict]
 
 
-def choose_history_weight(stored: cal.Neighbours, stored_calibration: dict, pairs: HistoryPairs,
+def select_top1(points: list[dict], tolerance: float = TOP1_TOLERANCE) -> dict:
+    """The point with the best top-1, where points within `tolerance` of the best top-1 tie and the
+    tie goes to the higher log-likelihood, then the smaller history weight, then the smaller h."""
+    if not points:
+        raise ValueError("no calibration points to choose from")
+    best = max(p["top1"] for p in points)
+    near = [p for p in points if p["top1"] >= best - tolerance - 1e-12]
+    return max(near, key=lambda p: (p["log_likelihood"], -p["history_weight"], -p["h"]))
+
+
+def candidate_points(records: list[dict], fixed_h: bool) -> list[dict]:
+    """Every scored (weight, h) point: each record's bandwidth curve, or its one point when h was given."""
+    points = []
+    for r in records:
+        curve = [r] if fixed_h or not r.get("curve") else r["curve"]
+        points += [{"history_weight": float(r["history_weight"]), "h": float(c["h"]), "top1": float(c["top1"]),
+                    "log_likelihood": float(c["log_likelihood"])} for c in curve]
+    return points
+
+
+def choose_history_weight(stored: cal.Neighbours, stored_calibration: dict, pairs: HistoryPairs | None,
                           targets: np.ndarray, kernel: str, vocab_size: int, objective: str,
-                          grid: tuple[float, ...] = HISTORY_GRID, bandwidth: float | None = None) -> HistoryChoice:
-    """Score every weight of `grid` (h re-fitted at each, or the given `bandwidth`) and keep the
-    best by `objective` (ties: the smaller weight). Weight 0 is the stored-only calibration."""
-    combined = cal.with_history(stored, pairs.query, pairs.tokens, pairs.distances)
-    records: list[tuple[float, dict]] = []
+                          grid: tuple[float, ...] = HISTORY_GRID, bandwidth: float | None = None,
+                          criterion: str = "loglik", only: float | None = None) -> HistoryChoice:
+    """Score every weight of `grid` (h re-fitted at each by `objective`, or the given `bandwidth`)
+    and keep the best (weight, h) by `criterion` (module docstring); with `only`, that weight is
+    kept (the others are scored for the record) and the criterion picks its h. Weight 0 is the
+    stored-only calibration; `pairs` may be None when the grid is (0,)."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    combined = cal.with_history(stored, pairs.query, pairs.tokens, pairs.distances) if any(grid) else stored
+    records: list[dict] = []
     for weight in grid:
         if weight == 0:
             record = stored_calibration
@@ -84,15 +134,35 @@ def choose_history_weight(stored: cal.Neighbours, stored_calibration: dict, pair
         else:
             record = cal.calibrate_bandwidth(combined, targets, kernel, vocab_size, objective, weight,
                                              centre=stored_calibration["h"], octaves=REFIT_OCTAVES)
-        records.append((weight, {**record, "history_weight": weight}))
+        records.append({**record, "history_weight": float(weight)})
+    allowed = [r for r in records if only is None or r["history_weight"] == only]
 
-    def rank(item: tuple[float, dict]) -> tuple[float, float, float]:
-        r = item[1]
-        first = r["log_likelihood"] if objective == "log-likelihood" else r["top1"]
-        second = r["top1"] if objective == "log-likelihood" else r["log_likelihood"]
-        return first, second, -item[0]
+    if criterion == "loglik":
+        def rank(r: dict) -> tuple[float, float, float]:
+            first = r["log_likelihood"] if objective == "log-likelihood" else r["top1"]
+            second = r["top1"] if objective == "log-likelihood" else r["log_likelihood"]
+            return first, second, -r["history_weight"]
 
-    weight, _ = max(records, key=rank)
-    rows = [{"history_weight": w, "h": r["h"], "top1": r["top1"], "log_likelihood": r["log_likelihood"],
-             "coverage": r["coverage"]} for w, r in records]
-    return HistoryChoice(float(weight), [r for _, r in records], rows)
+        final = max(allowed, key=rank)
+        rows = [{"history_weight": r["history_weight"], "h": r["h"], "top1": r["top1"],
+                 "log_likelihood": r["log_likelihood"], "coverage": r["coverage"]} for r in records]
+        return HistoryChoice(final["history_weight"], final, records, rows, criterion, [])
+
+    fixed_h = bandwidth is not None
+    candidates = candidate_points(records, fixed_h)
+    chosen = select_top1([c for c in candidates if only is None or c["history_weight"] == only])
+    weight = chosen["history_weight"]
+    final = _rescored(next(r for r in records if r["history_weight"] == weight), stored if weight == 0 else combined,
+                      targets, chosen["h"], kernel, vocab_size)
+    rows = []
+    for r in records:
+        best = select_top1(candidate_points([r], fixed_h))
+        rows.append(best)
+    return HistoryChoice(weight, final, records, rows, criterion, candidates)
+
+
+def _rescored(record: dict, nb: cal.Neighbours, targets: np.ndarray, h: float, kernel: str, vocab_size: int) -> dict:
+    """`record` (one weight's calibration) with its scores at the chosen h."""
+    s = cal.score(nb, targets, h, kernel, vocab_size, history_weight=record["history_weight"])
+    return {**record, "h": float(h), "top1": s.top1, "log_likelihood": s.log_likelihood, "coverage": s.coverage,
+            "criterion": "top1", "top1_tolerance": TOP1_TOLERANCE}

@@ -13,6 +13,7 @@ from hartonomous.centroid import validate as validate_centroid
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
 from projection.learned import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, MAX_WINDOW, check_training
+from projection.history import CRITERIA, DEFAULT_CRITERION
 
 # Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
 # 0.01 was at the top of held-out top-1 at both 20K and 100K training tokens ((2|4, 0.01) within
@@ -69,6 +70,8 @@ class BuildOptions:
     epochs: int = DEFAULT_EPOCHS
     learning_rate: float = DEFAULT_LEARNING_RATE
     learn_decay: bool = False
+    calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
+    teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
     @property
     def random_positions_name(self) -> str:
@@ -109,6 +112,8 @@ class BuildOptions:
             raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
         if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):
             raise UserError(f"--bandwidth must be a positive number, got {self.bandwidth}")
+        if self.calibrate_by not in CRITERIA:
+            raise UserError(f"--calibrate-by must be one of {', '.join(CRITERIA)}, got '{self.calibrate_by}'")
         if self.bandwidth_objective not in OBJECTIVES:
             raise UserError(f"--bandwidth-objective must be one of {', '.join(OBJECTIVES)}, "
                             f"got '{self.bandwidth_objective}'")

@@ -43,7 +43,8 @@ from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, C
                                  drop_atom_set, write_atom_set)
 from projection import learned as learning
 from hartonomous.atomset.record import LearnedPositionsStats
-from projection.history import choose_history_weight, history_pairs
+from projection.history import (CRITERION_DEFINITIONS, HISTORY_GRID, TOP1_TOLERANCE, choose_history_weight,
+                                history_pairs)
 from projection.options import BuildOptions
 from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
@@ -182,9 +183,13 @@ def label(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Labelled:
             f"{sum(map(len, texts.calibration_chunks))} calibration + {sum(map(len, texts.test_chunks))} "
             "test held-out tokens")
     with ui.bar("teacher forcing", int(sum(map(len, label_chunks))), "tok") as advance:
-        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance, top_k=top_k)
-    ui.step(f"forward pass: {forced.tokens} tokens in {forced.seconds:.1f}s "
-            f"({forced.tokens_per_second:,.0f} tokens/s)")
+        forced = distill(loaded.model, label_chunks, options.batch_tokens, advance, top_k=top_k,
+                         cache_dir=options.teacher_cache)
+    rate = forced.tokens_per_second
+    ui.step(f"forward pass: {forced.tokens} tokens in {forced.seconds:.1f}s ("
+            + (f"{rate:,.0f} tokens/s over {forced.tokens - forced.cached_tokens} run" if rate is not None else
+               "none run")
+            + (f"; {forced.cached_tokens} from the teacher-label cache" if forced.cached_tokens else "") + ")")
     n = len(train_labelled)
     return Labelled(train_chunks, texts.calibration_chunks,
                     forced.argmax[:n] if options.target == "argmax" else None,
@@ -391,36 +396,50 @@ class History:
 
 def calibrate_history(options: BuildOptions, loaded: Loaded, positions: np.ndarray, labelled: Labelled,
                       atoms: Atoms, calibrated: Calibrated, ui: Reporter) -> History:
-    """Choose the history weight on the calibration half (projection/history.py): the grid with h
-    re-fitted at each weight, or --history-weight's value scored; off (0) for token sets unless
-    --history-weight is given, and whenever --history-window is 0."""
+    """Choose the history weight and its bandwidth on the calibration half (projection/history.py,
+    by --calibrate-by): the grid with h re-fitted at each weight, or --history-weight's value
+    scored (the criterion then picks its h); off (0) for token sets unless --history-weight is
+    given, and whenever --history-window is 0."""
     window = options.history_window
     fixed = options.history_weight
+    criterion = options.calibrate_by
     if fixed is None and options.kind != "context":
         fixed = 0.0
-    if window == 0 or fixed == 0:
-        record = {"weight": 0.0, "window": window, "calibrated": False, "split": "calibration"}
+    off = window == 0 or fixed == 0
+    if off and (criterion == "loglik" or options.bandwidth is not None):
+        record = {"weight": 0.0, "window": window, "calibrated": False, "split": "calibration",
+                  "criterion": criterion}
         return History(0.0, window, {**calibrated.calibration, "history_weight": 0.0}, record)
-    pairs = history_pairs(labelled.calibration_chunks, positions, atoms.centroid.window, atoms.centroid.decay, window)
-    grid = (0.0, fixed) if fixed is not None else None
-    ui.step(f"history atoms: {len(pairs.query):,} (position, history atom) pairs on the calibration half; "
-            + (f"scoring --history-weight {fixed}" if fixed is not None else "choosing the history weight"))
-    kwargs = {"grid": grid} if grid is not None else {}
+    if off:
+        pairs, grid, only = None, (0.0,), 0.0
+        ui.step("history atoms off; choosing the stored atoms' h by calibration top-1")
+    else:
+        pairs = history_pairs(labelled.calibration_chunks, positions, atoms.centroid.window, atoms.centroid.decay,
+                              window)
+        grid, only = ((0.0, fixed), fixed) if fixed is not None else (HISTORY_GRID, None)
+        ui.step(f"history atoms: {len(pairs.query):,} (position, history atom) pairs on the calibration half; "
+                + (f"scoring --history-weight {fixed}" if fixed is not None else "choosing the history weight")
+                + f" (criterion: {criterion})")
     choice = choose_history_weight(calibrated.neighbours, calibrated.calibration, pairs,
                                    labelled.calibration_targets, options.kernel, loaded.vocab_size,
-                                   options.bandwidth_objective, bandwidth=options.bandwidth, **kwargs)
-    weight = float(fixed) if fixed is not None else choice.weight
-    final = next(r for r in choice.records if r["history_weight"] == weight)
+                                   options.bandwidth_objective, grid=grid, bandwidth=options.bandwidth,
+                                   criterion=criterion, only=only)
+    final = choice.final
     for row in choice.grid:
         ui.step(f"  history weight {row['history_weight']:g}: h={row['h']:.4g}, top-1 {row['top1']:.3f}, "
                 f"log-likelihood {row['log_likelihood']:.3f}")
-    ui.step(f"history weight {weight:g} (window {window}), h={float(final['h']):.4g}: calibration top-1 "
+    ui.step(f"history weight {choice.weight:g} (window {window}), h={float(final['h']):.4g}: calibration top-1 "
             f"{final['top1']:.3f}, log-likelihood {final['log_likelihood']:.3f}")
-    record = {"weight": weight, "window": window, "calibrated": fixed is None, "split": "calibration",
-              "objective": options.bandwidth_objective, "pairs": int(len(pairs.query)), "grid": choice.grid,
+    record = {"weight": choice.weight, "window": window, "calibrated": fixed is None, "split": "calibration",
+              "criterion": criterion, "criterion_definition": CRITERION_DEFINITIONS[criterion],
+              "objective": options.bandwidth_objective, "pairs": int(len(pairs.query)) if pairs else 0,
+              "grid": choice.grid,
               "bandwidth_refit": "given --bandwidth" if options.bandwidth is not None else
               "re-calibrated at every weight (grid of 2^(k/4), k = -16..16, around the stored-only h, refined)"}
-    return History(weight, window, final, record)
+    if criterion == "top1":
+        record["top1_tolerance"] = TOP1_TOLERANCE
+        record["candidates"] = choice.candidates
+    return History(choice.weight, window, final, record)
 
 
 # --- random_positions (the control) --------------------------------------------------------
@@ -486,6 +505,7 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         distill=DistillStats(target=options.target if is_context else None, tokens=labelled.forced.tokens,
                              seconds=labelled.forced.seconds, tokens_per_second=labelled.forced.tokens_per_second,
                              device=labelled.device, batch_tokens=options.batch_tokens,
+                             cached_tokens=labelled.forced.cached_tokens,
                              soft_k=options.soft_k if is_context and options.target == "soft" else None),
         atoms=AtomStats(count=int(len(atoms.rows.token_ids)), before_merge=atoms.before_merge,
                         merge_radius=options.merge_radius if is_context else None,

@@ -13,7 +13,7 @@ from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from projection.calibrate import nearest_atoms, score, with_history
 from projection.distill import chunk_ids, distill, tokenize
-from projection.history import HISTORY_GRID, history_pairs
+from projection.history import HISTORY_GRID, TOP1_TOLERANCE, history_pairs, select_top1
 from test_build import cli, corpus_file, one, options, run_build  # noqa: F401 (corpus_file is a fixture)
 from tiny_model import tiny_model
 
@@ -53,14 +53,30 @@ def test_everything_is_tuned_on_the_calibration_half_and_both_halves_are_recorde
 
 
 def test_the_history_weight_is_chosen_on_the_grid_and_written_to_the_set(server_url: str, soft_set) -> None:
+    """The default criterion (top1): the best calibration top-1 over every (weight, h) point, near-ties
+    by log-likelihood; every point is recorded in stats.history."""
     history = soft_set.stats.history
     assert [r["history_weight"] for r in history["grid"]] == list(HISTORY_GRID)
-    best = max(history["grid"], key=lambda r: (r["log_likelihood"], r["top1"], -r["history_weight"]))
+    assert history["criterion"] == "top1" and history["top1_tolerance"] == TOP1_TOLERANCE
+    assert {c["history_weight"] for c in history["candidates"]} == set(HISTORY_GRID)
+    best = select_top1(history["candidates"])
     weight, window, h = one(server_url, "SELECT history_weight, history_window, bandwidth FROM atom_sets "
                                         "WHERE name = 'tiny-soft'")
     assert (weight, window) == (best["history_weight"], 512) == (history["weight"], history["window"])
-    assert h == pytest.approx(best["h"]) and soft_set.stats.bandwidth.log_likelihood == best["log_likelihood"]
+    assert h == pytest.approx(best["h"])
+    assert (soft_set.stats.bandwidth.top1, soft_set.stats.bandwidth.log_likelihood) == pytest.approx(
+        (best["top1"], best["log_likelihood"]))
     assert history["grid"][0]["h"] != history["grid"][-1]["h"]  # the bandwidth is re-fitted at each weight
+
+
+def test_calibrate_by_loglik_keeps_the_previous_choice(server_url: str, corpus_file) -> None:  # noqa: F811
+    built = run_build(server_url, options("tiny-loglik", "context", corpus_file, window=3, decay=0.5, soft_k=4,
+                                          calibrate_by="loglik", replace=True))
+    history = built.stats.history
+    best = max(history["grid"], key=lambda r: (r["log_likelihood"], r["top1"], -r["history_weight"]))
+    assert history["criterion"] == "loglik" and "candidates" not in history
+    assert (history["weight"], built.bandwidth) == (best["history_weight"], pytest.approx(best["h"]))
+    assert built.stats.bandwidth.log_likelihood == best["log_likelihood"]
 
 
 def test_the_random_positions_control_has_the_same_labels_at_permuted_positions(server_url: str, soft_set) -> None:
@@ -134,7 +150,7 @@ def test_bad_soft_history_and_control_options_are_user_errors(server_url: str, c
     for bad, match in ((dict(soft_k=0), "--soft-k"), (dict(soft_k=65), "--soft-k"), (dict(target="x"), "--target"),
                        (dict(history_weight=-1.0), "--history-weight"),
                        (dict(history_weight=float("nan")), "--history-weight"),
-                       (dict(history_window=5000), "--history-window"), (dict(history_window=-1), "--history-window"),
+                       (dict(history_window=5000), "--history-window"), (dict(calibrate_by="x"), "--calibrate-by"), (dict(history_window=-1), "--history-window"),
                        (dict(kind="token", controls=True), "--controls"),
                        (dict(name="n" * 60, controls=True), "too long for --controls")):
         with pytest.raises(UserError, match=match):

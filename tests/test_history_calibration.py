@@ -12,7 +12,8 @@ from hartonomous.centroid import context_centroid, history_atoms, prefix_centroi
 from hartonomous.kernel import token_logits
 from projection.atoms import merge_atoms, soft_context_atoms
 from projection.calibrate import nearest_atoms, score, with_history
-from projection.history import HISTORY_GRID, choose_history_weight, history_pairs
+from projection.history import (HISTORY_GRID, TOP1_TOLERANCE, candidate_points, choose_history_weight,
+                                history_pairs, select_top1)
 
 
 @pytest.mark.parametrize("window,decay,history_window", [(3, 0.5, 512), (None, 1.0, 4), (2, 0.01, 1)])
@@ -94,6 +95,87 @@ def test_the_grid_picks_history_when_the_text_repeats_itself() -> None:
     assert choice.weight > 0
     best = max(choice.grid, key=lambda r: r["log_likelihood"])
     assert best["history_weight"] == choice.weight and best["top1"] > 0.8
+
+
+def point(weight: float, h: float, top1: float, log_likelihood: float) -> dict:
+    return {"history_weight": weight, "h": h, "top1": top1, "log_likelihood": log_likelihood}
+
+
+def test_top1_selection_prefers_top1_and_breaks_near_ties_by_log_likelihood() -> None:
+    """A synthetic grid shaped like the 20K calibration: a light weight with a wide h has the best
+    log-likelihood but worse top-1; the top1 criterion must not take it."""
+    grid = [point(0.0, 0.058, 0.276, -6.46), point(0.3, 0.70, 0.249, -5.25), point(30.0, 0.058, 0.266, -5.98),
+            point(100.0, 0.05, 0.279, -6.80)]
+    # 0.276 is within the tolerance of the best (0.279) and has the better log-likelihood
+    assert select_top1(grid) == grid[0]
+    # without a tolerance the best top-1 wins outright
+    assert select_top1(grid, tolerance=0.0) == grid[3]
+    # a point just outside the tolerance never wins on log-likelihood
+    far = point(1.0, 0.3, 0.279 - TOP1_TOLERANCE - 0.001, -1.0)
+    assert select_top1([*grid, far]) == grid[0]
+    # exact ties on both: the smaller weight, then the smaller h
+    tied = [point(3.0, 0.2, 0.3, -5.0), point(1.0, 0.4, 0.3, -5.0), point(1.0, 0.1, 0.3, -5.0)]
+    assert select_top1(tied) == tied[2]
+    with pytest.raises(ValueError):
+        select_top1([])
+
+
+def test_candidates_are_every_point_of_every_weights_curve_unless_h_was_given() -> None:
+    records = [{"history_weight": 0.0, "h": 1.0, "top1": 0.2, "log_likelihood": -3.0,
+                "curve": [{"h": 0.5, "top1": 0.25, "log_likelihood": -3.5}, {"h": 1.0, "top1": 0.2, "log_likelihood": -3.0}]},
+               {"history_weight": 10.0, "h": 0.7, "top1": 0.3, "log_likelihood": -2.0,
+                "curve": [{"h": 0.7, "top1": 0.3, "log_likelihood": -2.0}]}]
+    assert candidate_points(records, fixed_h=False) == [point(0.0, 0.5, 0.25, -3.5), point(0.0, 1.0, 0.2, -3.0),
+                                                        point(10.0, 0.7, 0.3, -2.0)]
+    assert candidate_points(records, fixed_h=True) == [point(0.0, 1.0, 0.2, -3.0), point(10.0, 0.7, 0.3, -2.0)]
+
+
+def cycle_case():
+    """Stored atoms of one token that never comes next, near every query, and a text that repeats a cycle."""
+    rng = np.random.default_rng(3)
+    token_positions = rng.normal(size=(6, 3))
+    chunk = np.tile(np.arange(1, 6), 8)
+    queries = prefix_centroids(token_positions[chunk], 2, 0.5)[:-1]
+    targets = chunk[1:]
+    stored = nearest_atoms(np.array([[50.0, 50, 50]]), np.array([0]), None, queries, k=1)
+    from projection.calibrate import calibrate_bandwidth
+    stored_record = calibrate_bandwidth(stored, targets, "gaussian", 6)
+    return stored, stored_record, history_pairs([chunk], token_positions, 2, 0.5, 512), targets
+
+
+def test_the_top1_criterion_chooses_weight_and_h_among_all_scored_points() -> None:
+    stored, stored_record, pairs, targets = cycle_case()
+    choice = choose_history_weight(stored, stored_record, pairs, targets, "gaussian", 6, "log-likelihood",
+                                   criterion="top1")
+    assert choice.criterion == "top1" and [r["history_weight"] for r in choice.grid] == list(HISTORY_GRID)
+    # every weight's whole bandwidth curve is a candidate, and the choice is select_top1 over them
+    assert len(choice.candidates) == sum(len(r["curve"]) for r in choice.records)
+    chosen = select_top1(choice.candidates)
+    assert (choice.weight, choice.final["h"]) == (chosen["history_weight"], chosen["h"]) and choice.weight > 0
+    # the final record is the chosen point rescored: the same top-1 and log-likelihood
+    assert (choice.final["top1"], choice.final["log_likelihood"]) == pytest.approx((chosen["top1"],
+                                                                                  chosen["log_likelihood"]))
+    assert choice.final["top1"] == max(c["top1"] for c in choice.candidates) > 0.8
+    # a given weight: the criterion picks only its h
+    fixed = choose_history_weight(stored, stored_record, pairs, targets, "gaussian", 6, "log-likelihood",
+                                  grid=(0.0, 3.0), criterion="top1", only=3.0)
+    assert fixed.weight == 3.0 and fixed.final["history_weight"] == 3.0
+    assert fixed.final["h"] == select_top1([c for c in fixed.candidates if c["history_weight"] == 3.0])["h"]
+    # history off: only the stored atoms' curve, no history pairs needed
+    off = choose_history_weight(stored, stored_record, None, targets, "gaussian", 6, "log-likelihood",
+                                grid=(0.0,), criterion="top1", only=0.0)
+    assert off.weight == 0.0 and len(off.candidates) == len(stored_record["curve"])
+
+
+def test_the_loglik_criterion_is_the_previous_choice() -> None:
+    stored, stored_record, pairs, targets = cycle_case()
+    choice = choose_history_weight(stored, stored_record, pairs, targets, "gaussian", 6, "log-likelihood",
+                                   criterion="loglik")
+    best = max(choice.records, key=lambda r: (r["log_likelihood"], r["top1"], -r["history_weight"]))
+    assert choice.weight == best["history_weight"] and choice.final is best and choice.candidates == []
+    with pytest.raises(ValueError, match="criterion"):
+        choose_history_weight(stored, stored_record, pairs, targets, "gaussian", 6, "log-likelihood",
+                              criterion="pearson")
 
 
 def test_soft_atoms_are_the_top_k_at_each_key_and_identical_pairs_sum() -> None:

@@ -76,3 +76,99 @@ def test_bad_arguments_are_refused(chunks) -> None:
         teacher_force(model, chunks, top_k=-1)
     with pytest.raises(ValueError, match="window length"):
         windows(chunks[0], 0)
+
+
+# --- the teacher-label cache ------------------------------------------------------------------
+
+class CountingModel(torch.nn.Module):
+    """Wraps a model and counts the token positions its body is asked to run."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+        self.positions = 0
+
+    @property
+    def base_model(self):
+        outer = self
+
+        def body(input_ids, attention_mask, use_cache):
+            outer.positions += int(attention_mask.sum())
+            return outer.inner.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+        return body
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+def test_a_cache_hit_returns_identical_arrays_without_running_the_model(chunks, tmp_path) -> None:
+    model = CountingModel(tiny_model(0)[0])
+    first = teacher_force(model, chunks, top_k=4, cache_dir=tmp_path)
+    ran = model.positions
+    assert ran == sum(map(len, chunks)) and first.cached_tokens == 0
+    seen: list[int] = []
+    again = teacher_force(model, chunks, top_k=4, cache_dir=tmp_path, advance=seen.append)
+    assert model.positions == ran                       # nothing ran
+    assert again.cached_tokens == again.tokens == sum(seen) and again.tokens_per_second is None
+    for name in ("argmax", "top_ids", "top_probs"):
+        for a, b in zip(getattr(first, name), getattr(again, name)):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    # fewer top tokens, or the argmax alone, are answered by the same entries
+    fewer = teacher_force(model, chunks, top_k=2, cache_dir=tmp_path)
+    assert model.positions == ran
+    assert all(np.array_equal(a[:, :2], b) for a, b in zip(first.top_ids, fewer.top_ids))
+    labels = argmax_labels(model, np.concatenate(chunks[:2]), window=len(chunks[0]), cache_dir=tmp_path)
+    assert model.positions == ran + len(chunks[1])       # only the first window is a cached chunk
+    assert labels[:len(chunks[0])].tolist() == first.argmax[0].tolist()
+
+
+def test_a_different_key_misses(chunks, tmp_path) -> None:
+    model = CountingModel(tiny_model(0)[0])
+    base = teacher_force(model, chunks[:2], top_k=2, cache_dir=tmp_path)
+    ran = model.positions
+    # a chunking that differs (the same tokens cut elsewhere): each new chunk runs
+    teacher_force(model, [np.concatenate(chunks[:2])], top_k=2, cache_dir=tmp_path)
+    assert model.positions == ran + len(chunks[0]) + len(chunks[1])
+    ran = model.positions
+    # more top tokens than stored: recomputed (and stored), then a hit
+    wider = teacher_force(model, chunks[:2], top_k=3, cache_dir=tmp_path)
+    assert model.positions == ran + len(chunks[0]) + len(chunks[1]) and wider.cached_tokens == 0
+    assert teacher_force(model, chunks[:2], top_k=3, cache_dir=tmp_path).cached_tokens == wider.tokens
+    assert np.array_equal(wider.top_ids[0][:, :2], base.top_ids[0])
+    # other weights (another seed, same architecture and names): a miss, and their own answer
+    other = CountingModel(tiny_model(1)[0])
+    forced = teacher_force(other, chunks[:2], top_k=2, cache_dir=tmp_path)
+    assert other.positions == len(chunks[0]) + len(chunks[1]) and forced.cached_tokens == 0
+    expected = teacher_force(tiny_model(1)[0], chunks[:2], top_k=2)
+    assert all(np.array_equal(a, b) for a, b in zip(forced.argmax, expected.argmax))
+
+
+def test_log_probs_bypass_the_cache_and_a_torn_entry_is_recomputed(chunks, tmp_path) -> None:
+    model = CountingModel(tiny_model(0)[0])
+    teacher_force(model, chunks[:1], cache_dir=tmp_path)
+    ran = model.positions
+    full = teacher_force(model, chunks[:1], log_probs=True, cache_dir=tmp_path)
+    assert model.positions == 2 * ran and full.log_probs is not None
+    for entry in tmp_path.rglob("*.npz"):
+        entry.write_bytes(b"not an npz")
+    again = teacher_force(model, chunks[:1], cache_dir=tmp_path)
+    assert model.positions == 3 * ran and again.argmax[0].tolist() == full.argmax[0].tolist()
+
+
+def test_an_interrupted_pass_keeps_the_groups_it_finished(chunks, tmp_path) -> None:
+    """With a cache the chunks run in groups of CACHE_GROUP_BATCHES batches, each stored when done."""
+    model = CountingModel(tiny_model(0)[0])
+
+    first_group = len(chunks[0]) + len(chunks[1])  # batch_tokens=1: groups close after 8+ tokens: 7 + 33
+
+    def stop_after_the_first_group(n: int) -> None:
+        if model.positions > first_group:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        teacher_force(model, chunks, batch_tokens=1, cache_dir=tmp_path, advance=stop_after_the_first_group)
+    assert len(list(tmp_path.rglob("*.npz"))) == 2
+    again = teacher_force(model, chunks, batch_tokens=1, cache_dir=tmp_path)
+    assert again.cached_tokens == first_group < again.tokens

@@ -8,15 +8,12 @@ context itself, as the spatial path's history atoms do.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import psycopg
 
-from hartonomous import teacher
 from hartonomous.centroid import context_centroid
 from hartonomous.atomset import AtomSet
 from hartonomous.compare import cache, ngram, spatial
@@ -111,24 +108,6 @@ def context_length(info: AtomSet, default: int = 512) -> int:
     """The chunk length the builder's teacher forcing used (stats.corpus.context_length)."""
     entry = info.stats.corpus
     return int(entry.context_length) if entry is not None and entry.context_length else default
-
-
-def cached_labels(model, model_name: str, ids: list[int], chunk: int, cache_dir: Path | None,
-                  progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """The exact argmax after every prefix within each `chunk`-token window, cached by content hash."""
-    key = f"{model_name}|{chunk}|".encode() + np.asarray(ids, np.int64).tobytes()
-    path = cache_dir / f"labels-{hashlib.sha256(key).hexdigest()[:20]}.npy" if cache_dir else None
-    if path is not None and path.is_file():
-        labels = np.load(path)
-        if len(labels) == len(ids):
-            if progress:
-                progress(len(ids))
-            return labels
-    labels = teacher.argmax_labels(model, ids, window=chunk, progress=progress)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, labels)
-    return labels
 
 
 def ngram_predictors(ids: list[int], labels: np.ndarray, chunk: int) -> dict[str, Predictor]:

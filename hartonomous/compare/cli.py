@@ -104,13 +104,14 @@ def compare(
     """Compare the spatial path with exact inference: report.html, report.md, report.json."""
     from hartonomous.compare import CompareOptions, run_compare, write_report
     from hartonomous.config import get_settings
+    from hartonomous.teacher import cache_dir as teacher_cache_dir
     from hartonomous.db.connection import connect, reader_url
 
     options = CompareOptions(
         atom_set=atom_set, texts=list(text), prompts=prompts, max_positions=max_positions,
         max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
         generation=not no_generation, distill_tokens=distill_tokens,
-        cache_dir=get_settings().home / "cache" / "compare", split=split or "test",
+        cache_dir=teacher_cache_dir(get_settings().home), split=split or "test",
         history_weight=history_weight,
         command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
     options.validate()

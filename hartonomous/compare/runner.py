@@ -49,7 +49,7 @@ class CompareOptions:
     generation: bool = True
     distill_tokens: int | None = None      # None: as many as the build used (stats['corpus'])
     query_samples: int = 30
-    cache_dir: Path | None = None
+    cache_dir: Path | None = None          # the teacher-label cache (hartonomous.teacher)
     command: str = ""
     split: str = "test"                    # which half of the holdout to score; ignored with `texts`
     history_weight: float | None = None    # spatial path's history atoms: None = the set's calibrated weight, 0 = off
@@ -207,7 +207,7 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
         limit = options.distill_tokens if options.distill_tokens is not None else baselines.build_tokens(info)
         ids = encode(tokenizer, corpus[1])[:limit]
         progress.stage("exact labels for the n-gram baselines", len(ids))
-        labels = baselines.cached_labels(model, model_name, ids, chunk, options.cache_dir, progress.advance)
+        labels = teacher.argmax_labels(model, ids, chunk, progress=progress.advance, cache_dir=options.cache_dir)
         predictors.update(baselines.ngram_predictors(ids, labels, chunk))
         distill = baselines.Distillation(True, corpus[0], len(ids),
                                          f"labels: the exact model's argmax at every position, teacher forcing in "
@@ -238,7 +238,7 @@ def _cache_baseline(predictors, info, model, model_name, tokenizer, options, chu
     if calibration is not None:
         ids = encode(tokenizer, calibration.text)[:baselines.CALIBRATION_MAX_TOKENS]
         progress.stage("exact labels of the calibration half (cache mixture)", len(ids))
-        labels = baselines.cached_labels(model, model_name, ids, chunk, options.cache_dir, progress.advance)
+        labels = teacher.argmax_labels(model, ids, chunk, progress=progress.advance, cache_dir=options.cache_dir)
         labelled = (ids, labels)
     predict, section = baselines.cache_mixture(predictors["4-gram"], labelled, chunk, vocab)
     if section.fitted_on and not options.texts and options.split != "test":
