@@ -202,6 +202,9 @@ def build_cmd(
                                         "units of the positions' spread."),
     learn_decay: bool = typer.Option(False, "--learn-decay/--no-learn-decay", help="--positions learned: also "
                                      "train the centroid decay."),
+    keep_epoch: str = typer.Option("best", "--keep-epoch", help="--positions learned: best (the epoch best on "
+                                   "the calibration half, early-stopped; may be the projection itself) or last "
+                                   "(the last of --epochs, whatever the calibration half says: a diagnostic)."),
     calibrate_by: str = typer.Option("top1", "--calibrate-by", help="How the history weight and its bandwidth are "
                                      "chosen on the calibration half: top1 (best top-1 agreement with the exact "
                                      "argmax, near-ties by log-likelihood) or loglik (by --bandwidth-objective, "
@@ -227,7 +230,7 @@ def build_cmd(
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default, positions=positions,
-        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay,
+        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay, keep_epoch=keep_epoch,
         teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by)
     options.check()
     with connect(owner_url()) as conn:
@@ -290,7 +293,7 @@ def _print_loss_curve(curve: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="learned positions: loss curve (calibration half re-calibrated each epoch)")
-    for column in ("epoch", "train KL", "cal. top-1", "cal. log-lik.", "cal. h", "rms moved", "s"):
+    for column in ("epoch", "train KL", "cal. top-1", "cal. log-lik.", "cal. h", "rms moved / spread", "s"):
         table.add_column(column, justify="right")
     for r in curve:
         table.add_row(str(r["epoch"]), f"{r['train_kl']:.4f}", f"{r['calibration_top1']:.3f}",

@@ -139,8 +139,13 @@ class Validation:
     objective: str = "log-likelihood"
 
 
-def check_training(epochs: int, learning_rate: float) -> None:
-    """The checks on --epochs and --learning-rate."""
+KEEP_EPOCH = ("best", "last")
+
+
+def check_training(epochs: int, learning_rate: float, keep: str = "best") -> None:
+    """The checks on --epochs, --learning-rate and --keep-epoch."""
+    if keep not in KEEP_EPOCH:
+        raise UserError(f"--keep-epoch must be one of {', '.join(KEEP_EPOCH)}, got '{keep}'")
     if epochs < 0:
         raise UserError(f"--epochs must be >= 0, got {epochs}")
     if not (learning_rate > 0 and math.isfinite(learning_rate)):
@@ -160,9 +165,10 @@ class Settings:
     patience: int = PATIENCE
     batch_contexts: int = BATCH_CONTEXTS
     seed: int = 0
+    keep: str = "best"  # best: the best epoch on the calibration half; last: the last epoch run (a diagnostic)
 
     def check(self) -> None:
-        check_training(self.epochs, self.learning_rate)
+        check_training(self.epochs, self.learning_rate, self.keep)
 
 
 @dataclass
@@ -259,9 +265,17 @@ def learn(initial: np.ndarray, contexts: Contexts, validation: Validation, setti
           embeddings: np.ndarray | None = None, advance: Callable[[int], None] | None = None,
           log: Callable[[str], None] | None = None) -> Learned:
     """Train the positions (and bandwidth, optionally the decay); the best epoch by the calibration
-    objective is returned (epoch 0 = `initial` as given)."""
+    objective is returned (epoch 0 = `initial` as given). Gradients are enabled for the duration
+    (hartonomous.model.load_model turns them off process-wide)."""
     import torch
 
+    with torch.enable_grad():
+        return _learn(torch, initial, contexts, validation, settings, embeddings, advance, log)
+
+
+def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validation, settings: Settings,
+           embeddings: np.ndarray | None, advance: Callable[[int], None] | None,
+           log: Callable[[str], None] | None) -> Learned:
     settings.check()
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -341,7 +355,8 @@ def learn(initial: np.ndarray, contexts: Contexts, validation: Validation, setti
                 "decay": decay, "rms_displacement": moved, "seconds": seconds}
 
     curve = [record(0, train_loss(), time.perf_counter() - started)]
-    best = (_rank(curve[0], validation.objective), 0, initial.copy(), current()[1], float(torch.exp(log_h.detach())) * spread)
+    best_score = _rank(curve[0], validation.objective)
+    best = (0, initial.copy(), current()[1], float(torch.exp(log_h.detach())) * spread)
     if log:
         log(_describe(curve[0]))
     stale = 0
@@ -365,15 +380,17 @@ def learn(initial: np.ndarray, contexts: Contexts, validation: Validation, setti
             log(_describe(row))
         if advance:
             advance(1)
-        if _rank(row, validation.objective) > best[0]:
-            best = (_rank(row, validation.objective), epoch, *current(), float(torch.exp(log_h.detach())) * spread)
-            stale = 0
+        improved = _rank(row, validation.objective) > best_score
+        if improved:
+            best_score, stale = _rank(row, validation.objective), 0
         else:
             stale += 1
-            if stale >= settings.patience:
-                stopped_early = epoch < settings.epochs
-                break
-    _, best_epoch, positions, decay, bandwidth = best
+        if improved or settings.keep == "last":
+            best = (epoch, *current(), float(torch.exp(log_h.detach())) * spread)
+        if settings.keep == "best" and stale >= settings.patience:
+            stopped_early = epoch < settings.epochs
+            break
+    best_epoch, positions, decay, bandwidth = best
     positions = carry_untrained(initial, positions, trained, embeddings)
     shift = np.linalg.norm(positions - initial, axis=1)
     return Learned(positions, decay, bandwidth, best_epoch, stopped_early, time.perf_counter() - started, curve,

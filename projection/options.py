@@ -70,6 +70,7 @@ class BuildOptions:
     epochs: int = DEFAULT_EPOCHS
     learning_rate: float = DEFAULT_LEARNING_RATE
     learn_decay: bool = False
+    keep_epoch: str = "best"  # best (early-stopped on the calibration half) | last (a diagnostic)
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
@@ -146,4 +147,4 @@ class BuildOptions:
             raise UserError(f"--positions learned needs a finite --window of at most {MAX_WINDOW}, got {window}")
         if self.merge_radius != 0:
             raise UserError("--positions learned needs --merge-radius 0 (it trains on exactly merged atoms)")
-        check_training(self.epochs, self.learning_rate)
+        check_training(self.epochs, self.learning_rate, self.keep_epoch)

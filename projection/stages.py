@@ -276,10 +276,12 @@ def learn_positions(options: BuildOptions, loaded: Loaded, projected: Projected,
     else:
         ids, probs = [np.r_[c[1:], 0] for c in labelled.train_chunks], None
     contexts = learning.distinct_contexts(labelled.train_chunks, ids, probs, centroid.window, loaded.vocab_size)
+    # early stopping ranks epochs the way the build chooses its final (history weight, h): --calibrate-by
+    objective = "top1" if options.calibrate_by == "top1" else options.bandwidth_objective
     validation = learning.Validation(labelled.calibration_chunks, labelled.calibration_targets, options.kernel,
-                                     options.max_neighbors, options.bandwidth_objective)
+                                     options.max_neighbors, objective)
     settings = learning.Settings(centroid.window, centroid.decay, options.epochs, options.learning_rate,
-                                 learn_decay=options.learn_decay, seed=options.seed)
+                                 learn_decay=options.learn_decay, seed=options.seed, keep=options.keep_epoch)
     ui.step(f"learning positions: {contexts.count:,} distinct training contexts, up to {options.epochs} epochs "
             f"(learning rate {options.learning_rate:g}{', decay learned' if options.learn_decay else ''})")
     with ui.bar("learning positions", options.epochs, "epoch") as advance:
@@ -290,11 +292,12 @@ def learn_positions(options: BuildOptions, loaded: Loaded, projected: Projected,
     stats = LearnedPositionsStats(
         epochs=options.epochs, learning_rate=options.learning_rate, best_epoch=result.best_epoch,
         stopped_early=result.stopped_early, seconds=result.seconds, split="calibration", contexts=result.contexts,
-        curve=result.curve, displacement=result.displacement, objective=options.bandwidth_objective,
+        curve=result.curve, displacement=result.displacement, objective=objective,
         learn_decay=options.learn_decay, initial_decay=centroid.decay, decay=result.decay,
         trained_bandwidth=result.bandwidth, trained_tokens=result.trained_tokens,
         carried_tokens=result.carried_tokens, neighbours=settings.neighbours,
-        regularisation=settings.regularisation, patience=settings.patience, initialised_from=options.projection)
+        regularisation=settings.regularisation, patience=settings.patience, initialised_from=options.projection,
+        keep_epoch=options.keep_epoch)
     return LearnedPositions(result.positions, Centroid(centroid.window, result.decay, centroid.sweep), stats)
 
 

@@ -131,6 +131,15 @@ def test_zero_epochs_return_the_initial_positions(synthetic) -> None:
     assert len(result.curve) == 1
 
 
+def test_keep_last_returns_the_last_epoch_even_when_an_earlier_one_was_better(synthetic) -> None:
+    contexts, validation, _, random_positions, _ = synthetic
+    result = learn(random_positions, contexts, validation,
+                   Settings(window=WINDOW, decay=DECAY, epochs=2, learning_rate=0.05, keep="last"))
+    assert result.best_epoch == 2 and not result.stopped_early and len(result.curve) == 3
+    with pytest.raises(UserError, match="--keep-epoch"):
+        Settings(window=WINDOW, decay=DECAY, keep="first").check()
+
+
 def test_untrained_tokens_follow_their_embedding_neighbours() -> None:
     """Token 3 appears in no context; its embedding equals token 1's, so it moves like token 1."""
     rng = np.random.default_rng(2)
@@ -147,6 +156,17 @@ def test_untrained_tokens_follow_their_embedding_neighbours() -> None:
     moved = result.positions - start
     assert result.trained_tokens == 3 and result.carried_tokens == 1
     assert np.allclose(moved[3], moved[:3].mean(axis=0))
+
+
+def test_learning_works_when_the_caller_turned_gradients_off(synthetic) -> None:
+    """hartonomous.model.load_model disables gradients process-wide before the build trains."""
+    import torch
+
+    contexts, validation, _, random_positions, _ = synthetic
+    with torch.no_grad():
+        result = learn(random_positions, contexts, validation,
+                       Settings(window=WINDOW, decay=DECAY, epochs=1, learning_rate=0.05))
+    assert result.curve[1]["train_kl"] < result.curve[0]["train_kl"]
 
 
 def test_bad_settings_are_refused() -> None:
