@@ -351,8 +351,9 @@ def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validatio
         with torch.no_grad():
             moved = float(((pos[used_t] - start[used_t]) ** 2).sum(1).mean().sqrt())
         return {"epoch": epoch, "train_kl": train_kl, "calibration_log_likelihood": v["log_likelihood"],
-                "calibration_top1": v["top1"], "calibration_h": v["h"], "trained_h": float(torch.exp(log_h.detach())) * spread,
-                "decay": decay, "rms_displacement": moved, "seconds": seconds}
+                "calibration_top1": v["top1"], "calibration_h": v["h"],
+                "trained_h": float(torch.exp(log_h.detach())) * spread, "decay": decay, "rms_displacement": moved,
+                "seconds": seconds}
 
     curve = [record(0, train_loss(), time.perf_counter() - started)]
     best_score = _rank(curve[0], validation.objective)

@@ -550,7 +550,8 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
 
 
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
-           history: History, stats: BuildStats, ui: Reporter, learned: LearnedPositions | None = None) -> IngestReport:
+           history: History, stats: BuildStats, ui: Reporter,
+           learned: LearnedPositions | None = None) -> IngestReport:
     """Write the set (its row, tokens, landmarks, atoms) in one transaction; learned positions are
     stored as projection 'learned' without landmarks (they are no projection of the embeddings)."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
