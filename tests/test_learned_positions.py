@@ -20,7 +20,7 @@ from hartonomous.errors import UserError
 from projection import calibrate as cal
 from projection.atoms import context_keys
 from projection.learned import Settings, Validation, context_centroids, distinct_contexts, learn, validate
-from test_build import corpus_file, options, run_build  # noqa: F401 (corpus_file is a fixture)
+from test_build import cli, corpus_file, options, run_build  # noqa: F401 (corpus_file is a fixture)
 from tiny_model import tiny_model
 
 V, HALF, WINDOW, DECAY = 40, 20, 2, 0.5
@@ -222,3 +222,18 @@ def test_learned_positions_need_a_context_set_and_a_finite_window(corpus_file) -
         options("x", "context", corpus_file, positions="magic").check()
     with pytest.raises(UserError, match="finite"):
         options("x", "context", corpus_file, positions="learned", window=None).check()
+
+
+def test_the_cli_prints_the_loss_curve_and_refuses_bad_values_in_one_line(server_url: str, corpus_file,  # noqa: F811
+                                                                          tmp_path) -> None:
+    model, tokenizer = tiny_model(0)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    done = cli("build", "--name", "cli-learned", "--model", str(tmp_path / "tiny"), "--corpus", str(corpus_file),
+               "--landmarks", "32", "--max-tokens", "2000", "--holdout-chars", "1500", "--context-length", "64",
+               "--device", "cpu", "--positions", "learned", "--epochs", "2", "--learning-rate", "0.05",
+               "--no-teacher-cache", "--replace", url=server_url)
+    assert done.returncode == 0, done.stderr
+    assert "loss curve" in done.stdout and "learned positions" in done.stdout
+    bad = cli("build", "--name", "x", "--positions", "learned", "--learning-rate", "-1", url=server_url)
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "--learning-rate" in bad.stderr
