@@ -22,13 +22,14 @@ KD-tree (scipy cKDTree) at the start of every epoch; within an epoch the neighbo
 the gradient flows through the kernel weights alpha (both the query's and the neighbours' keys
 move). An L2 penalty holds the positions near their start (in units of the initial spread). Every
 epoch is validated on the calibration half exactly as the build calibrates (projection.calibrate:
-the `max_neighbors` nearest stored atoms, the bandwidth re-fitted, the build's objective), and the
-best epoch is kept; epoch 0 is the starting point, so training that does not help returns the
+the `max_neighbors` nearest stored atoms, the bandwidth re-fitted; with a history window the
+history weight and h chosen as projection.history does, by --calibrate-by), and the best epoch is
+kept; epoch 0 is the starting point, so training that does not help returns the
 projection unchanged. Training stops after `patience` epochs without improvement.
 
-Tokens no training context contains get no gradient; after training each of them is moved by the
-mean displacement of its nearest trained tokens in the embedding space, so a context of unseen
-tokens (off-domain text) lands where its embedding neighbours went.
+Tokens no training context contains get no gradient; each of them is moved by the mean
+displacement of its nearest trained tokens in the embedding space (before every validation and at
+the end), so a context of unseen tokens (off-domain text) lands where its embedding neighbours went.
 
 Pure NumPy/torch, no database: tests/test_learned_positions.py runs it on synthetic corpora.
 """
@@ -46,6 +47,7 @@ from scipy.spatial import cKDTree
 from hartonomous.errors import UserError
 from projection import calibrate as cal
 from projection.atoms import context_keys
+from projection.history import HISTORY_GRID, choose_history_weight, history_pairs
 
 SMOOTHING = cal.SMOOTHING
 DEFAULT_EPOCHS = 30
@@ -136,7 +138,11 @@ class Validation:
     targets: np.ndarray
     kernel: str = "gaussian"
     max_neighbors: int = 100
-    objective: str = "log-likelihood"
+    objective: str = "log-likelihood"   # how epochs are ranked (and h fitted without history atoms)
+    history_window: int = 0             # > 0: score with history atoms, as calibrate_history does
+    history_weight: float | None = None  # None: the weight chosen on HISTORY_GRID; else this one
+    criterion: str = "loglik"           # --calibrate-by, with history atoms
+    bandwidth_objective: str = "log-likelihood"
 
 
 KEEP_EPOCH = ("best", "last")
@@ -222,14 +228,24 @@ def _lookup(contexts: Contexts, neighbours: np.ndarray) -> np.ndarray:
 
 def validate(positions: np.ndarray, decay: float, window: int, contexts: Contexts, validation: Validation,
              keys: np.ndarray | None = None) -> dict:
-    """The build's calibration of these positions: h re-fitted on the calibration half, scores."""
+    """The build's calibration of these positions on the calibration half: h re-fitted, scores; with
+    a history window, the history weight and h chosen as projection.stages.calibrate_history does."""
     if keys is None:
         keys = context_centroids(positions, contexts.ids, decay)
     queries = context_keys(validation.chunks, positions, window, decay)
     nb = cal.nearest_atoms(keys[contexts.pair_context], contexts.pair_token, contexts.pair_weight, queries,
                            validation.max_neighbors)
-    return cal.calibrate_bandwidth(nb, validation.targets, validation.kernel, contexts.vocab_size,
-                                   validation.objective)
+    if validation.history_window <= 0 or validation.history_weight == 0:
+        return cal.calibrate_bandwidth(nb, validation.targets, validation.kernel, contexts.vocab_size,
+                                       validation.objective)
+    stored = cal.calibrate_bandwidth(nb, validation.targets, validation.kernel, contexts.vocab_size,
+                                     validation.bandwidth_objective)
+    pairs = history_pairs(validation.chunks, positions, window, decay, validation.history_window)
+    fixed = validation.history_weight
+    grid, only = ((0.0, fixed), fixed) if fixed is not None else (HISTORY_GRID, None)
+    return choose_history_weight(nb, stored, pairs, validation.targets, validation.kernel, contexts.vocab_size,
+                                 validation.bandwidth_objective, grid=grid, criterion=validation.criterion,
+                                 only=only).final
 
 
 def context_centroids(positions: np.ndarray, ids: np.ndarray, decay: float) -> np.ndarray:
@@ -245,20 +261,22 @@ def _rank(row: dict, objective: str) -> tuple[float, float]:
     return (top1, ll) if objective == "top1" else (ll, top1)
 
 
-def carry_untrained(initial: np.ndarray, learned: np.ndarray, trained: np.ndarray, embeddings: np.ndarray | None,
-                    k: int = CARRY_NEIGHBOURS) -> np.ndarray:
-    """Move every untrained token by the mean displacement of its k nearest trained tokens in the
-    embedding space (no embeddings: untrained tokens stay where they were)."""
-    out = learned.copy()
-    untrained = np.flatnonzero(~trained)
-    source = np.flatnonzero(trained)
+def carrier(trained: np.ndarray, embeddings: np.ndarray | None,
+            k: int = CARRY_NEIGHBOURS) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """carry(initial, learned): every untrained token moved by the mean displacement of its k nearest
+    trained tokens in the embedding space (found once); no embeddings: untrained tokens stay."""
+    untrained, source = np.flatnonzero(~trained), np.flatnonzero(trained)
     if embeddings is None or len(untrained) == 0 or len(source) == 0:
-        return out
-    moved = learned[source] - initial[source]
+        return lambda initial, learned: learned
     _, idx = cal.knn(np.asarray(embeddings[source], dtype=np.float32), np.asarray(embeddings[untrained], np.float32),
                      min(k, len(source)))
-    out[untrained] = initial[untrained] + moved[idx].mean(axis=1)
-    return out
+
+    def carry(initial: np.ndarray, learned: np.ndarray) -> np.ndarray:
+        out = learned.copy()
+        out[untrained] = initial[untrained] + (learned[source] - initial[source])[idx].mean(axis=1)
+        return out
+
+    return carry
 
 
 def learn(initial: np.ndarray, contexts: Contexts, validation: Validation, settings: Settings,
@@ -309,9 +327,11 @@ def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validatio
     def log_lag_weights():
         return lags * torch.log(decay_now())
 
+    carry = carrier(trained, embeddings)
+
     def current() -> tuple[np.ndarray, float]:
         with torch.no_grad():
-            return pos.numpy() * spread + centre, float(decay_now())
+            return carry(initial, pos.numpy() * spread + centre), float(decay_now())
 
     def losses(batch, nb_t, log_mass, R, log_h) -> "torch.Tensor":
         lw = log_lag_weights()
@@ -346,7 +366,7 @@ def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validatio
             return float(losses(everyone, nb_t, log_mass, R, log_h).mean())
 
     def record(epoch: int, train_kl: float, seconds: float) -> dict:
-        positions, decay = current()
+        positions, decay = current() if epoch else (initial, settings.decay)
         v = validate(positions, decay, W, contexts, validation)
         with torch.no_grad():
             moved = float(((pos[used_t] - start[used_t]) ** 2).sum(1).mean().sqrt())
@@ -357,7 +377,7 @@ def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validatio
 
     curve = [record(0, train_loss(), time.perf_counter() - started)]
     best_score = _rank(curve[0], validation.objective)
-    best = (0, initial.copy(), current()[1], float(torch.exp(log_h.detach())) * spread)
+    best = (0, initial.copy(), settings.decay, float(torch.exp(log_h.detach())) * spread)
     if log:
         log(_describe(curve[0]))
     stale = 0
@@ -392,7 +412,6 @@ def _learn(torch, initial: np.ndarray, contexts: Contexts, validation: Validatio
             stopped_early = epoch < settings.epochs
             break
     best_epoch, positions, decay, bandwidth = best
-    positions = carry_untrained(initial, positions, trained, embeddings)
     shift = np.linalg.norm(positions - initial, axis=1)
     return Learned(positions, decay, bandwidth, best_epoch, stopped_early, time.perf_counter() - started, curve,
                    contexts.count, int(trained.sum()), int((~trained).sum()) if embeddings is not None else 0,

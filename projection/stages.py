@@ -279,7 +279,9 @@ def learn_positions(options: BuildOptions, loaded: Loaded, projected: Projected,
     # early stopping ranks epochs the way the build chooses its final (history weight, h): --calibrate-by
     objective = "top1" if options.calibrate_by == "top1" else options.bandwidth_objective
     validation = learning.Validation(labelled.calibration_chunks, labelled.calibration_targets, options.kernel,
-                                     options.max_neighbors, objective)
+                                     options.max_neighbors, objective, history_window=options.history_window,
+                                     history_weight=options.history_weight, criterion=options.calibrate_by,
+                                     bandwidth_objective=options.bandwidth_objective)
     settings = learning.Settings(centroid.window, centroid.decay, options.epochs, options.learning_rate,
                                  learn_decay=options.learn_decay, seed=options.seed, keep=options.keep_epoch)
     ui.step(f"learning positions: {contexts.count:,} distinct training contexts, up to {options.epochs} epochs "

@@ -191,6 +191,14 @@ def test_a_learned_build_records_the_training_in_its_stats(learned_set) -> None:
     assert 0 <= stats.best_epoch < len(stats.curve) and stats.seconds > 0
     assert stats.split == "calibration" and stats.contexts > 0
     assert set(stats.displacement) >= {"trained_mean", "trained_max", "spread"}
+    # the kept epoch was validated exactly as the build then calibrates the set (history atoms included)
+    kept = stats.curve[stats.best_epoch]
+    final = learned_set.stats.bandwidth
+    assert (final.top1, final.log_likelihood) == pytest.approx(
+        (kept["calibration_top1"], kept["calibration_log_likelihood"]))
+    # (h to the bounded search's tolerance: the build's keys come from prefix_centroids, ours from an einsum)
+    assert final.h == pytest.approx(kept["calibration_h"], rel=1e-2)
+    assert final.history_weight == learned_set.history_weight
 
 
 def test_a_learned_set_stores_the_learned_positions_and_atoms_keyed_with_them(server_url: str,
