@@ -46,7 +46,8 @@ from scipy.spatial import cKDTree
 
 from hartonomous.errors import UserError
 from projection import calibrate as cal
-from projection.atoms import context_keys
+from hartonomous.atomset import AtomRows
+from projection.atoms import context_keys, merge_atoms
 from projection.history import HISTORY_GRID, choose_history_weight, history_pairs
 
 SMOOTHING = cal.SMOOTHING
@@ -143,6 +144,7 @@ class Validation:
     history_weight: float | None = None  # None: the weight chosen on HISTORY_GRID; else this one
     criterion: str = "loglik"           # --calibrate-by, with history atoms
     bandwidth_objective: str = "log-likelihood"
+    atoms: Callable[[np.ndarray, float], AtomRows] | None = None  # the build's atoms for (positions, decay)
 
 
 KEEP_EPOCH = ("best", "last")
@@ -233,8 +235,14 @@ def validate(positions: np.ndarray, decay: float, window: int, contexts: Context
     if keys is None:
         keys = context_centroids(positions, contexts.ids, decay)
     queries = context_keys(validation.chunks, positions, window, decay)
-    nb = cal.nearest_atoms(keys[contexts.pair_context], contexts.pair_token, contexts.pair_weight, queries,
-                           validation.max_neighbors)
+    # the build's own atoms when given (its keys, its merge, its order: the same KD-tree ties as the
+    # set's calibration); else the contexts' atoms merged the build's way
+    if validation.atoms is not None:
+        atoms = validation.atoms(positions, decay)
+    else:
+        atoms = merge_atoms(AtomRows(contexts.pair_token, keys[contexts.pair_context], contexts.pair_weight, None),
+                            0.0)
+    nb = cal.nearest_atoms(atoms.positions, atoms.token_ids, atoms.weights, queries, validation.max_neighbors)
     if validation.history_window <= 0 or validation.history_weight == 0:
         return cal.calibrate_bandwidth(nb, validation.targets, validation.kernel, contexts.vocab_size,
                                        validation.objective)

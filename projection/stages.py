@@ -281,7 +281,8 @@ def learn_positions(options: BuildOptions, loaded: Loaded, projected: Projected,
     validation = learning.Validation(labelled.calibration_chunks, labelled.calibration_targets, options.kernel,
                                      options.max_neighbors, objective, history_window=options.history_window,
                                      history_weight=options.history_weight, criterion=options.calibrate_by,
-                                     bandwidth_objective=options.bandwidth_objective)
+                                     bandwidth_objective=options.bandwidth_objective,
+                                     atoms=lambda p, d: atom_rows(options, labelled, p, centroid.window, d))
     settings = learning.Settings(centroid.window, centroid.decay, options.epochs, options.learning_rate,
                                  learn_decay=options.learn_decay, seed=options.seed, keep=options.keep_epoch)
     ui.step(f"learning positions: {contexts.count:,} distinct training contexts, up to {options.epochs} epochs "
