@@ -196,6 +196,18 @@ def build_cmd(
     layout: str = typer.Option(None, "--layout", help="Storage of the atoms for next_token's KNN: rows (a GiST "
                                "index over the atoms) or tiles (also packed into Hilbert-ordered tiles: the same "
                                "results in fewer buffers per call). Default: the faster one in docs/benchmarks.md."),
+    positions: str = typer.Option("projection", "--positions", help="projection (the 3D projection's token "
+                                  "positions) or learned (trained from them by gradient descent against the exact "
+                                  "model's labels, early-stopped on the calibration half; context sets)."),
+    epochs: int = typer.Option(30, "--epochs", help="--positions learned: at most this many epochs (KNN "
+                               "recomputed each epoch)."),
+    learning_rate: float = typer.Option(0.01, "--learning-rate", help="--positions learned: Adam step size, in "
+                                        "units of the positions' spread."),
+    learn_decay: bool = typer.Option(False, "--learn-decay/--no-learn-decay", help="--positions learned: also "
+                                     "train the centroid decay."),
+    keep_epoch: str = typer.Option("best", "--keep-epoch", help="--positions learned: best (the epoch best on "
+                                   "the calibration half, early-stopped; may be the projection itself) or last "
+                                   "(the last of --epochs, whatever the calibration half says: a diagnostic)."),
     calibrate_by: str = typer.Option("top1", "--calibrate-by", help="How the history weight and its bandwidth are "
                                      "chosen on the calibration half: top1 (best top-1 agreement with the exact "
                                      "argmax, near-ties by log-likelihood) or loglik (by --bandwidth-objective, "
@@ -220,7 +232,8 @@ def build_cmd(
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
-        device=device or settings.device, replace=replace, make_default=default,
+        device=device or settings.device, replace=replace, make_default=default, positions=positions,
+        epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay, keep_epoch=keep_epoch,
         teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by)
     if layout is not None:
         options.layout = layout
@@ -258,6 +271,15 @@ def _print_build_summary(result) -> None:
         rows.append(("control", f"'{c.name}': {c.atoms:,} atoms, h = {c.bandwidth:.4g}, history weight "
                                 f"{c.history_weight:g}, held-out top-1 {c.stats.bandwidth.top1:.3f}, "
                                 f"log-likelihood {c.stats.bandwidth.log_likelihood:.3f}"))
+    learned = s.learned_positions
+    if learned is not None:
+        first, kept = learned.curve[0], learned.curve[learned.best_epoch]
+        rows.append(("learned positions", f"kept epoch {learned.best_epoch} of {len(learned.curve) - 1} "
+                                          f"({learned.seconds:.1f}s); calibration top-1 {first['calibration_top1']:.3f}"
+                                          f" -> {kept['calibration_top1']:.3f}, log-likelihood "
+                                          f"{first['calibration_log_likelihood']:.3f} -> "
+                                          f"{kept['calibration_log_likelihood']:.3f}"))
+        _print_loss_curve(learned.curve)
     for key, value in rows:
         table.add_row(key, value)
     if s.centroid_sweep:
@@ -268,6 +290,20 @@ def _print_build_summary(result) -> None:
             sweep.add_row("all" if r["window"] is None else str(r["window"]), f"{r['decay']:g}", f"{r['atoms']:,}",
                           f"{r['h']:.4g}", f"{r['top1']:.3f}", f"{r['log_likelihood']:.3f}")
         console.print(sweep)
+    console.print(table)
+
+
+def _print_loss_curve(curve: list[dict]) -> None:
+    """The loss curve of `build --positions learned` (epoch 0 = the starting positions)."""
+    from rich.table import Table
+
+    table = Table(title="learned positions: loss curve (calibration half re-calibrated each epoch)")
+    for column in ("epoch", "train KL", "cal. top-1", "cal. log-lik.", "cal. h", "rms moved / spread", "s"):
+        table.add_column(column, justify="right")
+    for r in curve:
+        table.add_row(str(r["epoch"]), f"{r['train_kl']:.4f}", f"{r['calibration_top1']:.3f}",
+                      f"{r['calibration_log_likelihood']:.3f}", f"{r['calibration_h']:.4g}",
+                      f"{r['rms_displacement']:.4f}", f"{r['seconds']:.1f}")
     console.print(table)
 
 

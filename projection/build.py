@@ -78,15 +78,19 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     projected = timed("project", stages.project, options, loaded, ui)
     labelled = timed("label", stages.label, options, loaded, ui)
     centroid = timed("choose_centroid", stages.choose_centroid, options, loaded, projected, labelled, ui)
-    atoms = timed("make_atoms", stages.make_atoms, options, loaded, projected.positions, labelled, centroid, ui)
+    learned, positions = None, projected.positions
+    if options.positions == "learned":
+        learned = timed("learn_positions", stages.learn_positions, options, loaded, projected, labelled, centroid, ui)
+        positions, centroid = learned.positions, learned.centroid
+    atoms = timed("make_atoms", stages.make_atoms, options, loaded, positions, labelled, centroid, ui)
     calibrated = timed("calibrate", stages.calibrate, options, loaded, labelled, atoms, ui)
-    history = timed("calibrate_history", stages.calibrate_history, options, loaded, projected.positions, labelled,
+    history = timed("calibrate_history", stages.calibrate_history, options, loaded, positions, labelled,
                     atoms, calibrated, ui)
     control = None
     if options.controls:
         control = timed("random_positions", stages.random_positions, options, loaded, projected, labelled,
                         centroid, ui)
-    stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated, history, control)
+    stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated, history, control, learned)
     control_result = None
     if control is not None:
         default = becomes_default(conn, options)
@@ -99,7 +103,7 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
                                      seconds["random_positions"] + seconds["ingest_control"], {})
         options = replace(options, make_default=default)
     try:
-        report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui)
+        report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui, learned)
     except BaseException:
         if control is not None:
             stages.drop_control(conn, control)

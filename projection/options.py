@@ -13,6 +13,7 @@ from hartonomous.centroid import validate as validate_centroid
 from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
+from projection.learned import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, MAX_WINDOW, check_training
 from projection.history import CRITERIA, DEFAULT_CRITERION
 
 # Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
@@ -27,6 +28,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 TARGETS = ("soft", "argmax", "corpus")
 DEFAULT_SOFT_K = 8
 MAX_SOFT_K = 64
+POSITIONS = ("projection", "learned")
 RANDOM_POSITIONS_SUFFIX = ".random-positions"
 KEEP = object()
 
@@ -66,6 +68,11 @@ class BuildOptions:
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
     layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
+    positions: str = "projection"  # learned: trained from the projection (projection/learned.py)
+    epochs: int = DEFAULT_EPOCHS
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    learn_decay: bool = False
+    keep_epoch: str = "best"  # best (early-stopped on the calibration half) | last (a diagnostic)
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
@@ -126,7 +133,22 @@ class BuildOptions:
         for path in self.corpus:
             if not Path(path).is_file():
                 raise UserError(f"corpus file '{path}' does not exist")
+        self._check_positions()
         try:
             validate_centroid(self.resolved_window(), self.resolved_decay())
         except ValueError as exc:
             raise UserError(f"--window/--decay: {exc}") from None
+
+    def _check_positions(self) -> None:
+        if self.positions not in POSITIONS:
+            raise UserError(f"--positions must be one of {', '.join(POSITIONS)}, got '{self.positions}'")
+        if self.positions != "learned":
+            return
+        if self.kind != "context" or self.target not in ("soft", "argmax", "corpus"):
+            raise UserError("--positions learned trains the positions of a context set; pass --kind context")
+        window = self.resolved_window()
+        if window is None or window > MAX_WINDOW:
+            raise UserError(f"--positions learned needs a finite --window of at most {MAX_WINDOW}, got {window}")
+        if self.merge_radius != 0:
+            raise UserError("--positions learned needs --merge-radius 0 (it trains on exactly merged atoms)")
+        check_training(self.epochs, self.learning_rate, self.keep_epoch)

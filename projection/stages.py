@@ -1,6 +1,6 @@
 """The stages of a build, each a function from the earlier stages' frozen results to its own.
 
-    load -> project -> label -> choose_centroid -> make_atoms -> calibrate -> calibrate_history
+    load -> project -> label -> choose_centroid [-> learn_positions] -> make_atoms -> calibrate -> calibrate_history
          [-> random_positions] -> (stats) -> ingest [control first, then the set]
 
 load       the model, its input embeddings, and the tokenized corpus: training chunks, and the
@@ -9,6 +9,8 @@ project    the embeddings to 3D (LMDS or PCA) and the projection's quality
 label      teacher forcing: the exact model's argmax (and top-k for --target soft) at every
            training and calibration position (the test half is left to `compare`)
 choose_centroid  the centroid window/decay: the options' own, or the best of a calibration sweep
+learn_positions  with --positions learned: the token positions (and the bandwidth, with --learn-decay
+           the decay) trained from the projection's (projection/learned.py), validated on the calibration half
 make_atoms token or context atoms (merged), the calibration queries, full-dimensional keys if asked
 calibrate  the kernel bandwidth on the calibration half (or score a given one); the keys' too
 calibrate_history  the history weight (projection/history.py) with h re-fitted, or a given one
@@ -39,6 +41,8 @@ from projection.distill import chunk_ids, distill, tokenize
 from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, ControlStats, CorpusStats,
                                  DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,
                                  drop_atom_set, write_atom_set)
+from projection import learned as learning
+from hartonomous.atomset.record import LearnedPositionsStats
 from projection.history import (CRITERION_DEFINITIONS, HISTORY_GRID, TOP1_TOLERANCE, choose_history_weight,
                                 history_pairs)
 from projection.options import BuildOptions
@@ -250,6 +254,56 @@ def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected,
     return Centroid(best.window, best.decay, rows)
 
 
+# --- learn_positions -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LearnedPositions:
+    """The trained token positions and the centroid they go with (the decay may be learned)."""
+
+    positions: np.ndarray
+    centroid: Centroid
+    stats: LearnedPositionsStats
+
+
+def learn_positions(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
+                    centroid: Centroid, ui: Reporter) -> LearnedPositions:
+    """Train every token's position from the projection's against the exact model's labels
+    (projection/learned.py); validated and early-stopped on the calibration half."""
+    if options.target == "soft":
+        ids, probs = labelled.train_top_ids, labelled.train_top_probs
+    elif options.target == "argmax":
+        ids, probs = labelled.train_argmax, None
+    else:
+        ids, probs = [np.r_[c[1:], 0] for c in labelled.train_chunks], None
+    contexts = learning.distinct_contexts(labelled.train_chunks, ids, probs, centroid.window, loaded.vocab_size)
+    # early stopping ranks epochs the way the build chooses its final (history weight, h): --calibrate-by
+    objective = "top1" if options.calibrate_by == "top1" else options.bandwidth_objective
+    validation = learning.Validation(labelled.calibration_chunks, labelled.calibration_targets, options.kernel,
+                                     options.max_neighbors, objective, history_window=options.history_window,
+                                     history_weight=options.history_weight, criterion=options.calibrate_by,
+                                     bandwidth_objective=options.bandwidth_objective,
+                                     atoms=lambda p, d: atom_rows(options, labelled, p, centroid.window, d))
+    settings = learning.Settings(centroid.window, centroid.decay, options.epochs, options.learning_rate,
+                                 learn_decay=options.learn_decay, seed=options.seed, keep=options.keep_epoch)
+    ui.step(f"learning positions: {contexts.count:,} distinct training contexts, up to {options.epochs} epochs "
+            f"(learning rate {options.learning_rate:g}{', decay learned' if options.learn_decay else ''})")
+    with ui.bar("learning positions", options.epochs, "epoch") as advance:
+        result = learning.learn(projected.positions, contexts, validation, settings, loaded.embeddings, advance,
+                                ui.step)
+    ui.step(f"kept epoch {result.best_epoch} of {len(result.curve) - 1} ({result.seconds:.1f}s"
+            + (", stopped early" if result.stopped_early else "") + f"); decay {result.decay:.4g}")
+    stats = LearnedPositionsStats(
+        epochs=options.epochs, learning_rate=options.learning_rate, best_epoch=result.best_epoch,
+        stopped_early=result.stopped_early, seconds=result.seconds, split="calibration", contexts=result.contexts,
+        curve=result.curve, displacement=result.displacement, objective=objective,
+        learn_decay=options.learn_decay, initial_decay=centroid.decay, decay=result.decay,
+        trained_bandwidth=result.bandwidth, trained_tokens=result.trained_tokens,
+        carried_tokens=result.carried_tokens, neighbours=settings.neighbours,
+        regularisation=settings.regularisation, patience=settings.patience, initialised_from=options.projection,
+        keep_epoch=options.keep_epoch)
+    return LearnedPositions(result.positions, Centroid(centroid.window, result.decay, centroid.sweep), stats)
+
+
 # --- make_atoms ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -435,8 +489,8 @@ def split_stats(chunks: list[np.ndarray], text: str) -> SplitStats:
 
 
 def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
-                  atoms: Atoms, calibrated: Calibrated, history: History, control: Control | None = None
-                  ) -> BuildStats:
+                  atoms: Atoms, calibrated: Calibrated, history: History, control: Control | None = None,
+                  learned: LearnedPositions | None = None) -> BuildStats:
     """atom_sets.stats of the build (the ingest adds its own timings under `ingest`)."""
     texts, is_context = loaded.texts, options.kind == "context"
     train_tokens = int(sum(map(len, labelled.train_chunks)))
@@ -468,6 +522,7 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         test_split=split_stats(texts.test_chunks, texts.test_text),
         history=history.record,
         controls=ControlStats(random_positions=control.name) if control is not None else None,
+        learned_positions=learned.stats if learned is not None else None,
     )
 
 
@@ -498,18 +553,23 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
 
 
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
-           history: History, stats: BuildStats, ui: Reporter) -> IngestReport:
-    """Write the set (its row, tokens, landmarks, atoms) in one transaction."""
+           history: History, stats: BuildStats, ui: Reporter,
+           learned: LearnedPositions | None = None) -> IngestReport:
+    """Write the set (its row, tokens, landmarks, atoms) in one transaction; learned positions are
+    stored as projection 'learned' without landmarks (they are no projection of the embeddings)."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
                            landmark_token_ids=None if fitted.landmark_idx is None else fitted.landmark_idx.tolist())
-    spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, options.projection,
+    projection = options.projection
+    if learned is not None:
+        positions, projection, params = learned.positions, "learned", {**params, "initialised_from": projection}
+    spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
                        history.bandwidth, stats, options.make_default, model_key=options.model,
                        history_weight=history.weight, history_window=history.window, layout=options.layout)
     landmarks = None
-    if fitted.landmark_idx is not None:
+    if fitted.landmark_idx is not None and learned is None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])
     return _write(conn, options, loaded, spec, positions, landmarks, atoms.rows, ui)
 

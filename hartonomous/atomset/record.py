@@ -58,6 +58,12 @@ SplitStats = _section(
 ControlStats = _section(
     "ControlStats", "Control atom sets built beside this one, named by what they control for.",
     random_positions=str)   # same atoms, keys from random token positions
+LearnedPositionsStats = _section(
+    "LearnedPositionsStats", "`build --positions learned` (projection/learned.py): the settings, the training curve "
+    "(one row per epoch, epoch 0 = the projection), the epoch kept, the time, the positions' statistics.",
+    epochs=int, learning_rate=float, best_epoch=int, stopped_early=bool, seconds=float, split=str, contexts=int,
+    curve=(list[dict[str, Any]], Field(default_factory=list)),
+    displacement=(dict[str, Any], Field(default_factory=dict)))
 
 
 class BuildStats(_section(
@@ -68,7 +74,7 @@ class BuildStats(_section(
         calibration_split=SplitStats,      # what the build tuned on (bandwidth, history weight, ...)
         test_split=SplitStats,             # what `compare` scores by default; never tuned on
         history=dict[str, Any],            # the history-weight calibration (grid and choice)
-        controls=ControlStats)):
+        controls=ControlStats, learned_positions=LearnedPositionsStats)):
     """Everything a build records about itself; each section is None when the build had no such step."""
 
     @model_validator(mode="before")
