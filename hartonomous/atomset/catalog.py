@@ -16,7 +16,7 @@ from hartonomous.errors import UserError
 _COLUMNS = """
     s.id, s.name, s.model, s.model_key, s.kind, s.vocab_size, s.embedding_dim, s.projection,
     s.projection_params, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
-    s.history_weight, s.history_window, s.is_default, s.created_at, s.stats,
+    s.history_weight, s.history_window, s.risk_model, s.is_default, s.created_at, s.stats,
     COALESCE((s.stats->'ingest'->>'atoms')::bigint,
              (SELECT count(*) FROM atoms a WHERE a.atom_set_id = s.id)) AS atoms
 """

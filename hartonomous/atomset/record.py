@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hartonomous.risk import RiskModel
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -166,6 +168,7 @@ class AtomSet(BaseModel):
     bandwidth: float
     history_weight: float           # weight of the context's own history atoms (0 = off)
     history_window: int             # how many earlier context positions become history atoms
+    risk_model: RiskModel | None = None   # the build's risk predictor (hartonomous/risk.py); None: none
     is_default: bool
     created_at: datetime | None
     stats: BuildStats
