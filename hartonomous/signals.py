@@ -53,21 +53,28 @@ def distribution_signals(p: np.ndarray) -> dict[str, float]:
     return {"h": h, "h2": h2, "varentropy": v, "r": h2 - (h - 0.5 * v), "top_probability": float(np.max(p))}
 
 
+def kernel_distribution(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, kernel: str,
+                        bandwidth: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token ids ascending, their probabilities, each candidate's share of the kernel mass): the
+    kernel's own distribution over the candidates (next_token at T = 1, no top-k/top-p/penalty)."""
+    from hartonomous.kernel import log_contributions      # scipy: imported where it is used
+
+    contrib = log_contributions(distances, weights, kernel, bandwidth)
+    mass = np.exp(contrib - contrib.max())
+    unique, inverse = np.unique(np.asarray(tokens), return_inverse=True)
+    per_token = np.bincount(inverse, weights=mass, minlength=len(unique))
+    return unique, per_token / per_token.sum(), mass / mass.sum()
+
+
 def candidate_signals(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, history: np.ndarray,
                       kernel: str, bandwidth: float, nearest_stored: float | None) -> StepSignals:
     """The signals of one step from its candidate atoms (stored and history, after search_radius):
     their tokens, distances to the centroid, weights and which are history atoms; `nearest_stored`
     is the distance to the nearest stored atom (before search_radius)."""
-    from hartonomous.kernel import log_contributions      # scipy: imported where it is used
-
     nearest = None if nearest_stored is None else float(nearest_stored) / bandwidth
-    tokens = np.asarray(tokens)
     if len(tokens) == 0:
         return StepSignals(None, None, None, None, None, nearest, None, 0)
-    contrib = log_contributions(distances, weights, kernel, bandwidth)
-    mass = np.exp(contrib - contrib.max())
-    unique, inverse = np.unique(tokens, return_inverse=True)
-    per_token = np.bincount(inverse, weights=mass, minlength=len(unique))
-    share = float(mass[np.asarray(history, dtype=bool)].sum() / mass.sum())
-    return StepSignals(**distribution_signals(per_token / per_token.sum()), nearest_bandwidths=nearest,
-                       history_share=share, distinct_tokens=len(unique))
+    unique, probs, share = kernel_distribution(tokens, distances, weights, kernel, bandwidth)
+    return StepSignals(**distribution_signals(probs), nearest_bandwidths=nearest,
+                       history_share=float(share[np.asarray(history, dtype=bool)].sum()),
+                       distinct_tokens=len(unique))

@@ -478,8 +478,8 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
 
 
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
-           history: History, stats: BuildStats, ui: Reporter) -> IngestReport:
-    """Write the set (its row, tokens, landmarks, atoms) in one transaction."""
+           history: History, stats: BuildStats, ui: Reporter, risk_model=None) -> IngestReport:
+    """Write the set (its row, tokens, landmarks, atoms and risk predictor) in one transaction."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
@@ -487,7 +487,8 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, options.projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
                        history.bandwidth, stats, options.make_default, model_key=options.model,
-                       history_weight=history.weight, history_window=history.window)
+                       history_weight=history.weight, history_window=history.window,
+                       risk_model=None if risk_model is None else risk_model.model_dump(mode="json"))
     landmarks = None
     if fitted.landmark_idx is not None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])
