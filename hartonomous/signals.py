@@ -36,7 +36,7 @@ class StepSignals:
     top_probability: float | None
     nearest_bandwidths: float | None
     history_share: float | None
-    distinct_tokens: int
+    distinct_tokens: int | None               # None on the exact path (it has no neighbours)
     risk: float | None = None
 
     def features(self) -> dict[str, float | None]:

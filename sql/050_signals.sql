@@ -28,6 +28,10 @@
 --                        on the calibration half; ht_risk below) applied to these signals: the
 --                        predicted probability that the spatial top-1 differs from the exact
 --                        model's; NULL when the set has no predictor.
+-- Contributions below exp(-700) times the largest one count as 0, as in next_token's softmax
+-- (PostgreSQL raises on float underflow, and exp() of less than about -708 underflows).
+-- Probabilities below 1e-150 count as 0 in h, h2 and varentropy (their terms are below 1e-147,
+-- and PostgreSQL raises on float underflow); they still count in distinct_tokens.
 -- No candidates (search_radius excludes all): the distribution signals are NULL, distinct_tokens 0.
 -- Bad input raises SQLSTATE 22023 naming the argument, with next_token's rules.
 
@@ -123,19 +127,20 @@ BEGIN
          WHERE search_radius IS NULL OR (k.key <<->> c.center) <= search_radius
     ), scaled AS (
         SELECT t.tid, t.hist,
-               CASE WHEN t.lc - t.m < -744 THEN 0 ELSE exp(t.lc - t.m) END AS e
+               CASE WHEN t.lc - t.m < -700 THEN 0 ELSE exp(t.lc - t.m) END AS e
           FROM (SELECT x.*, max(x.lc) OVER () AS m FROM contribution x) t
     ), token AS (
         SELECT t.tid, sum(t.e) AS e FROM scaled t GROUP BY t.tid
     ), prob AS (
         SELECT t.e / sum(t.e) OVER () AS p FROM token t
     ), entropy AS (
-        SELECT -sum(CASE WHEN p.p > 0 THEN p.p * ln(p.p) ELSE 0 END) AS h,
-               -ln(sum(p.p * p.p)) AS h2, max(p.p) AS top, count(*)::integer AS n
+        SELECT -sum(CASE WHEN p.p > 1e-150 THEN p.p * ln(p.p) ELSE 0 END) AS h,
+               -ln(sum(CASE WHEN p.p > 1e-150 THEN p.p * p.p ELSE 0 END)) AS h2, max(p.p) AS top,
+               count(*)::integer AS n
           FROM prob p
     )
     SELECT e.h, e.h2,
-           (SELECT sum(CASE WHEN p.p > 0 THEN p.p * (ln(p.p) + e.h) ^ 2 ELSE 0 END) FROM prob p) AS v,
+           (SELECT sum(CASE WHEN p.p > 1e-150 THEN p.p * (ln(p.p) + e.h) ^ 2 ELSE 0 END) FROM prob p) AS v,
            e.top, e.n,
            (SELECT sum(t.e) FILTER (WHERE t.hist) / nullif(sum(t.e), 0) FROM scaled t) AS share,
            (SELECT min(n.d) FROM nearest n) / s.bandwidth AS nearest
