@@ -4,8 +4,9 @@ predicted risk is below a threshold, else from the exact model.
 Per step the spatial path's signals (SQL next_token_signals) give the risk r, the probability that
 the spatial top-1 differs from the exact model's (hartonomous/risk.py). r < threshold: the step's
 distribution is `next_token`'s; otherwise the exact model's. threshold 0 sends every step to the
-exact model and infinity every step to the spatial path, without computing a risk (so they are
-exactly those paths); one knob trades speed for fidelity in between.
+exact model and any threshold above 1 (a risk is a probability) every step to the spatial path,
+without computing a risk (so they are exactly those paths); one knob trades speed for fidelity in
+between.
 
 The exact model's KV cache follows every accepted token. After an exact step the token is decoded
 at once (`ExactBackend.advance`, as on the exact path); tokens taken from the spatial path are
@@ -81,7 +82,7 @@ class HybridBackend:
         return self.exact.eos_token_ids()
 
     def start(self, prompt_ids: list[int]) -> HybridState:
-        exact = self.exact.start(prompt_ids) if self.threshold < math.inf else self.exact.begin(prompt_ids)
+        exact = self.exact.start(prompt_ids) if self.threshold <= 1 else self.exact.begin(prompt_ids)
         return HybridState(self.spatial.start(prompt_ids), exact, HybridStats(self.threshold))
 
     def signals(self, state: HybridState) -> StepSignals:
@@ -93,12 +94,12 @@ class HybridBackend:
     def route(self, state: HybridState) -> str:
         if self.threshold == 0:
             return "exact"
-        if self.threshold == math.inf:
+        if self.threshold > 1:                   # a risk is a probability: every step is below
             return "spatial"
         risk = self.signals(state).risk
         if risk is None:
             raise UserError(f"atom set '{self.spatial.atom_set_name}' has no risk predictor, which the hybrid "
-                            "path needs at a threshold other than 0 or inf; rebuild it with `hartonomous build`")
+                            "path needs at a threshold in (0, 1]; rebuild it with `hartonomous build`")
         state.stats.risks.append(risk)
         return "spatial" if risk < self.threshold else "exact"
 
