@@ -106,8 +106,13 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=500)
     parser.add_argument("--gen-tokens", type=int, default=32)
     parser.add_argument("--gen-prompts", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: on a shared, loaded machine more threads wait on each other)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     conn = psycopg.connect(owner_url(), autocommit=True)
     record = load_atom_set(conn, args.atom_set)
@@ -147,6 +152,8 @@ def main() -> None:
            "spatial_top1_agreement": float(right.mean()), "roc_auc_wrong": auc,
            "next_token_ms_median": pos["next_token_ms"], "signals_ms_median": pos["signals_ms"],
            "teacher_seconds": teacher_s, "curve": rows,
+           "exact_ms_per_token": rows[-1]["hybrid_generation"]["ms_per_token"],
+           "spatial_ms_per_token": rows[0]["hybrid_generation"]["ms_per_token"],
            "machine": {"cpus": os.cpu_count(), "load_1min": os.getloadavg()[0], "gpu": None,
                        "note": "2 vCPUs shared with other helpers' tests and builds"},
            "per_position": [{"exact": int(e), "spatial": int(s), **sig}

@@ -83,16 +83,17 @@ RETURNS TABLE(h double precision, h2 double precision, varentropy double precisi
               nearest_bandwidths double precision, history_share double precision,
               distinct_tokens integer, risk double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = public, pg_temp
-SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET plan_cache_mode = force_generic_plan
+SET search_path = public, pg_temp
 AS $$
--- The signals of one context; semantics at the top of this file.
 #variable_conflict use_column
+-- The signals of one context; semantics at the top of this file. Planned once per session (static
+-- SQL, generic plan), like next_token.
 DECLARE
+    v_model jsonb;
     s       record;
     c       record;
-    v_model jsonb;
     v_after integer;
     v_ln_w  double precision;
     v       record;
