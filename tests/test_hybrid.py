@@ -12,11 +12,14 @@ from hartonomous import sqlcalls
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.hybrid import HybridBackend, HybridStats
 from hartonomous.backends.spatial import SpatialState
+from hartonomous.client import Client
 from hartonomous.engine import Engine, GenerationConfig
+from hartonomous.exact import ExactModel
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.risk import RiskModel
 from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, one_torch_thread,  # noqa: F401
                               spatial, tiny_exact_backend)
+from tiny_model import tiny_model
 
 GREEDY = GenerationConfig(max_new_tokens=24, temperature=0.0, stop_at_eos=False)
 SAMPLED = GenerationConfig(max_new_tokens=24, temperature=1.0, top_k=40, top_p=0.9, seed=5, stop_at_eos=False)
@@ -175,3 +178,19 @@ def test_adaptive_needs_a_path_with_signals() -> None:
     with pytest.raises(InvalidArgument) as err:
         exact_engine().generate(PROMPTS[0], GREEDY.with_options(adaptive=True))
     assert err.value.name == "adaptive"
+
+
+def test_the_client_gives_the_exact_path_the_spatial_risk_for_adaptive_sampling(server_url, atom_set) -> None:
+    model, tokenizer = tiny_model(0)
+    with psycopg.connect(server_url, autocommit=True) as conn, \
+            Client(connection=conn, atom_set=atom_set, spatial_tokenizer=tokenizer,
+                   exact_model=ExactModel(model, tokenizer), risk_threshold=0.0) as client:
+        session = client.stream(PROMPTS[0], path="exact", adaptive=True, explore_risk=0.0, cautious_risk=1.0,
+                                max_new_tokens=4, seed=3, stop_at_eos=False)
+        modes = [event.mode for event in session.events()]
+        assert modes == ["explore"] * 4
+        hybrid_result = client.generate(PROMPTS[0], path="hybrid", temperature=0.0, max_new_tokens=6,
+                                        stop_at_eos=False)
+        exact_result = client.generate(PROMPTS[0], path="exact", temperature=0.0, max_new_tokens=6,
+                                       stop_at_eos=False)
+        assert hybrid_result.token_ids == exact_result.token_ids and hybrid_result.stats.exact_fraction == 1.0
