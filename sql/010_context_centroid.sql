@@ -30,7 +30,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- The atom set named p_atom_set, or the default one when it is NULL; history_weight and
--- history_window are the arguments when given (checked by the caller), else the set's own.
+-- history_window are the arguments when given (checked by the caller), else the set's own, and
+-- history_window is 0 when history_weight is 0: it is the number of history keys to compute.
 #variable_conflict use_column
 BEGIN
     IF p_atom_set IS NULL THEN
@@ -57,7 +58,7 @@ BEGIN
         END IF;
     END IF;
     history_weight := coalesce(p_history_weight, history_weight);
-    history_window := coalesce(p_history_window, history_window);
+    history_window := CASE WHEN history_weight > 0 THEN coalesce(p_history_window, history_window) ELSE 0 END;
 END
 $$;
 
@@ -85,6 +86,24 @@ BEGIN
             MESSAGE = format('%s must not contain NULL (element %s is NULL)', p_argument,
                              array_position(p_context, NULL)),
             HINT = 'Remove the NULLs; every element is a token id.';
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_check_between(p_argument text, p_value bigint, p_min bigint,
+                                            p_max bigint, p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- A whole-number argument within [p_min, p_max]; NULL is out of range. Raises 22023 naming it.
+BEGIN
+    IF p_value IS NULL OR p_value < p_min OR p_value > p_max THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s must be between %s and %s, got %s', p_argument, p_min, p_max,
+                             coalesce(p_value::text, 'NULL')),
+            HINT = p_hint;
     END IF;
 END
 $$;
@@ -137,6 +156,7 @@ DECLARE
     v_span  integer;              -- the effective window W; NULL: unbounded
     v_block integer := 1;         -- keys per block
     v_ln_d  double precision := 0;
+    v_short boolean;              -- sum windows from a moving frame (else running sums)
     tail    geometry[];
     cx      double precision;
     cy      double precision;
@@ -193,68 +213,57 @@ BEGIN
     IF v_m = 0 THEN
         RETURN;
     END IF;
-    -- Rows: each kept element j in its own block b, and in the next one when its window reaches
-    -- it, with its scale g = decay^(r - j) for the block's reference r.
-    IF v_span IS NULL OR v_span <= 16 THEN
-        -- Short or unbounded windows: windowed sums straight from the frame (PostgreSQL re-adds
-        -- a moving frame row by row, so this costs W per key; an unbounded frame never moves).
-        WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
-        ), member AS (
-            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
-              FROM element e
-            UNION ALL
-            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
-              FROM element e
-             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
-               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
-        )
-        SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
-          INTO history_keys
-          FROM (SELECT g.b, g.j,
-                       sum(g.g * g.x) OVER w + CASE WHEN g.b = 0 THEN coalesce(cx, 0) ELSE 0 END AS sx,
-                       sum(g.g * g.y) OVER w + CASE WHEN g.b = 0 THEN coalesce(cy, 0) ELSE 0 END AS sy,
-                       sum(g.g * g.z) OVER w + CASE WHEN g.b = 0 THEN coalesce(cz, 0) ELSE 0 END AS sz,
-                       sum(g.g) OVER w + CASE WHEN g.b = 0 THEN coalesce(cg, 0) ELSE 0 END AS sg
-                  FROM (SELECT m.b, m.j, m.x, m.y, m.z,
-                               exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
-                          FROM member m) g
-                WINDOW w AS (PARTITION BY g.b ORDER BY g.j
-                             ROWS BETWEEN coalesce(v_span - 1, n) PRECEDING AND CURRENT ROW)) k
-         WHERE k.j >= v_first + k.b * v_block;
-    ELSE
-        -- Long windows: running sums minus the running sum W elements back (O(1) per key).
-        WITH element AS (
-            SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
-              FROM unnest(tail) WITH ORDINALITY AS e(p, k)
-        ), member AS (
-            SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
-              FROM element e
-            UNION ALL
-            SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
-              FROM element e
-             WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
-               AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
-        ), running AS (
-            SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
-                   sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
-              FROM (SELECT m.b, m.j, m.x, m.y, m.z,
-                           exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
-                      FROM member m) g
-            WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
-        )
-        SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
-          INTO history_keys
-          FROM (SELECT r.b, r.j,
-                       r.sx - lag(r.sx, v_span, 0::float8) OVER w AS sx,
-                       r.sy - lag(r.sy, v_span, 0::float8) OVER w AS sy,
-                       r.sz - lag(r.sz, v_span, 0::float8) OVER w AS sz,
-                       r.sg - lag(r.sg, v_span, 0::float8) OVER w AS sg
-                  FROM running r
-                WINDOW w AS (PARTITION BY r.b ORDER BY r.j)) k
-         WHERE k.j >= v_first + k.b * v_block;
-    END IF;
+    -- Rows (scaled): each kept element j in its own block b, and in the next one when its window
+    -- reaches it, with its scale g = decay^(r - j) for the block's reference r. Two ways to sum
+    -- the windows over them; v_short picks one, and the other does not run (a one-time filter).
+    -- Short or unbounded windows (framed): sums straight from the frame (PostgreSQL re-adds a
+    -- moving frame row by row, so this costs W per key; an unbounded frame never moves). Long
+    -- windows (running, differenced): running sums minus the running sum W elements back (O(1)
+    -- per key).
+    v_short := v_span IS NULL OR v_span <= 16;
+    WITH element AS (
+        SELECT e.k + v_lo - 1 AS j, ST_X(e.p) AS x, ST_Y(e.p) AS y, ST_Z(e.p) AS z
+          FROM unnest(tail) WITH ORDINALITY AS e(p, k)
+    ), member AS (
+        SELECT e.j, greatest(e.j - v_first, 0) / v_block AS b, e.x, e.y, e.z
+          FROM element e
+        UNION ALL
+        SELECT e.j, (e.j - v_first) / v_block + 1, e.x, e.y, e.z
+          FROM element e
+         WHERE e.j >= v_first AND (e.j - v_first) % v_block + v_span > v_block
+           AND v_first + ((e.j - v_first) / v_block + 1) * v_block <= v_last
+    ), scaled AS (
+        SELECT m.b, m.j, m.x, m.y, m.z, exp((v_first + m.b * v_block - m.j) * v_ln_d) AS g
+          FROM member m
+    ), framed AS (
+        SELECT g.b, g.j,
+               sum(g.g * g.x) OVER w + CASE WHEN g.b = 0 THEN coalesce(cx, 0) ELSE 0 END AS sx,
+               sum(g.g * g.y) OVER w + CASE WHEN g.b = 0 THEN coalesce(cy, 0) ELSE 0 END AS sy,
+               sum(g.g * g.z) OVER w + CASE WHEN g.b = 0 THEN coalesce(cz, 0) ELSE 0 END AS sz,
+               sum(g.g) OVER w + CASE WHEN g.b = 0 THEN coalesce(cg, 0) ELSE 0 END AS sg
+          FROM scaled g
+         WHERE v_short
+        WINDOW w AS (PARTITION BY g.b ORDER BY g.j
+                     ROWS BETWEEN coalesce(v_span - 1, n) PRECEDING AND CURRENT ROW)
+    ), running AS (
+        SELECT g.b, g.j, sum(g.g * g.x) OVER w AS sx, sum(g.g * g.y) OVER w AS sy,
+               sum(g.g * g.z) OVER w AS sz, sum(g.g) OVER w AS sg
+          FROM scaled g
+         WHERE NOT v_short
+        WINDOW w AS (PARTITION BY g.b ORDER BY g.j ROWS UNBOUNDED PRECEDING)
+    ), differenced AS (
+        SELECT r.b, r.j,
+               r.sx - lag(r.sx, v_span, 0::float8) OVER w AS sx,
+               r.sy - lag(r.sy, v_span, 0::float8) OVER w AS sy,
+               r.sz - lag(r.sz, v_span, 0::float8) OVER w AS sz,
+               r.sg - lag(r.sg, v_span, 0::float8) OVER w AS sg
+          FROM running r
+        WINDOW w AS (PARTITION BY r.b ORDER BY r.j)
+    )
+    SELECT array_agg(ST_MakePoint(k.sx / k.sg, k.sy / k.sg, k.sz / k.sg) ORDER BY k.j)
+      INTO history_keys
+      FROM (SELECT * FROM framed UNION ALL SELECT * FROM differenced) k
+     WHERE k.j >= v_first + k.b * v_block;
 END
 $$;
 

@@ -121,12 +121,7 @@ BEGIN
             MESSAGE = format('search_radius must be >= 0, got %s', p_search_radius),
             HINT = 'Use NULL for no radius limit.';
     END IF;
-    IF p_max_neighbors IS NULL OR p_max_neighbors < 1 OR p_max_neighbors > 100000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('max_neighbors must be between 1 and 100000, got %s',
-                             coalesce(p_max_neighbors::text, 'NULL')),
-            HINT = 'The default is 100.';
-    END IF;
+    PERFORM ht_check_between('max_neighbors', p_max_neighbors, 1, 100000, 'The default is 100.');
     IF p_repetition_penalty IS NULL OR p_repetition_penalty = 'NaN' OR p_repetition_penalty <= 0
        OR p_repetition_penalty = 'Infinity' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -145,10 +140,9 @@ BEGIN
             MESSAGE = format('history_weight must be a finite number >= 0, got %s', p_history_weight),
             HINT = 'Use 0 to turn history atoms off, or NULL for the atom set''s history_weight.';
     END IF;
-    IF p_history_window < 0 OR p_history_window > 4096 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('history_window must be between 0 and 4096, got %s', p_history_window),
-            HINT = 'It counts the context''s last tokens used as history atoms; 0 turns them off, NULL is the atom set''s history_window.';
+    IF p_history_window IS NOT NULL THEN
+        PERFORM ht_check_between('history_window', p_history_window, 0, 4096,
+            'It counts the context''s last tokens used as history atoms; 0 turns them off, NULL is the atom set''s history_window.');
     END IF;
 END
 $$;
@@ -271,8 +265,7 @@ BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context,
-                                             CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
     RETURN QUERY
         SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, context, temperature,
                                     top_k, top_p, search_radius, max_neighbors, repetition_penalty,
@@ -350,8 +343,7 @@ BEGIN
     FOR j IN 1 .. cardinality(lens) LOOP
         ctx := ctxs[offs + 1 : offs + lens[j]];
         offs := offs + lens[j];
-        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx,
-                                                 CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx, s.history_window);
         RETURN QUERY
             SELECT j - 1, n.token_id, n.probability, n.cumulative_probability
               FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k,

@@ -7,7 +7,8 @@
 -- sample_next_token draws one token from next_token's rows by the inverse CDF: walking the
 -- rows in their order (probability descending, token_id ascending), it returns the first whose
 -- cumulative_probability > u (u = seeded_uniform(seed, step), or random() when seed is NULL);
--- if rounding leaves none, the last row with probability > 0. T = 0 returns the argmax row.
+-- if rounding leaves none, the last row with probability > 0 (ht_pick, the one home of this
+-- rule; ht_uniform gives u). T = 0 returns the argmax row.
 -- generate_tokens runs the whole autoregressive loop (the original sp_BatchInference loop):
 -- step s (0-based) draws with seeded_uniform(seed, s) from next_token(context || generated), so
 -- it equals calling sample_next_token(context || generated, ..., seed, s) step by step. It stops
@@ -39,6 +40,52 @@ AS $$
 $$;
 
 
+CREATE OR REPLACE FUNCTION ht_uniform(p_seed bigint, p_step integer)
+RETURNS double precision
+LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The uniform a draw uses: seeded_uniform(seed, step), or random() when seed is NULL.
+BEGIN
+    RETURN CASE WHEN p_seed IS NULL THEN random() ELSE seeded_uniform(p_seed, p_step) END;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_check_seed_step(p_seed bigint, p_step integer, p_argument text,
+                                              p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- A seeded draw needs its step number: raises 22023 naming p_argument when seed is given without it.
+BEGIN
+    IF p_seed IS NOT NULL AND p_step IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s must not be NULL when seed is given', p_argument), HINT = p_hint;
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_pick(p_probabilities double precision[],
+                                   p_cumulative double precision[], p_u double precision)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The pick rule of every draw (sample_next_token, generate_tokens, draft_tokens): the 1-based
+-- index of the first row, in next_token's order, whose cumulative probability is > p_u; if
+-- rounding leaves none, the last row with probability > 0. NULL when there are no rows.
+BEGIN
+    RETURN (SELECT r.i::integer
+              FROM unnest(p_probabilities, p_cumulative) WITH ORDINALITY AS r(p, cum, i)
+             ORDER BY CASE WHEN r.cum > p_u THEN r.i END NULLS LAST, (r.p > 0) DESC, r.i DESC
+             LIMIT 1);
+END
+$$;
+
+
 CREATE OR REPLACE FUNCTION ht_sample(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
@@ -51,18 +98,19 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- The inverse-CDF pick over ht_next_token's rows for a uniform p_u; NULL when no candidates.
+-- ht_pick over ht_next_token's rows for a uniform p_u; NULL when no candidates.
 DECLARE
-    picked integer;
+    ids   integer[];
+    probs double precision[];
+    cums  double precision[];
 BEGIN
-    SELECT n.tid INTO picked
+    SELECT array_agg(n.tid ORDER BY n.i), array_agg(n.p ORDER BY n.i), array_agg(n.cum ORDER BY n.i)
+      INTO ids, probs, cums
       FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, p_center, p_context, p_temperature,
                          p_top_k, p_top_p, p_search_radius, p_max_neighbors,
                          p_repetition_penalty, p_history_keys,
-                         p_history_weight) WITH ORDINALITY AS n(tid, p, cum, i)
-     ORDER BY CASE WHEN n.cum > p_u THEN n.i END NULLS LAST, (n.p > 0) DESC, n.i DESC
-     LIMIT 1;
-    RETURN picked;
+                         p_history_weight) WITH ORDINALITY AS n(tid, p, cum, i);
+    RETURN ids[ht_pick(probs, cums, p_u)];
 END
 $$;
 
@@ -95,17 +143,12 @@ BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
-    IF seed IS NOT NULL AND step IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'step must not be NULL when seed is given',
-            HINT = 'Use 0 for the first draw of a seed, 1 for the next, ...';
-    END IF;
+    PERFORM ht_check_seed_step(seed, step, 'step', 'Use 0 for the first draw of a seed, 1 for the next, ...');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context,
-                                             CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
     picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, context, temperature, top_k, top_p,
                         search_radius, max_neighbors, repetition_penalty, c.history_keys,
-                        s.history_weight,
-                        CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
+                        s.history_weight, ht_uniform(seed, step));
     IF picked IS NULL THEN
         RAISE NOTICE 'sample_next_token: no atom of atom set % lies within search_radius % of the context centroid; returning NULL',
             quote_literal(s.name), search_radius
@@ -150,19 +193,15 @@ BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
-    IF max_new_tokens IS NULL OR max_new_tokens < 0 OR max_new_tokens > 4096 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('max_new_tokens must be between 0 and 4096, got %s',
-                             coalesce(max_new_tokens::text, 'NULL')),
-            HINT = 'Generate at most 4096 tokens per call; continue from the result for more.';
-    END IF;
+    PERFORM ht_check_between('max_new_tokens', max_new_tokens, 0, 4096,
+                             'Generate at most 4096 tokens per call; continue from the result for more.');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     FOR step IN 0 .. max_new_tokens - 1 LOOP
         -- Step 0 checks every prompt token. Later steps read only what the centroid and the
         -- history keys need: the last keys + W tokens (W = centroid_window; NULL: all of them),
         -- since every key's prefix window then lies inside that slice.
         n := cardinality(ctx);
-        keys := CASE WHEN s.history_weight > 0 THEN least(s.history_window, n - 1) ELSE 0 END;
+        keys := least(s.history_window, n - 1);
         keep := keys + s.centroid_window;
         SELECT * INTO c FROM ht_context_centroid(
             s.id, s.centroid_window, s.centroid_decay,
@@ -171,8 +210,7 @@ BEGIN
             keys);
         picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k, top_p,
                             search_radius, max_neighbors, repetition_penalty, c.history_keys,
-                            s.history_weight,
-                            CASE WHEN seed IS NULL THEN random() ELSE seeded_uniform(seed, step) END);
+                            s.history_weight, ht_uniform(seed, step));
         IF picked IS NULL THEN
             RAISE NOTICE 'generate_tokens: step %: no atom of atom set % lies within search_radius % of the context centroid; stopping',
                 step, quote_literal(s.name), search_radius;

@@ -15,8 +15,8 @@
 --     (random() when seed is NULL), walking the rows in their order (probability descending,
 --     token_id ascending): the first row whose cumulative_probability > u, else (rounding) the
 --     last row with probability > 0. T = 0 gives next_token's single argmax row. This is
---     generate_tokens' rule: with first_step = 0 the drafted ids equal
---     generate_tokens(context, n, ..., seed, stop_tokens).
+--     generate_tokens' rule (the same ht_pick and ht_uniform, sql/030_sampling.sql): with
+--     first_step = 0 the drafted ids equal generate_tokens(context, n, ..., seed, stop_tokens).
 --  2. Each step returns one row: step s, the picked token_id, and the whole distribution it was
 --     picked from (token_ids and probabilities, in next_token's row order). That distribution is
 --     q, the draft distribution the speculative acceptance rule min(1, p/q) and the residual
@@ -58,20 +58,15 @@ AS $$
 #variable_conflict use_column
 DECLARE
     ctx    integer[] := draft_tokens.context;
-    u      double precision;
     ids    integer[];
     probs  double precision[];
+    cums   double precision[];
     picked integer;
 BEGIN
-    IF draft_tokens.n IS NULL OR draft_tokens.n < 1 OR draft_tokens.n > 64 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('n must be between 1 and 64, got %s', coalesce(draft_tokens.n::text, 'NULL')),
-            HINT = 'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).';
-    END IF;
-    IF draft_tokens.seed IS NOT NULL AND draft_tokens.first_step IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'first_step must not be NULL when seed is given',
-            HINT = 'Use 0 to draw like generate_tokens does from its first step.';
-    END IF;
+    PERFORM ht_check_between('n', draft_tokens.n, 1, 64,
+                             'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).');
+    PERFORM ht_check_seed_step(draft_tokens.seed, draft_tokens.first_step, 'first_step',
+                               'Use 0 to draw like generate_tokens does from its first step.');
     IF draft_tokens.first_step < 0 OR draft_tokens.first_step > 2147483647 - draft_tokens.n THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('first_step must be between 0 and %s for n = %s, got %s',
@@ -79,12 +74,9 @@ BEGIN
             HINT = 'first_step numbers the seeded draws; step s draws seeded_uniform(seed, first_step + s).';
     END IF;
     FOR s IN 0 .. draft_tokens.n - 1 LOOP
-        u := CASE WHEN draft_tokens.seed IS NULL THEN random()
-                  ELSE seeded_uniform(draft_tokens.seed, draft_tokens.first_step + s) END;
         SELECT array_agg(r.token_id ORDER BY r.i), array_agg(r.probability ORDER BY r.i),
-               (array_agg(r.token_id ORDER BY CASE WHEN r.cumulative_probability > u THEN r.i END
-                                              NULLS LAST, (r.probability > 0) DESC, r.i DESC))[1]
-          INTO ids, probs, picked
+               array_agg(r.cumulative_probability ORDER BY r.i)
+          INTO ids, probs, cums
           FROM next_token(context => ctx,
                           temperature => draft_tokens.temperature,
                           top_k => draft_tokens.top_k,
@@ -96,6 +88,7 @@ BEGIN
                           history_weight => draft_tokens.history_weight,
                           history_window => draft_tokens.history_window)
                WITH ORDINALITY AS r(token_id, probability, cumulative_probability, i);
+        picked := ids[ht_pick(probs, cums, ht_uniform(draft_tokens.seed, draft_tokens.first_step + s))];
         IF picked IS NULL THEN
             RAISE NOTICE 'draft_tokens: step %: next_token has no candidates; stopping', s;
             EXIT;

@@ -122,10 +122,11 @@ def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length
 
 def test_speculative_targets_and_markdown_say_what_was_met():
     from hartonomous.benchmark.speculative import METHODS, MethodTotals, markdown, targets
+    from hartonomous.speculative import SpeculativeStats
 
     def kind(ms: dict, rate: float) -> dict:
         totals = {m: MethodTotals(seconds=ms[m] * 64 / 1000, tokens=64, identical=1, prompts=1) for m in METHODS}
-        totals["speculative"].drafted, totals["speculative"].accepted, totals["speculative"].forwards = 40, int(40 * rate), 30
+        totals["speculative"].add_drafting(SpeculativeStats(drafted=40, accepted=int(40 * rate), forwards=30))
         base = totals["transformers_generate"].row(None)["ms_per_token"]
         return {"prompts": 1, "prompt_tokens": [10], "methods": {m: totals[m].row(base) for m in METHODS}}
 
@@ -143,3 +144,16 @@ def test_speculative_targets_and_markdown_say_what_was_met():
                "prompt_lookup_num_tokens": 3, "kinds": kinds, "targets": targets(kinds)}
     text = markdown(results, "hartonomous bench --speculative --quick")
     assert "`hartonomous bench --speculative --quick`" in text and "| speculative | 35.0 | 1.71x |" in text
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ([5, 6, 7], [5, 6, 7], True),
+    ([5, 6, 0, 9], [5, 6, 8, 3], True),      # the engine emits EOS (0) where transformers, masked, went on
+    ([5, 6, 0], [5, 6, 0, 1], True),
+    ([5, 7, 0], [5, 6, 8], False),            # a difference before the EOS counts
+    ([5, 6, 7], [5, 6, 8], False),
+])
+def test_greedy_outputs_are_compared_before_the_first_eos(a, b, same):
+    from hartonomous.benchmark.speculative import same_until_eos
+
+    assert same_until_eos(a, b, eos=0) is same

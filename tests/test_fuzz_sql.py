@@ -250,10 +250,15 @@ def _sampler_of(a: dict) -> dict:
     return {k: a[k] for k in SAMPLER}
 
 
-def _expected(db, sets, a: dict) -> tuple[str | None, FuzzSet | None]:
+def _expected(db, sets, a: dict, own_error: str | None = None) -> tuple[str | None, FuzzSet | None]:
+    """The argument the call must name (None: it must succeed) and the atom set it resolves to.
+
+    The functions check the context, then the sampler arguments, then their own arguments
+    (`own_error`: the first bad one, computed by the caller), then the atom set and the ids.
+    """
     if _context_error(a["context"]):
         return "context", None
-    bad = _sampler_error(**_sampler_of(a))
+    bad = _sampler_error(**_sampler_of(a)) or own_error
     if bad:
         return bad, None
     fs = _resolve(db, sets, a["atom_set"])
@@ -284,13 +289,7 @@ def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
 @given(a=inputs(("context", *SAMPLER, "atom_set", "seed", "step")))
 def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> None:
     rows, error = _call(db, SAMPLE, (*_params(a), a["seed"], a["step"], *_history(a)))
-    argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
-    if argument is None and a["seed"] is not None and a["step"] is None:
-        argument = "step"                       # checked before the atom set and the ids
-    fs = None
-    if argument is None:
-        fs = _resolve(db, sets, a["atom_set"])
-        argument = _set_error(fs, a["context"])
+    argument, fs = _expected(db, sets, a, "step" if a["seed"] is not None and a["step"] is None else None)
     if argument:
         return _assert_fails_naming(error, argument)
     _assert_succeeds(error)
@@ -306,13 +305,8 @@ def test_generate_tokens_gives_ids_of_the_set_or_22023(db, sets, a) -> None:
     max_new, stop = a["max_new_tokens"], a["stop_tokens"]
     params = _params(a)
     rows, error = _call(db, GENERATE, (a["context"], max_new, *params[1:], a["seed"], stop, *_history(a)))
-    argument = "context" if _context_error(a["context"]) else _sampler_error(**_sampler_of(a))
-    if argument is None and (max_new is None or not 0 <= max_new <= MAX_NEW_TOKENS):
-        argument = "max_new_tokens"
-    fs = None
-    if argument is None:
-        fs = _resolve(db, sets, a["atom_set"])
-        argument = _set_error(fs, a["context"])
+    bad_max_new = max_new is None or not 0 <= max_new <= MAX_NEW_TOKENS
+    argument, fs = _expected(db, sets, a, "max_new_tokens" if bad_max_new else None)
     if argument:
         return _assert_fails_naming(error, argument)
     _assert_succeeds(error)

@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from hartonomous import centroid
 from hartonomous.db import migrate
 from hartonomous.sampling import pick_by_uniform, seeded_uniform
-from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+from hand_sets import add_set, reference_sets, sets_digest
 from reference_next_token import AtomSetData, reference_rows
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
 VECTORS = json.loads((VECTOR_DIR / "sampler_cases.json").read_text())
 CASES = VECTORS["cases"]
 HISTORY = json.loads((VECTOR_DIR / "history_cases.json").read_text())
+RECORDED_BEFORE_HISTORY = json.loads((VECTOR_DIR / "next_token_before_history.json").read_text())
 NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
@@ -38,18 +39,6 @@ def db(server_url: str) -> Iterator[psycopg.Connection]:
         conn.execute("SELECT 1")  # open the transaction, so write_atom_set cannot commit
         yield conn
         conn.rollback()
-
-
-def add_set(db: psycopg.Connection, s: AtomSetData) -> int:
-    spec = AtomSetSpec(name=s.name, model="test", vocab_size=s.vocab_size, embedding_dim=3,
-                       projection="hand-made", kind="token", kernel=s.kernel, bandwidth=s.bandwidth,
-                       centroid_window=s.window, centroid_decay=s.decay)
-    tokens = TokenRows(np.arange(s.vocab_size), [None] * s.vocab_size, s.token_positions)
-    atoms = AtomRows(s.atom_tokens, s.atom_positions, s.atom_weights)
-    set_id = write_atom_set(db, spec, tokens, atoms).atom_set_id
-    db.execute("UPDATE atom_sets SET history_weight = %s, history_window = %s WHERE id = %s",
-               (s.history_weight, s.history_window, set_id))
-    return set_id
 
 
 def vector_set(case: dict) -> AtomSetData:
@@ -69,32 +58,10 @@ def vector_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
     return sets
 
 
-def random_set(name: str, seed: int, **params) -> AtomSetData:
-    rng = np.random.default_rng(seed)
-    vocab, atoms = 50, 600
-    return AtomSetData(name=name, token_positions=rng.random((vocab, 3)),
-                       atom_tokens=rng.integers(0, vocab, atoms), atom_positions=rng.random((atoms, 3)),
-                       atom_weights=rng.uniform(0.2, 2.0, atoms), **params)
-
-
 @pytest.fixture(scope="module")
 def ref_sets(db: psycopg.Connection) -> dict[str, AtomSetData]:
-    """Random sets; between them every kind of centroid window the history keys handle.
-
-    gauss: no window, decay 1 (keys read the whole context); expo: window 3, decay 0.6 (the set's
-    own history atoms on); steep: no window but decay e^-100, so weights beyond 3 steps back count
-    as 0 (the effective window is 4, and the keys are summed in blocks of 4 positions); slow:
-    window 6, decay 0.9; long: window 20 (keys from running sums, not from a moving frame), decay
-    e^-10 (blocks of 31 positions).
-    """
-    sets = {
-        "gauss": random_set("sqltest_gauss", 1, kernel="gaussian", bandwidth=0.15),
-        "expo": random_set("sqltest_expo", 2, kernel="exponential", bandwidth=0.1, window=3, decay=0.6,
-                           history_weight=1.5, history_window=8),
-        "steep": random_set("sqltest_steep", 3, kernel="gaussian", bandwidth=0.2, decay=math.exp(-100)),
-        "slow": random_set("sqltest_slow", 4, kernel="exponential", bandwidth=0.3, window=6, decay=0.9),
-        "long": random_set("sqltest_long", 5, kernel="gaussian", bandwidth=0.25, window=20, decay=math.exp(-10)),
-    }
+    """The random reference sets (tests/hand_sets.py), written into the module's transaction."""
+    sets = reference_sets()
     for s in sets.values():
         s.atom_set_id = add_set(db, s)
     return sets
@@ -259,34 +226,27 @@ def test_python_history_checks_match_sql(weight, window, argument: str) -> None:
         centroid.validate_history(weight, window)
 
 
-def _before_history(db: psycopg.Connection, s: AtomSetData, context: list[int], temperature, top_k, top_p,
-                    search_radius, max_neighbors, repetition_penalty) -> list[tuple]:
-    return db.execute(
-        "SELECT h.* FROM atom_sets s, pg_temp.ht_next_token_before_history(s.id, s.kernel, s.bandwidth,"
-        " pg_temp.ht_context_centroid_before_history(s.id, s.centroid_window, s.centroid_decay, %s),"
-        " %s, %s, %s, %s, %s, %s, %s) h WHERE s.name = %s",
-        (context, context, temperature, top_k, top_p, search_radius, max_neighbors, repetition_penalty,
-         s.name)).fetchall()
-
-
 def test_history_off_is_exactly_the_result_before_history_atoms(db, ref_sets) -> None:
-    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes no bit.
+    """history_weight 0 (or history_window 0, or a set whose history_weight is 0) changes nothing.
 
-    The other side is the code from before history atoms, frozen in tests/vectors.
+    The other side is the output of the code from before history atoms, recorded on these sets
+    (tests/vectors/record_before_history.py says how and from which commit): the same token ids
+    in the same order, probabilities within 1e-12; the ways of turning history off agree bit for bit.
     """
-    db.execute((VECTOR_DIR / "next_token_before_history.sql").read_text())
-    rng = np.random.default_rng(3)
-    calls = [(1.0, 40, 0.9, None, 100, 1.0), (0.7, 0, 1.0, None, 700, 1.3), (0.0, 40, 0.9, None, 30, 1.0),
-             (1.5, 5, 0.8, 0.3, 50, 0.7)]
-    for s in ref_sets.values():
-        for n, args in zip((1, 5, 40, 300), calls):
-            context = rng.integers(0, s.vocab_size, n).tolist()
-            before = _before_history(db, s, context, *args)
-            assert before
-            assert rows(db, context, *args[:5], s.name, args[5], 0.0, None) == before
-            assert rows(db, context, *args[:5], s.name, args[5], 7.0, 0) == before
-            if s.history_weight == 0:
-                assert rows(db, context, *args[:5], s.name, args[5]) == before
+    assert sets_digest(ref_sets) == RECORDED_BEFORE_HISTORY["sets_digest"], \
+        "the reference sets are not the ones the recording was made on (tests/hand_sets.py)"
+    sets = {s.name: s for s in ref_sets.values()}
+    for case in RECORDED_BEFORE_HISTORY["cases"]:
+        s = sets[case["atom_set"]]
+        args = (case["context"], case["temperature"], case["top_k"], case["top_p"], case["search_radius"],
+                case["max_neighbors"], s.name, case["repetition_penalty"])
+        before = [tuple(r) for r in case["rows"]]
+        assert before
+        off = rows(db, *args, 0.0, None)
+        assert_rows_equal(off, before, 1e-12)
+        assert rows(db, *args, 7.0, 0) == off
+        if s.history_weight == 0:
+            assert rows(db, *args) == off
 
 
 def test_null_history_arguments_take_the_atom_sets_values(db, ref_sets) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from hartonomous.risk import RiskModel
 
@@ -19,117 +19,59 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ProjectionStats(_Section):
-    """How well the 3D positions keep the embeddings' neighbourhoods (projection/quality.py)."""
+def _section(name: str, doc: str, **fields: Any) -> type[_Section]:
+    """A stats section: every field optional (None when the build did not record it), unknown keys kept.
 
-    trustworthiness: float | None = None
-    recall_at_10: float | None = None
-    seconds: float | None = None
-
-
-class CalibrationStats(_Section):
-    """The bandwidth calibration on the holdout (projection/calibrate.py)."""
-
-    h: float | None = None
-    top1: float | None = None
-    log_likelihood: float | None = None
-    coverage: float | None = None
+    A field is given by its type T (it becomes `T | None = None`) or as a (type, default) pair.
+    """
+    spec = {key: value if isinstance(value, tuple) else (value | None, None) for key, value in fields.items()}
+    return create_model(name, __base__=_Section, __doc__=doc, __module__=__name__, **spec)
 
 
-class CorpusStats(_Section):
-    """What the atoms were distilled from; `text` is recorded so baselines can be rebuilt."""
-
-    source: str | None = None
-    text: str | None = None
-    files: list[str] = Field(default_factory=list)
-    train_tokens: int | None = None
-    train_segments: int | None = None
-    max_tokens: int | None = None
-    context_length: int | None = None
-    seed: int | None = None
-    python: str | None = None
-
-
-class HoldoutStats(_Section):
-    """The held-out slice of the corpus, never used for atoms."""
-
-    source: str | None = None
-    text: str | None = None
-    chars: int | None = None
-    tokens: int | None = None
-    context_length: int | None = None
-
-
-class DistillStats(_Section):
-    """The exact model's teacher-forcing pass of the build."""
-
-    target: str | None = None
-    tokens: int | None = None
-    seconds: float | None = None
-    tokens_per_second: float | None = None
-    device: str | None = None
-    batch_tokens: int | None = None
-
-
-class AtomStats(_Section):
-    count: int | None = None
-    before_merge: int | None = None
-    merge_radius: float | None = None
-    full_keys: bool | None = None
+ProjectionStats = _section(
+    "ProjectionStats", "How well the 3D positions keep the embeddings' neighbourhoods (projection/quality.py).",
+    trustworthiness=float, recall_at_10=float, seconds=float)
+CalibrationStats = _section(
+    "CalibrationStats", "The bandwidth calibration on the holdout (projection/calibrate.py).",
+    h=float, top1=float, log_likelihood=float, coverage=float)
+CorpusStats = _section(
+    "CorpusStats", "What the atoms were distilled from; `text` is recorded so baselines can be rebuilt.",
+    source=str, text=str, files=(list[str], Field(default_factory=list)), train_tokens=int, train_segments=int,
+    max_tokens=int, context_length=int, seed=int, python=str)
+HoldoutStats = _section(
+    "HoldoutStats", "The held-out slice of the corpus, never used for atoms.",
+    source=str, text=str, chars=int, tokens=int, context_length=int)
+DistillStats = _section(
+    "DistillStats", "The exact model's teacher-forcing pass of the build.",
+    target=str, tokens=int, seconds=float, tokens_per_second=float, device=str, batch_tokens=int)
+AtomStats = _section(
+    "AtomStats", "The atoms written: how many, how many before merging (merge_radius), full-dimensional keys or not.",
+    count=int, before_merge=int, merge_radius=float, full_keys=bool)
+IngestStats = _section(
+    "IngestStats", "Timings of the write (hartonomous/atomset/write.py); `layout` names the index layout.",
+    atoms=int, copy_seconds=float, index_seconds=float, cluster_seconds=float, total_seconds=float,
+    atoms_per_second=float, layout=str)
+SyntheticStats = _section(
+    "SyntheticStats", "Benchmark sets of uniform random atoms (hartonomous/benchmark/synthetic.py).",
+    distribution=str, seed=int, layout=str)
+SplitStats = _section(
+    "SplitStats", "One half of the holdout (hartonomous/splits.py): what it is and what the build measured on it.",
+    chars=int, tokens=int, positions=int)
+ControlStats = _section(
+    "ControlStats", "Control atom sets built beside this one, named by what they control for.",
+    random_positions=str)   # same atoms, keys from random token positions
 
 
-class IngestStats(_Section):
-    """Timings of the write (hartonomous/atomset/write.py); `layout` names the index layout."""
-
-    atoms: int | None = None
-    copy_seconds: float | None = None
-    index_seconds: float | None = None
-    cluster_seconds: float | None = None
-    total_seconds: float | None = None
-    atoms_per_second: float | None = None
-    layout: str | None = None
-
-
-class SyntheticStats(_Section):
-    """Benchmark sets of uniform random atoms (hartonomous/benchmark/synthetic.py)."""
-
-    distribution: str | None = None
-    seed: int | None = None
-    layout: str | None = None
-
-
-class SplitStats(_Section):
-    """One half of the holdout (hartonomous/splits.py): what it is and what the build measured on it."""
-
-    chars: int | None = None
-    tokens: int | None = None
-    positions: int | None = None
-
-
-class ControlStats(_Section):
-    """Control atom sets built beside this one, named by what they control for."""
-
-    random_positions: str | None = None   # same atoms, keys from random token positions
-
-
-class BuildStats(_Section):
+class BuildStats(_section(
+        "BuildStatsSections", "The sections of BuildStats.",
+        projection=ProjectionStats, bandwidth=CalibrationStats, centroid_sweep=list[dict[str, Any]],
+        corpus=CorpusStats, holdout=HoldoutStats, distill=DistillStats, atoms=AtomStats, key_bandwidth=float,
+        key_calibration=dict[str, Any], ingest=IngestStats, synthetic=SyntheticStats,
+        calibration_split=SplitStats,      # what the build tuned on (bandwidth, history weight, ...)
+        test_split=SplitStats,             # what `compare` scores by default; never tuned on
+        history=dict[str, Any],            # the history-weight calibration (grid and choice)
+        controls=ControlStats)):
     """Everything a build records about itself; each section is None when the build had no such step."""
-
-    projection: ProjectionStats | None = None
-    bandwidth: CalibrationStats | None = None
-    centroid_sweep: list[dict[str, Any]] | None = None
-    corpus: CorpusStats | None = None
-    holdout: HoldoutStats | None = None
-    distill: DistillStats | None = None
-    atoms: AtomStats | None = None
-    key_bandwidth: float | None = None
-    key_calibration: dict[str, Any] | None = None
-    ingest: IngestStats | None = None
-    synthetic: SyntheticStats | None = None
-    calibration_split: SplitStats | None = None    # what the build tuned on (bandwidth, history weight, ...)
-    test_split: SplitStats | None = None           # what `compare` scores by default; never tuned on
-    history: dict[str, Any] | None = None          # the history-weight calibration (grid and choice)
-    controls: ControlStats | None = None
 
     @model_validator(mode="before")
     @classmethod
