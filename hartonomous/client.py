@@ -177,9 +177,12 @@ class Client:
         config = make_config(temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty)      # validate before connecting
         check_prompt(prompt_or_ids)
-        if path in ("speculative", "hybrid"):
-            raise InvalidArgument("path", f"next_token has no {path} path: its distribution is "
-                                          "one of the two paths'; use path='spatial' or path='exact'")
+        if path == "speculative":
+            raise InvalidArgument("path", "next_token has no speculative path: its distribution is the exact "
+                                          "path's; use path='exact'")
+        if path == "hybrid":
+            raise InvalidArgument("path", "next_token has no hybrid path: each step comes from one of the two "
+                                          "paths; use path='spatial' or path='exact'")
         engine = self.engine(path)
         dist = engine.distribution(prompt_or_ids, config)
         rows, total = [], 0.0

@@ -102,8 +102,7 @@ BEGIN
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
                                   history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context,
-                                             CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
     SELECT a.risk_model INTO v_model FROM atom_sets a WHERE a.id = s.id;
     v_after := array_upper(context, 1) - coalesce(cardinality(c.history_keys), 0);
     v_ln_w := CASE WHEN s.history_weight > 0 THEN ln(s.history_weight) END;

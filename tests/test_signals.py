@@ -15,7 +15,8 @@ from hartonomous.risk import RiskModel
 from hartonomous.signals import FEATURES, StepSignals, candidate_signals, distribution_signals
 from hartonomous.sqlcalls import SpatialArgs
 from reference_next_token import AtomSetData, reference_candidates
-from test_sql_next_token import add_set, db, ref_sets  # noqa: F401  (module fixtures)
+from hand_sets import add_set
+from test_sql_next_token import db, ref_sets  # noqa: F401  (module fixtures)
 
 TOL = 1e-9
 
