@@ -35,11 +35,8 @@
 -- No candidates (search_radius excludes all): the distribution signals are NULL, distinct_tokens 0.
 -- Bad input raises SQLSTATE 22023 naming the argument, with next_token's rules.
 
-CREATE OR REPLACE FUNCTION ht_risk(p_model jsonb, p_signals jsonb)
-RETURNS double precision
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = public, pg_temp
-AS $$
+CREATE OR REPLACE FUNCTION ht_risk(p_model jsonb, p_signals jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER SET search_path = public, pg_temp AS $$
 -- Logistic regression stored as data: z = intercept + sum_i coef_i (x_i - mean_i) / scale_i over
 -- the model's feature names, risk = 1 / (1 + exp(-z)); hartonomous/risk.py RiskModel.predict is
 -- the same formula. NULL when the model is NULL or a feature is missing or NULL.
