@@ -193,6 +193,9 @@ def build_cmd(
                                        "become history atoms (0-4096)."),
     controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
                                   "the same atoms keyed with randomly permuted token positions (a control)."),
+    layout: str = typer.Option(None, "--layout", help="Storage of the atoms for next_token's KNN: rows (a GiST "
+                               "index over the atoms) or tiles (also packed into Hilbert-ordered tiles: the same "
+                               "results in fewer buffers per call). Default: the faster one in docs/benchmarks.md."),
 ) -> None:
     """Build an atom set from a model: 3D projection, atoms, bandwidth calibration, ingest."""
     from pathlib import Path
@@ -211,6 +214,8 @@ def build_cmd(
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default)
+    if layout is not None:
+        options.layout = layout
     options.check()
     with connect(owner_url()) as conn:
         result = build(conn, options, reporter=RichReporter(console))

@@ -10,6 +10,7 @@ import numpy as np
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.centroid import validate as validate_centroid
+from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
 
@@ -63,6 +64,7 @@ class BuildOptions:
     history_weight: float | None = None  # None = calibrate (context sets) / 0 (token sets); 0 = off
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
+    layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
 
     @property
     def random_positions_name(self) -> str:
@@ -84,6 +86,8 @@ class BuildOptions:
                             f"or digit), got '{self.name}'")
         if self.kind not in ("token", "context"):
             raise UserError(f"--kind must be 'token' or 'context', got '{self.kind}'")
+        if self.layout not in LAYOUTS:
+            raise UserError(f"--layout must be one of {', '.join(LAYOUTS)}, got '{self.layout}'")
         if self.max_tokens < 2:
             raise UserError(f"--max-tokens must be at least 2, got {self.max_tokens}")
         if self.target not in TARGETS:

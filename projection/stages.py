@@ -487,7 +487,7 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, options.projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
                        history.bandwidth, stats, options.make_default, model_key=options.model,
-                       history_weight=history.weight, history_window=history.window,
+                       history_weight=history.weight, history_window=history.window, layout=options.layout,
                        risk_model=None if risk_model is None else risk_model.model_dump(mode="json"))
     landmarks = None
     if fitted.landmark_idx is not None:
@@ -504,7 +504,8 @@ def ingest_control(conn, options: BuildOptions, loaded: Loaded, control: Control
                                       "permutation_seed": control.permutation_seed},
                        control.atoms.centroid.window, control.atoms.centroid.decay, options.kernel,
                        control.history.bandwidth, stats, False, model_key=options.model,
-                       history_weight=control.history.weight, history_window=control.history.window)
+                       history_weight=control.history.weight, history_window=control.history.window,
+                       layout=options.layout)
     return _write(conn, options, loaded, spec, control.positions, None, control.atoms.rows, ui)
 
 

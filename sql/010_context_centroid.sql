@@ -142,12 +142,13 @@ AS $$
 -- agree with context_centroid of each prefix to rounding (~1e-15 relative), not bit for bit.
 DECLARE
     n       integer := cardinality(p_context);
-    hit     integer;
+    hit     integer;              -- the first element whose token the set lacks
     sx      double precision;
     sy      double precision;
     sz      double precision;
     sw      double precision;
     bad     record;
+    pos     record;               -- the context's token positions: xs, ys, zs
     v_m     integer := 0;         -- number of keys
     v_first integer := 1;         -- the first key's prefix ends at element v_first
     v_last  integer := 0;         -- the last key's at element v_last = n - 1
@@ -182,33 +183,31 @@ BEGIN
             v_lo := greatest(1, v_first - v_span + 1);
         END IF;
     END IF;
-    SELECT count(t.token_id), sum(c.w * ST_X(t.position)), sum(c.w * ST_Y(t.position)),
-           sum(c.w * ST_Z(t.position)), sum(c.w),
-           array_agg(t.position ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
-           sum(c.g * ST_X(t.position)) FILTER (WHERE c.i <= v_carry),
-           sum(c.g * ST_Y(t.position)) FILTER (WHERE c.i <= v_carry),
-           sum(c.g * ST_Z(t.position)) FILTER (WHERE c.i <= v_carry),
-           sum(c.g) FILTER (WHERE c.i <= v_carry)
-      INTO hit, sx, sy, sz, sw, tail, cx, cy, cz, cg
-      FROM (SELECT u.tid, u.i,
-                   CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
-                        WHEN p_decay = 1 THEN 1
-                        WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
-                        ELSE power(p_decay, (n - u.i)::double precision) END AS w,
-                   CASE WHEN u.i <= v_carry THEN exp((v_first - u.i) * v_ln_d) END AS g
-              FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c
-      LEFT JOIN tokens t ON t.atom_set_id = p_set_id AND t.token_id = c.tid;
-    IF hit < n THEN
-        SELECT u.i, u.tid, s.name INTO bad
-          FROM unnest(p_context) WITH ORDINALITY AS u(tid, i), atom_sets s
-         WHERE s.id = p_set_id
-           AND NOT EXISTS (SELECT 1 FROM tokens t WHERE t.atom_set_id = p_set_id AND t.token_id = u.tid)
-         ORDER BY u.i LIMIT 1;
+    -- The positions in one read per block of token ids (sql/012_token_positions.sql). A token
+    -- the set lacks is reported first (its NULL would also make every subscript below O(n)).
+    SELECT * INTO pos FROM ht_token_positions(p_set_id, p_context);
+    hit := array_position(pos.xs, NULL);
+    IF hit IS NOT NULL THEN
+        SELECT hit AS i, p_context[hit] AS tid, s.name INTO bad FROM atom_sets s WHERE s.id = p_set_id;
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
                              bad.tid, bad.i, bad.name),
             HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
     END IF;
+    SELECT sum(c.w * c.x), sum(c.w * c.y), sum(c.w * c.z), sum(c.w),
+           array_agg(ST_MakePoint(c.x, c.y, c.z) ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),
+           sum(c.g * c.x) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * c.y) FILTER (WHERE c.i <= v_carry),
+           sum(c.g * c.z) FILTER (WHERE c.i <= v_carry),
+           sum(c.g) FILTER (WHERE c.i <= v_carry)
+      INTO sx, sy, sz, sw, tail, cx, cy, cz, cg
+      FROM (SELECT u.tid, u.i, pos.xs[u.i] AS x, pos.ys[u.i] AS y, pos.zs[u.i] AS z,
+                   CASE WHEN p_window IS NOT NULL AND n - u.i >= p_window THEN 0
+                        WHEN p_decay = 1 THEN 1
+                        WHEN (n - u.i) * ln(p_decay) < -300 THEN 0
+                        ELSE power(p_decay, (n - u.i)::double precision) END AS w,
+                   CASE WHEN u.i <= v_carry THEN exp((v_first - u.i) * v_ln_d) END AS g
+              FROM unnest(p_context) WITH ORDINALITY AS u(tid, i)) c;
     center := ST_MakePoint(sx / sw, sy / sw, sz / sw);
     IF v_m = 0 THEN
         RETURN;

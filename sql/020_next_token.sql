@@ -11,8 +11,10 @@
 --  1. Atom set: atom_set names one; NULL means the default one (atom_sets.is_default).
 --  2. Centroid: c = context_centroid(context, atom_set), the decayed, windowed mean of the
 --     context tokens' positions (sql/010_context_centroid.sql, hartonomous/centroid.py).
---  3. KNN: the max_neighbors stored atoms of that set nearest to c in 3D, found with
---     ORDER BY position <<->> c LIMIT max_neighbors on the set's own GiST nd index.
+--  3. KNN: the max_neighbors stored atoms of that set nearest to c in 3D, ties in distance
+--     broken by token_id, then weight: ht_knn (sql/015_knn.sql), which reads the set's storage
+--     layout (atom_sets.layout: 'rows', a GiST nd index over the atoms, or 'tiles', packed atom
+--     tiles); both layouts give the same atoms in the same order.
 --  4. History atoms: the context itself contributes atoms. With n = cardinality(context),
 --     H = history_window (NULL: atom_sets.history_window) and m = min(H, n - 1), for each
 --     i = n - m .. n - 1 there is an atom at context_centroid(context[1:i]) (the set's own
@@ -172,11 +174,8 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH nearest AS (
-        SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
-          FROM atoms a
-         WHERE a.atom_set_id = p_set_id
-         ORDER BY a.position <<->> p_center
-         LIMIT p_max_neighbors
+        SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
+          FROM ht_knn(p_set_id, p_center, p_max_neighbors, p_search_radius) AS k
     ), history AS (
         SELECT p_context[v_after + h.k] AS tid, h.key <<->> p_center AS d
           FROM unnest(CASE WHEN p_history_weight > 0 THEN p_history_keys END)

@@ -8,8 +8,8 @@
 --                 risk float8)
 --
 -- One row, for the same candidates next_token scores (sql/020_next_token.sql items 1-5: the
--- centroid, the max_neighbors nearest stored atoms, the context's history atoms, search_radius,
--- the kernel), read from the kernel's own distribution p = softmax(token logits), i.e.
+-- centroid, the max_neighbors nearest stored atoms by ht_knn in either layout, the context's
+-- history atoms, search_radius, the kernel), read from the kernel's own distribution p = softmax(token logits), i.e.
 -- next_token with temperature 1 and top-k, top-p and the repetition penalty off. So the signals
 -- do not depend on the sampler a caller uses. Natural logs (nats); hartonomous/signals.py is the
 -- same definition in NumPy, and the comparison reports use it too:
@@ -104,11 +104,8 @@ BEGIN
     v_after := array_upper(context, 1) - coalesce(cardinality(c.history_keys), 0);
     v_ln_w := CASE WHEN s.history_weight > 0 THEN ln(s.history_weight) END;
     WITH nearest AS (
-        SELECT a.token_id AS tid, a.weight AS w, a.position <<->> c.center AS d
-          FROM atoms a
-         WHERE a.atom_set_id = s.id
-         ORDER BY a.position <<->> c.center
-         LIMIT max_neighbors
+        SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
+          FROM ht_knn(s.id, c.center, max_neighbors) k
     ), contribution AS (
         SELECT n.tid, false AS hist,
                ln(n.w) - CASE WHEN s.kernel = 'gaussian' THEN (n.d / s.bandwidth) ^ 2

@@ -16,7 +16,7 @@ from hartonomous.errors import UserError
 _COLUMNS = """
     s.id, s.name, s.model, s.model_key, s.kind, s.vocab_size, s.embedding_dim, s.projection,
     s.projection_params, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
-    s.history_weight, s.history_window, s.risk_model, s.is_default, s.created_at, s.stats,
+    s.history_weight, s.history_window, s.layout, s.risk_model, s.is_default, s.created_at, s.stats,
     COALESCE((s.stats->'ingest'->>'atoms')::bigint,
              (SELECT count(*) FROM atoms a WHERE a.atom_set_id = s.id)) AS atoms
 """
@@ -107,6 +107,11 @@ def partition_name(atom_set_id: int) -> str:
     return f"atoms_{int(atom_set_id)}"
 
 
+def tile_partition_name(atom_set_id: int) -> str:
+    """The set's atom_tiles partition (sets of the 'tiles' layout have one)."""
+    return f"atom_tiles_{int(atom_set_id)}"
+
+
 def mark_default(conn: psycopg.Connection, set_id: int) -> None:
     """Inside a transaction: `set_id` becomes the one default set."""
     conn.execute("UPDATE atom_sets SET is_default = false WHERE is_default AND id <> %s", (set_id,))
@@ -114,8 +119,9 @@ def mark_default(conn: psycopg.Connection, set_id: int) -> None:
 
 
 def delete_atom_set_rows(conn: psycopg.Connection, set_id: int) -> None:
-    """Inside a transaction: drop the set's partition and its row (tokens and landmarks cascade)."""
+    """Inside a transaction: drop the set's partitions and its row (tokens and landmarks cascade)."""
     conn.execute(f"DROP TABLE IF EXISTS {partition_name(set_id)}")
+    conn.execute(f"DROP TABLE IF EXISTS {tile_partition_name(set_id)}")
     conn.execute("DELETE FROM atom_sets WHERE id = %s", (set_id,))
 
 

@@ -110,6 +110,7 @@ class AtomSet(BaseModel):
     bandwidth: float
     history_weight: float           # weight of the context's own history atoms (0 = off)
     history_window: int             # how many earlier context positions become history atoms
+    layout: str = "rows"            # next_token's KNN storage: 'rows' | 'tiles' (sql/015_knn.sql)
     risk_model: RiskModel | None = None   # the build's risk predictor (hartonomous/risk.py); None: none
     is_default: bool
     created_at: datetime | None

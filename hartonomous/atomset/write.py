@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psycopg
 
-from hartonomous.atomset.catalog import delete_atom_set_rows, mark_default, partition_name
+from hartonomous.atomset.catalog import delete_atom_set_rows, mark_default, partition_name, tile_partition_name
 from hartonomous.atomset.record import BuildStats, IngestStats
 from hartonomous.errors import UserError
 from hartonomous.atomset.hilbert import hilbert_order
@@ -32,6 +32,14 @@ MAINTENANCE_WORK_MEM = "256MB"  # per build, for the GiST/PK index builds (SET L
 # heap in the GiST's scan order, which is not spatially coherent, and made the KNN 2-4x slower.
 GIST_OPTIONS = "buffering = on, fillfactor = 50"
 INDEX_LAYOUT = f"Hilbert COPY order, GiST nd WITH ({GIST_OPTIONS}), no CLUSTER"
+# Storage layouts for next_token's KNN (atom_sets.layout; sql/015_knn.sql reads them). 'tiles'
+# writes the rows too (other readers use them: keys, the compare claims) and packs the atoms,
+# in the same Hilbert order, into tiles of TILE_ATOMS atoms: one row (and one page) per tile.
+LAYOUTS = ("rows", "tiles")
+DEFAULT_LAYOUT = "rows"
+TILE_ATOMS = 32
+MAX_TILE_ATOMS = 128  # a tile row is ~60 bytes per atom, stored PLAIN: at most one 8 KiB page
+TOKEN_BLOCK = 256  # token positions per token_blocks row (sql/010_context_centroid.sql ht_token_positions)
 
 
 @dataclass
@@ -54,6 +62,8 @@ class AtomSetSpec:
     model_key: str | None = None
     history_weight: float = 0.0
     history_window: int = 512
+    layout: str = DEFAULT_LAYOUT
+    tile_atoms: int = TILE_ATOMS
     risk_model: dict | None = None      # hartonomous.risk.RiskModel as JSON (atom_sets.risk_model)
 
 
@@ -135,6 +145,7 @@ def write_atom_set(
         set_id = _insert_atom_set(conn, spec)
         say(f"tokens: {len(tokens.token_ids)}")
         _copy_tokens(conn, set_id, tokens)
+        _write_token_blocks(conn, set_id, tokens)
         if landmarks is not None:
             _copy_landmarks(conn, set_id, landmarks)
         table = partition_name(set_id)
@@ -157,6 +168,9 @@ def write_atom_set(
         conn.execute(f"ANALYZE {table}")
         t3 = time.perf_counter()
         conn.execute(f"ALTER TABLE atoms ATTACH PARTITION {table} FOR VALUES IN ({set_id})")
+        if spec.layout == "tiles":
+            say(f"packing the atoms into tiles of {spec.tile_atoms}")
+            _write_tiles(conn, set_id, table, spec.tile_atoms)
         conn.execute(f"ANALYZE tokens")
         has_default = conn.execute("SELECT 1 FROM atom_sets WHERE is_default").fetchone()
         if spec.make_default or was_default or not has_default:
@@ -167,7 +181,40 @@ def write_atom_set(
     return report
 
 
+def check_layout(layout: str, tile_atoms: int = TILE_ATOMS) -> None:
+    """A UserError unless `layout` is a storage layout and `tile_atoms` fits a tile in a page."""
+    if layout not in LAYOUTS:
+        raise UserError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if not 1 <= tile_atoms <= MAX_TILE_ATOMS:
+        raise UserError(f"tile_atoms must be between 1 and {MAX_TILE_ATOMS}, got {tile_atoms}")
+
+
+def _write_tiles(conn: psycopg.Connection, set_id: int, atoms_table: str, tile_atoms: int) -> None:
+    """Pack the set's atoms into its atom_tiles partition, `tile_atoms` consecutive atoms of the
+    Hilbert order per tile. The atoms partition was created and filled by one COPY in Hilbert
+    order in this transaction, so its physical (ctid) order is that order."""
+    table = tile_partition_name(set_id)
+    conn.execute(f"CREATE TABLE {table} (LIKE atom_tiles INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+                 f"INCLUDING STORAGE)")
+    conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_set CHECK (atom_set_id = {set_id})")
+    conn.execute(f"""
+        INSERT INTO {table} (atom_set_id, tile_id, atoms, xs, ys, zs, token_ids, weights)
+        SELECT {set_id}, q.r / {tile_atoms}, ST_Collect(q.position ORDER BY q.r),
+               array_agg(ST_X(q.position) ORDER BY q.r), array_agg(ST_Y(q.position) ORDER BY q.r),
+               array_agg(ST_Z(q.position) ORDER BY q.r), array_agg(q.token_id ORDER BY q.r),
+               array_agg(q.weight ORDER BY q.r)
+          FROM (SELECT a.position, a.token_id, a.weight, row_number() OVER (ORDER BY a.ctid) - 1 AS r
+                  FROM {atoms_table} a) q
+         GROUP BY q.r / {tile_atoms}
+         ORDER BY 2""")
+    conn.execute(f"CREATE INDEX {table}_atoms_idx ON {table} USING gist (atoms gist_geometry_ops_nd)")
+    conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (atom_set_id, tile_id)")
+    conn.execute(f"ANALYZE {table}")
+    conn.execute(f"ALTER TABLE atom_tiles ATTACH PARTITION {table} FOR VALUES IN ({set_id})")
+
+
 def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
+    check_layout(spec.layout, spec.tile_atoms)
     if not (spec.history_weight >= 0 and np.isfinite(spec.history_weight)):
         raise UserError(f"history_weight must be a finite number >= 0, got {spec.history_weight}")
     if spec.history_window < 0:
@@ -191,12 +238,12 @@ def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec) -> int:
     (set_id,) = conn.execute(
         """INSERT INTO atom_sets (name, model, model_key, vocab_size, embedding_dim, projection, projection_params,
                                   kind, centroid_window, centroid_decay, kernel, bandwidth, history_weight,
-                                  history_window, stats, risk_model)
-           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb) RETURNING id""",
+                                  history_window, layout, stats, risk_model)
+           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb) RETURNING id""",
         (spec.name, spec.model, spec.model_key, spec.vocab_size, spec.embedding_dim, spec.projection,
          json.dumps(spec.projection_params), spec.kind, spec.centroid_window, spec.centroid_decay,
-         spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, json.dumps(_stats_json(spec.stats)),
-         None if spec.risk_model is None else json.dumps(spec.risk_model)),
+         spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, spec.layout,
+         json.dumps(_stats_json(spec.stats)), None if spec.risk_model is None else json.dumps(spec.risk_model)),
     ).fetchone()
     return int(set_id)
 
@@ -224,6 +271,21 @@ def _copy_tokens(conn: psycopg.Connection, set_id: int, tokens: TokenRows) -> No
                 buf.clear()
         buf += TRAILER
         copy.write(bytes(buf))
+
+
+def _write_token_blocks(conn: psycopg.Connection, set_id: int, tokens: TokenRows) -> None:
+    """The token positions again, TOKEN_BLOCK consecutive ids per row, NaN where there is no token."""
+    ids = np.asarray(tokens.token_ids, dtype=np.int64)
+    positions = np.asarray(tokens.positions, dtype=np.float64)
+    if len(ids) == 0 or ids.min() < 0:
+        return  # negative ids never come from a tokenizer; such sets read the tokens table only
+    grid = np.full((int(ids.max()) // TOKEN_BLOCK + 1) * TOKEN_BLOCK * 3, np.nan).reshape(-1, 3)
+    grid[ids] = positions
+    blocks = grid.reshape(-1, TOKEN_BLOCK, 3)
+    rows = [(set_id, b, *(block[:, axis].tolist() for axis in range(3)))
+            for b, block in enumerate(blocks) if not np.isnan(block[:, 0]).all()]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO token_blocks (atom_set_id, block, xs, ys, zs) VALUES (%s, %s, %s, %s, %s)", rows)
 
 
 def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRows) -> None:

@@ -27,7 +27,10 @@ HELP = (
     "--speculative instead measures speculative decoding against its peers on SmolLM2 (transformers generate, "
     "transformers prompt-lookup decoding, our exact and speculative paths; short prompts and documents from "
     "the atom set's held-out test half; writes <out>/bench-speculative[-quick].json and .md). With --quick: "
-    "3 short prompts and 2 documents (a few minutes); without: 8 and 6."
+    "3 short prompts and 2 documents (a few minutes); without: 8 and 6.\n\n"
+    "--layouts instead compares the atom sets' storage layouts (rows, tiles; issue 18) on synthetic sets "
+    "built in both: next_token p50/p95 and shared buffers per call with K = 100 on 512- and 8-token contexts "
+    "with history atoms, at 10^5 and 10^6 atoms (--full: also 10^7; --sizes to choose)."
 )
 
 
@@ -66,6 +69,9 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(None, "--threads", help="Speculative: torch threads (default: min(cores, 4))."),
         draft_tokens: int = typer.Option(4, "--draft-tokens", help="Speculative: first draft length (1..64)."),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Speculative: new tokens per prompt."),
+        layouts: bool = typer.Option(False, "--layouts", help="Compare the storage layouts (rows, tiles) instead: "
+                                     "10^5 and 10^6 atoms (--full adds 10^7), 512- and 8-token contexts with "
+                                     "history atoms; writes <out>/bench-layouts.json and .md."),
     ) -> None:
         from hartonomous.benchmark import run
         from hartonomous.db.connection import owner_url
@@ -76,6 +82,8 @@ def register(app: typer.Typer) -> None:
             return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens)
         if calls < 20:
             raise UserError(f"--calls must be at least 20 (percentiles need them), got {calls}")
+        if layouts:
+            return _layouts(full, out, calls, rebuild, _sizes(sizes))
         if brute_calls < 1:
             raise UserError(f"--brute-calls must be at least 1, got {brute_calls}")
         if not seconds >= 1:
@@ -92,11 +100,38 @@ def register(app: typer.Typer) -> None:
         Console().print(f"wrote {json_path} and {md_path}")
 
 
+def _layouts(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int, ...] | None) -> None:
+    """`hartonomous bench --layouts`: see hartonomous.benchmark.layouts."""
+    from hartonomous.benchmark import layouts, run
+    from hartonomous.db.connection import owner_url
+
+    url = owner_url()
+    run.check_ready(url)
+    chosen = sizes or (layouts.FULL_SIZES if full else layouts.SIZES)
+    run.check_disk(url, tuple(2 * n for n in chosen))
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    results = layouts.run(url, chosen, calls=calls, rebuild=rebuild)
+    _write_report(out, results, layouts.markdown(results, command), command)
+
+
+def _write_report(out: Path, results: dict, text: str, command: str) -> None:
+    """<out>/bench-<mode>.json and .md, and the table on the console."""
+    import json
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {out}: {exc.strerror}") from exc
+    json_path, md_path = out / f"bench-{results['mode']}.json", out / f"bench-{results['mode']}.md"
+    json_path.write_text(json.dumps({**results, "command": command}, indent=2, default=str))
+    md_path.write_text(text)
+    Console().print(text)
+    Console().print(f"wrote {json_path} and {md_path}")
+
+
 def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threads: int | None, draft_tokens: int,
                  max_new_tokens: int) -> None:
     """`hartonomous bench --speculative [--quick]`: see hartonomous.benchmark.speculative."""
-    import json
-
     from hartonomous.benchmark import run, speculative
     from hartonomous.db.connection import owner_url
 
@@ -113,12 +148,4 @@ def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threa
     command = "hartonomous bench " + " ".join(sys.argv[2:])
     results = speculative.run(url, quick=quick, atom_set=atom_set, max_new_tokens=max_new_tokens, threads=threads,
                               draft_tokens=draft_tokens)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot write to --out {out}: {exc.strerror}") from exc
-    json_path, md_path = out / f"bench-{results['mode']}.json", out / f"bench-{results['mode']}.md"
-    json_path.write_text(json.dumps({**results, "command": command}, indent=2, default=str))
-    md_path.write_text(speculative.markdown(results, command))
-    Console().print(speculative.markdown(results, command))
-    Console().print(f"wrote {json_path} and {md_path}")
+    _write_report(out, results, speculative.markdown(results, command), command)

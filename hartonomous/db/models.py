@@ -10,7 +10,7 @@ from sqlalchemy import (
     BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, Text,
     func, text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -39,6 +39,7 @@ class AtomSet(Base):
         CheckConstraint("history_weight >= 0 AND history_weight < 'Infinity'", name="atom_sets_history_weight_check"),
         CheckConstraint("history_window >= 0", name="atom_sets_history_window_check"),
         CheckConstraint("history_window <= 4096", name="atom_sets_history_window_max_check"),
+        CheckConstraint("layout IN ('rows', 'tiles')", name="atom_sets_layout_check"),
         Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
     )
 
@@ -60,6 +61,7 @@ class AtomSet(Base):
     history_weight: Mapped[float] = mapped_column(Double, server_default=text("0"))
     history_window: Mapped[int] = mapped_column(Integer, server_default=text("512"))
     model_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    layout: Mapped[str] = mapped_column(Text, server_default=text("'rows'"))
 
 
 class Token(Base):
@@ -95,6 +97,41 @@ class Atom(Base):
     position = mapped_column(point_z(), nullable=False)
     weight: Mapped[float] = mapped_column(Double, server_default=text("1"))
     key = mapped_column(Vector(), nullable=True)
+
+
+class _SetCoordinates:
+    """A row of one atom set holding coordinates as float8 arrays (xs[i], ys[i], zs[i])."""
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    xs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    ys: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    zs: Mapped[list[float]] = mapped_column(ARRAY(Double))
+
+
+class AtomTile(_SetCoordinates, Base):
+    """The 'tiles' layout: atoms packed along the Hilbert curve, one row per tile (sql/015_knn.sql)."""
+
+    __tablename__ = "atom_tiles"
+    __table_args__ = (
+        Index("atom_tiles_atoms_gist", "atoms", postgresql_using="gist",
+              postgresql_ops={"atoms": "gist_geometry_ops_nd"}),
+        {"postgresql_partition_by": "LIST (atom_set_id)"},
+    )
+
+    tile_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    atoms = mapped_column(Geometry(geometry_type="MULTIPOINTZ", dimension=3, spatial_index=False), nullable=False)
+    token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    weights: Mapped[list[float]] = mapped_column(ARRAY(Double))
+
+
+class TokenBlock(_SetCoordinates, Base):
+    """Token positions in blocks of 256 consecutive ids (NaN: no such token), read by the centroid."""
+
+    __tablename__ = "token_blocks"
+
+    block: Mapped[int] = mapped_column(Integer, primary_key=True)
 
 
 class Landmark(Base):

@@ -8,12 +8,12 @@ of the atom set's predictions, while `stats` records what the build measured. NU
 predictor (sets built before this revision, token sets, builds without a calibration half).
 
 Revision ID: 0006
-Revises: 0005
+Revises: 0007 (the id 0006 was assigned to this branch; 0007 reached main first)
 """
 from alembic import op
 
 revision = "0006"
-down_revision = "0005"
+down_revision = "0007"   # after main's 0007 (atom tiles), merged before this branch
 branch_labels = None
 depends_on = None
 

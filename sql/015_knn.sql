@@ -1,0 +1,121 @@
+-- The KNN of next_token: the stored atoms of a set nearest to a point, in either storage layout.
+--
+--   ht_knn(p_set_id integer, p_center geometry, p_k integer, p_radius float8 = NULL)
+--   RETURNS TABLE(token_id integer, weight float8, distance float8)
+--
+-- Semantics (the one definition both layouts implement, so next_token's result does not depend
+-- on the layout, bit for bit):
+--  1. distance is the 3D distance from the atom to p_center, exactly as PostGIS's
+--     `position <<->> p_center` computes it for two POINT Zs:
+--     sqrt((x - cx) * (x - cx) + (y - cy) * (y - cy) + (z - cz) * (z - cz)) in float8 (a square
+--     that underflows is 0, as in C).
+--  2. The atoms are ordered by (distance, token_id, weight); the first p_k are returned, in that
+--     order. Ties in distance are broken by token_id, then weight: atoms equal in all three are
+--     interchangeable for next_token, so the rows (and their order, which decides the rounding of
+--     the kernel's sums) are a function of the atom set and the point alone. Before this file the
+--     rows layout took whichever tied atoms the GiST scan met first.
+--  3. p_radius (NULL: none) drops the returned atoms farther than p_radius; the K nearest within
+--     the radius are the K nearest overall that lie within it, so a layout may stop early.
+--
+-- Layouts (atom_sets.layout, chosen at build time; hartonomous/atomset/write.py writes both):
+--  rows:  one row per atom in the set's `atoms` partition, GiST nd over the points:
+--         ORDER BY position <<->> c, token_id, weight LIMIT k (an incremental sort of the index
+--         scan's distance order breaks the ties). Every neighbour is a heap fetch.
+--  tiles: the same atoms also packed along the Hilbert curve into tiles (atom_tiles, one row
+--         and one page per tile: a MULTIPOINT Z of its atoms plus the atoms unpacked into arrays).
+--         The GiST nd index over the tiles' boxes yields tiles in order of `atoms <<->> c`, the
+--         exact distance from c to the tile's nearest atom (PostGIS rechecks the box bound with
+--         the geometry). ht_knn reads tiles in that order, and once it holds k atoms it
+--         knows an upper bound b of the k-th distance (the k-th smallest distance among them);
+--         every atom at distance <= b lies in a tile whose nearest atom is <= b, so it reads on
+--         until the next tile's distance exceeds b (or p_radius) and returns the first k of what
+--         it read in the order of rule 2: exactly the rows layout's atoms. Work: the tiles that
+--         reach within b of c, a handful at 10^6 atoms (docs/benchmarks.md), each one buffer.
+
+CREATE OR REPLACE FUNCTION ht_knn(
+    p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL)
+RETURNS TABLE(token_id integer, weight double precision, distance double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_sort = off
+AS $$
+-- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file).
+#variable_conflict use_column
+DECLARE
+    tiles CURSOR FOR
+        SELECT t.atoms <<->> p_center AS d, t.xs, t.ys, t.zs, t.token_ids, t.weights
+          FROM atom_tiles t
+         WHERE t.atom_set_id = p_set_id
+         ORDER BY t.atoms <<->> p_center;
+    tile  record;
+    cx    double precision := ST_X(p_center);
+    cy    double precision := ST_Y(p_center);
+    cz    double precision := ST_Z(p_center);
+    xs    double precision[] := '{}';
+    ys    double precision[] := '{}';
+    zs    double precision[] := '{}';
+    tids  integer[] := '{}';
+    ws    double precision[] := '{}';
+    bound double precision;       -- once p_k atoms are in hand: the p_k-th smallest distance
+    -- PostgreSQL raises where a float8 product underflows to 0; C (PostGIS) gives 0. A square
+    -- d * d underflows exactly when 0 < |d| < sq0, which needs a coordinate of the centre below
+    -- ~1.5e-146 in magnitude (else two distinct coordinates differ by more than sq0): only then
+    -- are the squares guarded (to the same 0).
+    sq0   constant double precision := 1.5717277847026288e-162;
+    tiny  constant boolean := least(abs(ST_X(p_center)), abs(ST_Y(p_center)), abs(ST_Z(p_center))) < 1e-145;
+BEGIN
+    IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
+    -- The index scan yields the distance order; an incremental sort over it breaks the ties
+    -- (it reads ahead up to 31 rows past the k-th). PostgreSQL 15 plans an index scan with
+    -- ORDER BY operators only for the whole ORDER BY, hence the subquery, and with
+    -- enable_sort = off (this function's setting) so that the generic plan does not sort
+    -- the whole partition instead.
+    RETURN QUERY
+        SELECT n.tid, n.w, n.d
+          FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
+                  FROM atoms a
+                 WHERE a.atom_set_id = p_set_id
+                 ORDER BY a.position <<->> p_center) n
+         WHERE p_radius IS NULL OR n.d <= p_radius
+         ORDER BY n.d, n.tid, n.w
+         LIMIT p_k;
+        RETURN;
+    END IF;
+    -- The tiles layout.
+    OPEN tiles;
+    LOOP
+        FETCH tiles INTO tile;
+        EXIT WHEN NOT FOUND OR tile.d > bound OR tile.d > p_radius;
+        xs := xs || tile.xs;
+        ys := ys || tile.ys;
+        zs := zs || tile.zs;
+        tids := tids || tile.token_ids;
+        ws := ws || tile.weights;
+        IF bound IS NULL AND cardinality(tids) >= p_k THEN
+            SELECT u.d INTO bound
+              FROM (SELECT sqrt(CASE WHEN tiny AND abs(u.dx) < sq0 THEN 0 ELSE u.dx * u.dx END
+                                + CASE WHEN tiny AND abs(u.dy) < sq0 THEN 0 ELSE u.dy * u.dy END
+                                + CASE WHEN tiny AND abs(u.dz) < sq0 THEN 0 ELSE u.dz * u.dz END) AS d
+                      FROM (SELECT u.x - cx AS dx, ys[u.i] - cy AS dy, zs[u.i] - cz AS dz
+                              FROM unnest(xs) WITH ORDINALITY AS u(x, i) OFFSET 0) u) u
+             ORDER BY u.d OFFSET p_k - 1 LIMIT 1;
+        END IF;
+    END LOOP;
+    CLOSE tiles;
+    -- One unnest plus subscripts: a multi-array unnest materialises each array first (slower).
+    -- Atoms beyond the bound cannot be among the first p_k, so they skip the sort.
+    bound := least(bound, p_radius);
+    RETURN QUERY
+        SELECT tids[k.i], ws[k.i], k.d
+          FROM (SELECT u.i, sqrt(CASE WHEN tiny AND abs(u.dx) < sq0 THEN 0 ELSE u.dx * u.dx END
+                                 + CASE WHEN tiny AND abs(u.dy) < sq0 THEN 0 ELSE u.dy * u.dy END
+                                 + CASE WHEN tiny AND abs(u.dz) < sq0 THEN 0 ELSE u.dz * u.dz END) AS d
+                  FROM (SELECT u.i, u.x - cx AS dx, ys[u.i] - cy AS dy, zs[u.i] - cz AS dz
+                          FROM unnest(xs) WITH ORDINALITY AS u(x, i) OFFSET 0) u) k
+         WHERE bound IS NULL OR k.d <= bound
+         ORDER BY k.d, tids[k.i], ws[k.i]
+         LIMIT p_k;
+END
+$$;
