@@ -155,3 +155,4 @@ def test_distribution_signals_of_a_uniform_distribution() -> None:
     got = distribution_signals(np.full(4, 0.25))
     assert got["h"] == pytest.approx(math.log(4)) and got["h2"] == pytest.approx(math.log(4))
     assert got["varentropy"] == pytest.approx(0.0, abs=1e-15) and got["r"] == pytest.approx(0.0, abs=1e-15)
+
