@@ -20,8 +20,9 @@ from typer.models import OptionInfo
 from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
 
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
-GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache) or speculative "
-                      "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept).")
+GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache), speculative "
+                      "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept) or "
+                      "hybrid (each step spatial when the predicted risk is below --risk-threshold, else exact).")
 MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 
 
@@ -70,7 +71,8 @@ def with_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exact"), draft_tokens: int = 4):
+def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exact"), draft_tokens: int = 4,
+            risk_threshold: float = 0.5):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
 
@@ -79,7 +81,8 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
         raise UserError(f"--path must be {' or '.join(paths)}, got '{path}'")
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
-    return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens))
+    return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
+                  risk_threshold=risk_threshold)
 
 
 def _stats_line(result) -> str:
@@ -119,15 +122,34 @@ def register(app: typer.Typer) -> None:
         in_database: bool = typer.Option(False, "--in-database",
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        risk_threshold: float = typer.Option(0.5, "--risk-threshold",
+                                             help="Hybrid: spatial step when the predicted risk is below this "
+                                                  "(0: always exact; inf: always spatial)."),
+        adaptive: bool = typer.Option(GenerationConfig.adaptive, "--adaptive",
+                                      help="Risk-scored adaptive sampling (needs an atom set with a risk predictor)."),
+        standard_p: float = typer.Option(GenerationConfig.standard_p, "--standard-p", help="Adaptive: low-risk top-p."),
+        explore_p: float = typer.Option(GenerationConfig.explore_p, "--explore-p", help="Adaptive: medium-risk top-p."),
+        explore_temp: float = typer.Option(GenerationConfig.explore_temp, "--explore-temp",
+                                           help="Adaptive: medium-risk temperature."),
+        cautious_mode: str = typer.Option(GenerationConfig.cautious_mode, "--cautious-mode",
+                                          help="Adaptive, high risk: flatten | signal | abstain."),
+        explore_risk: float = typer.Option(GenerationConfig.explore_risk, "--explore-risk",
+                                           help="Adaptive: risk from which a step explores (0..1)."),
+        cautious_risk: float = typer.Option(GenerationConfig.cautious_risk, "--cautious-risk",
+                                            help="Adaptive: risk from which a step is cautious (0..1)."),
         sampler_options: dict | None = None,
         client_options: dict | None = None,
     ) -> None:
-        """Continue PROMPT with the spatial, exact or speculative path."""
+        """Continue PROMPT with the spatial, exact, speculative or hybrid path."""
         from hartonomous.client import make_config
 
         config = make_config(max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop),
-                             stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos, **sampler_options)
-        with _client(prompt, path, client_options, ("spatial", "exact", "speculative"), draft_tokens) as client:
+                             stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos, adaptive=adaptive,
+                             standard_p=standard_p, explore_p=explore_p, explore_temp=explore_temp,
+                             cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
+                             **sampler_options)
+        with _client(prompt, path, client_options, ("spatial", "exact", "speculative", "hybrid"), draft_tokens,
+                     risk_threshold) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:
@@ -148,7 +170,11 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(result_json(result), indent=2))
         else:
             print(_stats_line(result), file=sys.stderr)
-            if result.stats is not None:
+            if result.path == "hybrid":
+                s = result.stats
+                print(f"[hybrid] {s.exact_steps}/{s.steps} steps from the exact model (risk threshold {s.threshold:g})",
+                      file=sys.stderr)
+            elif result.stats is not None:
                 print(_speculative_line(result.stats), file=sys.stderr)
 
     @app.command("next-token")

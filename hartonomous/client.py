@@ -11,7 +11,10 @@ Models, tokenizers and the database connection are opened on first use and reuse
 are GenerationConfig's (its defaults, its checks); `in_database=True` runs the spatial loop in
 SQL `generate_tokens` (hartonomous.backends.in_database). `path="speculative"` drafts with the
 spatial path and verifies with the exact model (hartonomous.speculative): the exact path's output,
-with `result.stats` (a SpeculativeStats) saying how much drafting helped.
+with `result.stats` (a SpeculativeStats) saying how much drafting helped. `path="hybrid"` takes each
+step from the spatial path when the atom set's predicted risk is below `risk_threshold`, else from
+the exact model (hartonomous.backends.hybrid; `result.stats` is a HybridStats). The exact path's
+per-step signals carry the spatial predictor's risk for the same context (read from the database).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
 
-PATHS = ("spatial", "exact", "speculative")
+PATHS = ("spatial", "exact", "speculative", "hybrid")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
 
 
@@ -45,7 +48,7 @@ class Client:
                  search_radius: float | None = None, max_neighbors: int = 100, history_weight: float | None = None,
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
-                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8):
+                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
@@ -53,6 +56,10 @@ class Client:
         self.model, self.device, self.dtype = model, device, dtype
         self._exact_model = exact_model
         self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
+        from hartonomous.backends.hybrid import check_threshold
+
+        self.risk_threshold = check_threshold(risk_threshold)
+        self._risk_backend = None
         self._engines: dict[tuple[str, bool], Engine] = {}
 
     # -- engines -------------------------------------------------------------------------
@@ -67,6 +74,8 @@ class Client:
                 backend = self._spatial_backend(key[1])
             elif path == "exact":
                 backend = self._exact_backend()
+            elif path == "hybrid":
+                backend = self._hybrid_backend()
             else:
                 backend = self._speculative_backend()
             self._engines[key] = Engine(backend)
@@ -77,14 +86,32 @@ class Client:
         from hartonomous.speculative import SpeculativeBackend
 
         exact = self._exact_backend()
+        return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
+                                  max_draft_tokens=self.max_draft_tokens)
+
+    def _hybrid_backend(self):
+        """Spatial steps while the predicted risk is below `risk_threshold`, exact steps otherwise."""
+        from hartonomous.backends.hybrid import HybridBackend
+
+        exact = self._exact_backend()
+        return HybridBackend(self._spatial_beside(exact), exact, self.risk_threshold)
+
+    def _spatial_beside(self, exact):
+        """A spatial backend of its own that shares the exact model's tokenizer (ids must agree)."""
         spatial_tokenizer = self.spatial_tokenizer
-        self.spatial_tokenizer = self.spatial_tokenizer or exact.tokenizer   # one tokenizer: ids must agree
+        self.spatial_tokenizer = self.spatial_tokenizer or exact.tokenizer
         try:
-            spatial = self._spatial_backend(False)
+            return self._spatial_backend(False)
         finally:
             self.spatial_tokenizer = spatial_tokenizer
-        return SpeculativeBackend(exact, spatial, draft_tokens=self.draft_tokens,
-                                  max_draft_tokens=self.max_draft_tokens)
+
+    def _spatial_signals(self, ids: list[int]):
+        """The spatial path's signals for a context (the exact path's risk source; connects on first use)."""
+        from hartonomous.backends.spatial import SpatialState
+
+        if self._risk_backend is None:
+            self._risk_backend = self._spatial_beside(self._exact_backend())
+        return self._risk_backend.signals(SpatialState(list(ids)))
 
     def _connection(self):
         if self._conn is None:
@@ -118,7 +145,7 @@ class Client:
             settings = get_settings()
             self._exact_model = ExactModel.load(self.model or settings.model, self.device or settings.device,
                                                 self.dtype)
-        return ExactBackend(self._exact_model)
+        return ExactBackend(self._exact_model, risk_source=self._spatial_signals)
 
     # -- generation ----------------------------------------------------------------------
 
@@ -153,6 +180,9 @@ class Client:
         if path == "speculative":
             raise InvalidArgument("path", "next_token has no speculative path: its distribution is the exact "
                                           "path's; use path='exact'")
+        if path == "hybrid":
+            raise InvalidArgument("path", "next_token has no hybrid path: each step comes from one of the two "
+                                          "paths; use path='spatial' or path='exact'")
         engine = self.engine(path)
         dist = engine.distribution(prompt_or_ids, config)
         rows, total = [], 0.0
@@ -165,6 +195,9 @@ class Client:
         for engine in self._engines.values():
             engine.close()
         self._engines.clear()
+        if self._risk_backend is not None:
+            self._risk_backend.close()
+            self._risk_backend = None
         if getattr(self, "_owns_conn", False) and self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from hartonomous.adaptive import step_sampler
 from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs, WholeLoopBackend
 from hartonomous.errors import InvalidArgument
 from hartonomous.textstream import TextStream, cut_at_stop, decode
@@ -73,6 +74,14 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     stop_at_eos: bool = True
+    signals: bool = False              # attach each step's signals (StepSignals) to its event
+    adaptive: bool = False             # risk-scored adaptive sampling (hartonomous/adaptive.py)
+    standard_p: float = 0.9
+    explore_p: float = 0.95
+    explore_temp: float = 1.2
+    cautious_mode: str = "flatten"     # flatten | signal | abstain
+    explore_risk: float = 0.5          # risk from which a step explores
+    cautious_risk: float = 0.8         # risk from which a step is cautious
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
@@ -91,6 +100,30 @@ class GenerationConfig:
             message = str(exc)
             name = next((f for f in SAMPLER_FIELDS if message.startswith(f)), "sampler")
             raise InvalidArgument(name, message) from exc
+        self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        """The adaptive sampler's options: probabilities in (0, 1], a usable temperature, a known mode,
+        0 <= explore_risk <= cautious_risk <= 1."""
+        from hartonomous.adaptive import CAUTIOUS_MODES
+
+        for name in ("standard_p", "explore_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise InvalidArgument(name, f"{name} must be in (0, 1], got {value!r}")
+        t = self.explore_temp
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 1e-6 <= t <= 1e6:
+            raise InvalidArgument("explore_temp", f"explore_temp must be between 1e-06 and 1e+06, got {t!r}")
+        if self.cautious_mode not in CAUTIOUS_MODES:
+            raise InvalidArgument("cautious_mode", f"cautious_mode must be one of {', '.join(CAUTIOUS_MODES)}, "
+                                                   f"got {self.cautious_mode!r}")
+        for name in ("explore_risk", "cautious_risk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise InvalidArgument(name, f"{name} must be between 0 and 1, got {value!r}")
+        if self.explore_risk > self.cautious_risk:
+            raise InvalidArgument("explore_risk", f"explore_risk must be <= cautious_risk, got {self.explore_risk} "
+                                                  f"> {self.cautious_risk}")
 
     @property
     def sampler(self) -> SamplerArgs:
@@ -113,6 +146,9 @@ class TokenEvent:
     text: str
     seconds: float | None
     distribution: Distribution | None = None   # the step's distribution; None for the whole loop
+    signals: Any = None        # the step's StepSignals when asked for (config.signals or adaptive)
+    mode: str | None = None    # adaptive sampling: the step's sampler, standard | explore | cautious
+    route: str | None = None   # hybrid: the path that answered the step, spatial | exact
 
 
 @dataclass
@@ -146,7 +182,7 @@ class GenerationResult:
     token_ids: list[int]
     text: str
     state: State
-    finish_reason: str          # length | eos | stop_token | stop_string | no_candidates | cancelled | error
+    finish_reason: str          # length | eos | stop_token | stop_string | no_candidates | abstain | cancelled | error
     seed: int
     timings: Timings
     probabilities: list[float] = field(default_factory=list)
@@ -174,6 +210,11 @@ class Session:
         self.tail = ""        # held-back text no event carried; see the module docstring
         self._events: Iterator[TokenEvent] | None = None
         self._stats: Any = None          # the path's own statistics (speculative: SpeculativeStats)
+        for option in ("adaptive", "signals"):
+            if getattr(config, option) and not hasattr(self.backend, "signals"):
+                raise InvalidArgument(option, f"{option} needs per-step signals, which the {self.backend.name} "
+                                              "path does not compute step by step; use the spatial, exact or "
+                                              "hybrid path (not in-database)")
 
     def cancel(self) -> None:
         """Stop the generation; takes effect within one step."""
@@ -238,13 +279,21 @@ class Session:
         t0 = time.perf_counter()
         state = self.backend.start(self.prompt_ids)
         self._timings.prefill_s = time.perf_counter() - t0
+        self._stats = getattr(state, "stats", None)       # the path's own statistics (hybrid: HybridStats)
         for step in range(cfg.max_new_tokens):
             if self.cancel_event.is_set():
                 return self._finish(State.CANCELLED, "cancelled")
             if step > 0:
                 t0 = time.perf_counter()
                 self.backend.advance(state, self._tokens[-1])
+            signals = self.backend.signals(state) if cfg.signals or cfg.adaptive else None
+            mode = None
+            if cfg.adaptive:
+                mode, sampler = step_sampler(cfg, self._risk(signals))
+                if sampler is None:
+                    return self._finish(State.STOPPED, "abstain")
             dist = self.backend.distribution(state, sampler)
+            route = getattr(state, "route", None)        # hybrid: the path that answered this step
             if self.cancel_event.is_set():
                 return self._finish(State.CANCELLED, "cancelled")
             if len(dist) == 0:
@@ -254,9 +303,17 @@ class Session:
             self._timings.per_token_s.append(seconds)
             self._timings.total_s += seconds
             last = "length" if step == cfg.max_new_tokens - 1 else None
-            yield self._accept(step, token, prob, seconds, dist, last)
+            yield self._accept(step, token, prob, seconds, dist, last, signals, mode, route)
             if self.result is not None:
                 return
+
+    def _risk(self, signals: Any) -> float:
+        risk = None if signals is None else signals.risk
+        if risk is None:
+            raise InvalidArgument("adaptive", f"adaptive sampling needs a risk per step, and the {self.backend.name} "
+                                              "path has none here: use an atom set built with a risk predictor "
+                                              "(hartonomous build), or turn adaptive off")
+        return float(risk)
 
     def _run_whole(self) -> Iterator[TokenEvent]:
         cfg = self.config
@@ -294,7 +351,8 @@ class Session:
             self._finish(State.COMPLETE, "length")
 
     def _accept(self, step: int, token: int, prob: float | None, seconds: float | None,
-                dist: Distribution | None, ends: str | None) -> TokenEvent:
+                dist: Distribution | None, ends: str | None, signals: Any = None, mode: str | None = None,
+                route: str | None = None) -> TokenEvent:
         """Record a token and return its event. When the token ends the generation (a stop or EOS
         token, a stop string, or `ends`: the last token there will be), finish the session first
         and put the held-back text into this event."""
@@ -310,7 +368,7 @@ class Session:
         if reason:
             self._finish(State.COMPLETE if reason in ("eos", "length") else State.STOPPED, reason)
             piece, self.tail = piece + self.tail, ""
-        return TokenEvent(step, token, prob, piece, seconds, dist)
+        return TokenEvent(step, token, prob, piece, seconds, dist, signals, mode, route)
 
     def _finish(self, state: State, reason: str) -> None:
         self.tail = self._stream.finish()

@@ -1,7 +1,7 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
-`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens` and
-`context_centroid`
+`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`,
+`next_token_signals` and `context_centroid`
 are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
@@ -23,6 +23,7 @@ from psycopg import errors as pg_errors
 from hartonomous.backends.base import SamplerArgs
 from hartonomous.centroid import validate_history
 from hartonomous.errors import UserError
+from hartonomous.signals import StepSignals
 
 MAX_NEIGHBORS_LIMIT = 100_000   # next_token's bound on max_neighbors (sql/020_next_token.sql)
 
@@ -81,6 +82,10 @@ GENERATE_TOKENS_SQL = ("SELECT generate_tokens(%(context)s::integer[], %(max_new
                        f"{_named((*_KNN_ARGS, 'seed', 'stop_tokens'), _CASTS)})")
 DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens(%(context)s::integer[], "
                     f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens'), _CASTS)})")
+_SIGNAL_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window")
+NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, "
+                          "distinct_tokens, risk FROM "
+                          f"next_token_signals(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
 
@@ -137,6 +142,14 @@ def draft_tokens_query(context: Sequence[int], n: int, sampler: SamplerArgs | No
     return Query(DRAFT_TOKENS_SQL, {"context": [int(t) for t in context], "n": n,
                                     **_knn_params(sampler, spatial, atom_set), "seed": seed, "first_step": first_step,
                                     "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None})
+
+
+def next_token_signals_query(context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),
+                             atom_set: str | None = None) -> Query:
+    """`next_token_signals(context, ...)`: one row of signals and the predicted risk."""
+    params = _knn_params(None, spatial, atom_set)
+    return Query(NEXT_TOKEN_SIGNALS_SQL, {"context": [int(t) for t in context],
+                                          **{name: params[name] for name in _SIGNAL_ARGS}})
 
 
 def context_centroid_query(context: Sequence[int], atom_set: str | None = None) -> Query:
@@ -198,6 +211,13 @@ def draft_tokens(conn: psycopg.Connection, context: Sequence[int], n: int, sampl
     query = draft_tokens_query(context, n, sampler, spatial, atom_set, seed, first_step, stop_tokens)
     rows = run(conn, query, prepare=True).fetchall()
     return [(int(t), [int(i) for i in ids], [float(p) for p in probs]) for t, ids, probs in rows]
+
+
+def next_token_signals(conn: psycopg.Connection, context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),
+                       atom_set: str | None = None, prepare: bool | None = True) -> StepSignals:
+    """The spatial path's signals for this context and the atom set's predicted risk (None without a predictor)."""
+    row = run(conn, next_token_signals_query(context, spatial, atom_set), prepare=prepare).fetchone()
+    return StepSignals(*[None if v is None else (int(v) if i == 7 else float(v)) for i, v in enumerate(row)])
 
 
 def context_centroid(conn: psycopg.Connection, context: Sequence[int],

@@ -17,6 +17,7 @@ from hartonomous.errors import UserError
 from projection import stages
 from projection.options import KEEP, BuildOptions
 from projection.progress import Reporter
+from projection.risk import fit_risk
 
 __all__ = ["KEEP", "BuildOptions", "BuildResult", "build", "require_new_name"]
 
@@ -86,6 +87,8 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
     calibrated = timed("calibrate", stages.calibrate, options, loaded, labelled, atoms, ui)
     history = timed("calibrate_history", stages.calibrate_history, options, loaded, positions, labelled,
                     atoms, calibrated, ui)
+    risk_model = timed("fit_risk", fit_risk, options, loaded, positions, labelled, atoms, calibrated,
+                       history, ui)
     control = None
     if options.controls:
         control = timed("random_positions", stages.random_positions, options, loaded, projected, labelled,
@@ -103,7 +106,8 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
                                      seconds["random_positions"] + seconds["ingest_control"], {})
         options = replace(options, make_default=default)
     try:
-        report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui, learned)
+        report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui, learned,
+                       risk_model=risk_model)
     except BaseException:
         if control is not None:
             stages.drop_control(conn, control)

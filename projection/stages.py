@@ -554,9 +554,10 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
 
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
            history: History, stats: BuildStats, ui: Reporter,
-           learned: LearnedPositions | None = None) -> IngestReport:
-    """Write the set (its row, tokens, landmarks, atoms) in one transaction; learned positions are
-    stored as projection 'learned' without landmarks (they are no projection of the embeddings)."""
+           learned: LearnedPositions | None = None, risk_model=None) -> IngestReport:
+    """Write the set (its row, tokens, landmarks, atoms and risk predictor) in one transaction;
+    learned positions are stored as projection 'learned' without landmarks (they are no
+    projection of the embeddings)."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
@@ -567,7 +568,8 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
                        history.bandwidth, stats, options.make_default, model_key=options.model,
-                       history_weight=history.weight, history_window=history.window, layout=options.layout)
+                       history_weight=history.weight, history_window=history.window, layout=options.layout,
+                       risk_model=None if risk_model is None else risk_model.model_dump(mode="json"))
     landmarks = None
     if fitted.landmark_idx is not None and learned is None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])

@@ -40,11 +40,21 @@ class AtomSetData:
         return len(self.token_positions)
 
 
-def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k: int | None,
-                   top_p: float | None, search_radius: float | None, max_neighbors: int,
-                   repetition_penalty: float, history_weight: float | None = None,
-                   history_window: int | None = None) -> tuple[list[tuple[int, float, float]], bool]:
-    """(next_token's rows, whether the case sits within EPS of a decision boundary).
+@dataclass
+class Candidates:
+    """The atoms next_token scores for one context: stored KNN neighbours, then history atoms."""
+
+    tokens: np.ndarray
+    distances: np.ndarray
+    weights: np.ndarray
+    history: np.ndarray          # True for history atoms
+    nearest_stored: float        # distance to the nearest stored atom (before search_radius)
+    near: bool                   # a KNN or radius cut within EPS of a distance
+
+
+def reference_candidates(s: AtomSetData, context: list[int], search_radius: float | None, max_neighbors: int,
+                         history_weight: float | None = None, history_window: int | None = None) -> Candidates:
+    """next_token items 2-4: centroid, brute-force KNN, history atoms, search_radius.
 
     history_weight / history_window None mean the set's own, as NULL does in SQL. max_neighbors
     limits the stored atoms only; search_radius applies to stored and history atoms alike.
@@ -57,6 +67,7 @@ def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k
     near = bool(max_neighbors < len(ds) and ds[max_neighbors] - ds[max_neighbors - 1] < EPS)
     nearest = order[:max_neighbors]
     tokens, dist, weights = s.atom_tokens[nearest], d[nearest], s.atom_weights[nearest]
+    history = np.zeros(len(tokens), dtype=bool)
     weight = s.history_weight if history_weight is None else history_weight
     window = s.history_window if history_window is None else history_window
     if weight > 0:
@@ -64,13 +75,24 @@ def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k
         tokens = np.concatenate([tokens, key_tokens])
         dist = np.concatenate([dist, np.sqrt(((keys - c) ** 2).sum(axis=1))])
         weights = np.concatenate([weights, np.full(len(keys), float(weight))])
+        history = np.concatenate([history, np.ones(len(keys), dtype=bool)])
     if search_radius is not None:
         near |= bool(np.any(np.abs(dist - search_radius) < EPS))
         keep = dist <= search_radius
-        tokens, dist, weights = tokens[keep], dist[keep], weights[keep]
-    if len(tokens) == 0:
+        tokens, dist, weights, history = tokens[keep], dist[keep], weights[keep], history[keep]
+    return Candidates(tokens, dist, weights, history, float(ds[0]), near)
+
+
+def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k: int | None,
+                   top_p: float | None, search_radius: float | None, max_neighbors: int,
+                   repetition_penalty: float, history_weight: float | None = None,
+                   history_window: int | None = None) -> tuple[list[tuple[int, float, float]], bool]:
+    """(next_token's rows, whether the case sits within EPS of a decision boundary)."""
+    cand = reference_candidates(s, context, search_radius, max_neighbors, history_weight, history_window)
+    near = cand.near
+    if len(cand.tokens) == 0:
         return [], near
-    ids, logits = kernel.token_logits(tokens, dist, weights, s.kernel, s.bandwidth)
+    ids, logits = kernel.token_logits(cand.tokens, cand.distances, cand.weights, s.kernel, s.bandwidth)
     dense = torch.full((s.vocab_size,), -math.inf, dtype=torch.float64)
     dense[torch.as_tensor(ids)] = torch.as_tensor(logits)
     args = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)

@@ -113,6 +113,9 @@ def test_client_rejects_unknown_paths_and_options(client):
     (["next-token", "hi", "--top-k", "-2"], "top_k"),
     (["next-token", "hi", "--path", "speculative"], "--path must be spatial or exact"),
     (["generate", "hi", "--path", "speculative", "--draft-tokens", "0"], "--draft-tokens must be between 1 and 64"),
+    (["generate", "hi", "--path", "hybrid", "--risk-threshold", "-1"], "risk_threshold must be a number >= 0"),
+    (["generate", "hi", "--cautious-mode", "panic"], "cautious_mode must be one of flatten, signal, abstain"),
+    (["generate", "hi", "--explore-risk", "0.9", "--cautious-risk", "0.5"], "explore_risk must be <= cautious_risk"),
 ])
 def test_cli_bad_input_is_one_line_and_nonzero(capsys, monkeypatch, args, message):
     monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")  # checked before use

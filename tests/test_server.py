@@ -202,6 +202,34 @@ def test_speculative_greedy_is_the_exact_paths_output_with_stats(http, direct):
     assert result["stats"]["tokens"] == 12
 
 
+def test_hybrid_at_the_ends_is_the_exact_or_the_spatial_path_with_stats(http):
+    options = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+    for threshold, path, exact_steps in ((0, "exact", 10), (2, "spatial", 0)):   # above 1: every step spatial
+        want = http.post("/api/generate", json={"prompt": PROMPT, "path": path, **options}).json()
+        response = http.post("/api/generate", json={"prompt": PROMPT, "path": "hybrid", "risk_threshold": threshold,
+                                                     **options})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["token_ids"] == want["token_ids"] and body["path"] == "hybrid"
+        assert body["stats"] == {"threshold": threshold, "steps": 10, "exact_steps": exact_steps,
+                                 "exact_fraction": exact_steps / 10}
+
+
+def test_stream_details_carry_the_step_signals(http, direct, atom_set):
+    from hartonomous import sqlcalls
+
+    body = {"prompt": PROMPT, "seed": 5, "max_new_tokens": 4, "ignore_eos": True, "details": True, "signals": True}
+    _, events = stream(http, body)
+    tokens = [json.loads(data) for kind, data in events if kind == "message" and data != "[DONE]"]
+    ids = tiny_tokenizer().encode(PROMPT)
+    conn = direct.engine("spatial").backend.conn
+    for token in tokens:
+        want = sqlcalls.next_token_signals(conn, ids, atom_set=atom_set)
+        assert token["signals"]["h"] == pytest.approx(want.h) and token["signals"]["risk"] is None
+        assert token["signals"]["distinct_tokens"] == want.distinct_tokens
+        ids.append(token["token_id"])
+
+
 def test_batch_equals_one_by_one(http):
     prompts = [PROMPT, "def add(a, b):", "héllo wörld"]
     options = {"seed": 3, "max_new_tokens": 6, "ignore_eos": True}
@@ -306,6 +334,10 @@ def test_concurrent_requests_each_get_their_own_connection(http, served, direct)
     ("/api/generate", {"prompt": PROMPT, "path": "speculative", "draft_tokens": 0}, "draft_tokens"),
     ("/api/generate/stream", {"prompt": PROMPT, "path": "speculative", "draft_tokens": 65}, "draft_tokens"),
     ("/api/next_token", {"prompt": PROMPT, "path": "speculative"}, "path"),
+    ("/api/next_token", {"prompt": PROMPT, "path": "hybrid"}, "path"),
+    ("/api/generate", {"prompt": PROMPT, "path": "hybrid", "risk_threshold": -1}, "risk_threshold"),
+    ("/api/generate", {"prompt": PROMPT, "cautious_mode": "panic"}, "cautious_mode"),
+    ("/api/generate", {"prompt": PROMPT, "explore_risk": 0.9, "cautious_risk": 0.5}, "explore_risk"),  # GenerationConfig
 ])
 def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, field):
     response = http.post(endpoint, json=body)

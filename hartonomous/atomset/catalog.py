@@ -16,7 +16,7 @@ from hartonomous.errors import UserError
 _COLUMNS = """
     s.id, s.name, s.model, s.model_key, s.kind, s.vocab_size, s.embedding_dim, s.projection,
     s.projection_params, s.centroid_window, s.centroid_decay, s.kernel, s.bandwidth,
-    s.history_weight, s.history_window, s.layout, s.is_default, s.created_at, s.stats,
+    s.history_weight, s.history_window, s.layout, s.risk_model, s.is_default, s.created_at, s.stats,
     (s.stats->'ingest'->>'atoms')::bigint AS atoms
 """
 # Sets built before ingest stats were recorded are counted by a query of their own (Citus refuses a

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from hartonomous.risk import RiskModel
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -115,6 +117,7 @@ class AtomSet(BaseModel):
     history_weight: float           # weight of the context's own history atoms (0 = off)
     history_window: int             # how many earlier context positions become history atoms
     layout: str = "rows"            # next_token's KNN storage: 'rows' | 'tiles' (sql/015_knn.sql)
+    risk_model: RiskModel | None = None   # the build's risk predictor (hartonomous/risk.py); None: none
     is_default: bool
     created_at: datetime | None
     stats: BuildStats

@@ -65,6 +65,7 @@ class AtomSetSpec:
     history_window: int = 512
     layout: str = DEFAULT_LAYOUT
     tile_atoms: int = TILE_ATOMS
+    risk_model: dict | None = None      # hartonomous.risk.RiskModel as JSON (atom_sets.risk_model)
 
 
 @dataclass
@@ -243,11 +244,12 @@ def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec) -> int:
     (set_id,) = conn.execute(
         """INSERT INTO atom_sets (name, model, model_key, vocab_size, embedding_dim, projection, projection_params,
                                   kind, centroid_window, centroid_decay, kernel, bandwidth, history_weight,
-                                  history_window, layout, stats)
-           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb) RETURNING id""",
+                                  history_window, layout, stats, risk_model)
+           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb) RETURNING id""",
         (spec.name, spec.model, spec.model_key, spec.vocab_size, spec.embedding_dim, spec.projection,
          json.dumps(spec.projection_params), spec.kind, spec.centroid_window, spec.centroid_decay,
-         spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, spec.layout, json.dumps(_stats_json(spec.stats))),
+         spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, spec.layout,
+         json.dumps(_stats_json(spec.stats)), None if spec.risk_model is None else json.dumps(spec.risk_model)),
     ).fetchone()
     return int(set_id)
 

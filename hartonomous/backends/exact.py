@@ -9,6 +9,7 @@ by the following forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from hartonomous.backends.base import Distribution, SamplerArgs
 from hartonomous.exact import ExactModel, KVCache
 from hartonomous.sampling import logits_to_probs
+from hartonomous.signals import StepSignals, distribution_signals
 
 
 @dataclass
@@ -49,9 +51,10 @@ class ExactBackend:
     name = "exact"
     atom_set_name = None            # the exact path reads no atom set
 
-    def __init__(self, model: ExactModel):
+    def __init__(self, model: ExactModel, risk_source: Callable[[list[int]], StepSignals] | None = None):
         self.model = model
         self.tokenizer = model.tokenizer
+        self.risk_source = risk_source      # context ids -> the spatial path's signals (for their risk)
 
     def eos_token_ids(self) -> set[int]:
         return self.model.eos_token_ids()
@@ -70,6 +73,17 @@ class ExactBackend:
         probs = logits_to_probs(state.logits, context, temperature=sampler.temperature, top_k=sampler.top_k,
                                 top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
         return ordered_distribution(probs)
+
+    def signals(self, state: ExactState) -> StepSignals:
+        """The exact distribution's own H, H2, varentropy, R and top probability (temperature 1, no
+        warpers); no geometric signals; the risk is the atom set's predictor on the spatial signals of
+        the same context when a risk source is attached (else None)."""
+        if state.logits is None:
+            state.logits = self.score_logits(state, [])[0]
+        probs = torch.softmax(state.logits.detach().to(torch.float64), -1).cpu().numpy()
+        risk = self.risk_source(state.ids).risk if self.risk_source is not None else None
+        return StepSignals(**distribution_signals(probs), nearest_bandwidths=None, history_share=None,
+                           distinct_tokens=None, risk=risk)
 
     def advance(self, state: ExactState, token_id: int) -> None:
         state.ids.append(int(token_id))

@@ -20,6 +20,7 @@ from hartonomous import sqlcalls
 from hartonomous.atomset import AtomSet, load_atom_set, tokenizer_for
 from hartonomous.backends.base import Distribution, SamplerArgs
 from hartonomous.errors import UserError
+from hartonomous.signals import StepSignals
 from hartonomous.sqlcalls import SpatialArgs
 
 
@@ -72,6 +73,10 @@ class SpatialBackend:
         rows = sqlcalls.next_token(self.conn, self.context_for(state, sampler), sampler, self.spatial, self.atom_set.name)
         return Distribution([r[0] for r in rows], [r[1] for r in rows])
 
+    def signals(self, state: SpatialState) -> StepSignals:
+        """The step's signals and predicted risk (SQL next_token_signals; sampler-independent)."""
+        return sqlcalls.next_token_signals(self.conn, self.context_for(state, None), self.spatial, self.atom_set.name)
+
     def advance(self, state: SpatialState, token_id: int) -> None:
         state.ids.append(int(token_id))
 
@@ -89,7 +94,7 @@ class SpatialBackend:
         reach = self.atom_set.history_window if reach is None else reach
         return reach if weight > 0 else 0
 
-    def context_for(self, state: SpatialState, sampler: SamplerArgs) -> list[int]:
+    def context_for(self, state: SpatialState, sampler: SamplerArgs | None) -> list[int]:
         """The ids next_token needs, so the work per step stays bounded as the text grows.
 
         With a centroid window w and history atoms over the last H positions, the last H + w ids
@@ -98,7 +103,8 @@ class SpatialBackend:
         """
         window = self.atom_set.centroid_window
         needed = None if window is None else window + self.history_reach()
-        if needed and sampler.repetition_penalty == 1 and len(state.ids) > needed:
+        penalty = 1 if sampler is None else sampler.repetition_penalty      # None: no penalty reads the ids
+        if needed and penalty == 1 and len(state.ids) > needed:
             return state.ids[-needed:]
         return state.ids
 

@@ -38,7 +38,7 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
 
 def _client(runtime: Runtime, req):
     return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
-                          req.history_window, getattr(req, "draft_tokens", 4))
+                          req.history_window, getattr(req, "draft_tokens", 4), getattr(req, "risk_threshold", 0.5))
 
 
 def _config(req, *prompts: str) -> GenerationConfig:
@@ -105,6 +105,11 @@ def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:
         payload["distribution"] = [
             {"token_id": t, "text": decode(tokenizer, [t]), "probability": p}
             for t, p in zip(dist.token_ids[:top_n], dist.probabilities[:top_n])]
+    if event.signals is not None:
+        payload["signals"] = {k: _finite(v) for k, v in event.signals.as_dict().items()}
+    for name in ("mode", "route"):             # adaptive sampler / hybrid path of the step
+        if getattr(event, name) is not None:
+            payload[name] = getattr(event, name)
     return payload
 
 

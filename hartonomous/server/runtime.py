@@ -180,7 +180,8 @@ class Runtime:
     @contextmanager
     def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
                max_neighbors: int = 100, history_weight: float | None = None,
-               history_window: int | None = None, draft_tokens: int = 4) -> Iterator[Any]:
+               history_window: int | None = None, draft_tokens: int = 4,
+               risk_threshold: float = 0.5) -> Iterator[Any]:
         """A Client for one request: its own pooled connection (spatial), the shared model (exact), or
         both (speculative)."""
         from hartonomous.client import Client
@@ -189,12 +190,13 @@ class Runtime:
             with Client(exact_model=self.exact_model()) as client:
                 yield client
             return
-        exact = self.exact_model() if path == "speculative" else None
+        exact = self.exact_model() if path in ("speculative", "hybrid") else None
         with self.connection() as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
-                        draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens)) as client:
+                        draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
+                        risk_threshold=risk_threshold) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

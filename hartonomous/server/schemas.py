@@ -27,7 +27,8 @@ MAX_DISTRIBUTION_ROWS = 1000   # rows next_token returns at most (`limit`)
 INT64 = 2**63
 
 PathName = Literal["spatial", "exact"]
-GenerationPath = Literal["spatial", "exact", "speculative"]     # speculative: generation only (no distribution of its own)
+GenerationPath = Literal["spatial", "exact", "speculative", "hybrid"]  # generation only: no distribution of their own
+CautiousMode = Literal["flatten", "signal", "abstain"]
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS,
                               description=f"Text to continue (at most {MAX_PROMPT_CHARS} characters, "
@@ -91,12 +92,36 @@ class GenerationOptions(SamplerParams):
     stop_token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(default_factory=list, max_length=32)
     ignore_eos: bool = Field(False, description="Keep going after the end-of-sequence token.")
     in_database: bool = Field(False, description="Spatial: run the whole loop in SQL generate_tokens.")
+    risk_threshold: float = Field(0.5, ge=0, allow_inf_nan=False,
+                                  description="Hybrid: a step goes to the spatial path when the atom set's predicted "
+                                              "risk is below this, else to the exact model (0: always exact; "
+                                              "above 1: always spatial).")
+    signals: bool = Field(GenerationConfig.signals, description="With details: each event carries the step's "
+                                                                "signals (H, H2, varentropy, R, geometry, risk).")
+    adaptive: bool = Field(GenerationConfig.adaptive, description="Risk-scored adaptive sampling (spatial, exact "
+                                                                  "and hybrid paths).")
+    standard_p: float = Field(GenerationConfig.standard_p, gt=0, le=1, allow_inf_nan=False,
+                              description="Adaptive: top-p of low-risk steps.")
+    explore_p: float = Field(GenerationConfig.explore_p, gt=0, le=1, allow_inf_nan=False,
+                             description="Adaptive: top-p of medium-risk steps.")
+    explore_temp: float = Field(GenerationConfig.explore_temp, ge=1e-6, le=1e6, allow_inf_nan=False,
+                                description="Adaptive: temperature of medium-risk steps.")
+    cautious_mode: CautiousMode = Field(GenerationConfig.cautious_mode,
+                                        description="Adaptive, high-risk steps: flatten (T 2, top-p 0.99), signal "
+                                                    "(mark the event) or abstain (stop).")
+    explore_risk: float = Field(GenerationConfig.explore_risk, ge=0, le=1, description="Adaptive: risk from which "
+                                                                                       "a step explores.")
+    cautious_risk: float = Field(GenerationConfig.cautious_risk, ge=0, le=1, description="Adaptive: risk from "
+                                                                                         "which a step is cautious.")
 
     def config_options(self) -> dict:
         """Keyword options for hartonomous.client.make_config."""
         return dict(self.sampler_options(), max_new_tokens=self.max_new_tokens, seed=self.seed,
                     stop_strings=tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids),
-                    stop_at_eos=not self.ignore_eos)
+                    stop_at_eos=not self.ignore_eos, signals=self.signals, adaptive=self.adaptive,
+                    standard_p=self.standard_p, explore_p=self.explore_p, explore_temp=self.explore_temp,
+                    cautious_mode=self.cautious_mode, explore_risk=self.explore_risk,
+                    cautious_risk=self.cautious_risk)
 
 
 class GenerateRequest(GenerationOptions):
@@ -151,6 +176,13 @@ class SpeculativeStatsOut(BaseModel):
     tokens_per_forward: float | None = None
 
 
+class HybridStatsOut(BaseModel):
+    threshold: float
+    steps: int
+    exact_steps: int
+    exact_fraction: float
+
+
 class GenerateResponse(BaseModel):
     path: GenerationPath
     atom_set: str | None = None
@@ -161,8 +193,9 @@ class GenerateResponse(BaseModel):
     finish_reason: str
     seed: int
     timings: TimingsOut
-    stats: SpeculativeStatsOut | None = Field(None, description="Speculative: rounds, acceptance, draft vs "
-                                                                "verify time.")
+    stats: SpeculativeStatsOut | HybridStatsOut | None = Field(
+        None, description="Speculative: rounds, acceptance, draft vs verify time; hybrid: steps sent to the exact "
+                          "model.")
 
 
 class BatchResponse(BaseModel):

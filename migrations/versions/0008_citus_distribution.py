@@ -7,14 +7,14 @@ afterwards get their partition distributed by the build (hartonomous/atomset/wri
 database migrated to head before Citus was installed stays local: build on a fresh cluster.
 
 Revision ID: 0008
-Revises: 0007
+Revises: 0006 (after 0007, atom tiles, and 0006, the risk model, which follows it)
 """
 from alembic import op
 
 from hartonomous.db.citus import distribute_schema, undistribute_schema
 
 revision = "0008"
-down_revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,80 @@
+"""Per-step signals of the spatial path, in NumPy: the definition `next_token_signals` computes in SQL.
+
+The distribution signals (H, H2, varentropy, R) are those of the comparison reports
+(`hartonomous.compare.signals`), read from the kernel's own distribution: next_token at
+temperature 1 with top-k, top-p and the repetition penalty off, so they do not depend on the
+sampler a caller uses. The geometric signals are the spatial path's own:
+
+- nearest_bandwidths: distance from the context centroid to the nearest stored atom, in
+  bandwidths (how far the stored data is, in kernel widths);
+- history_share: the history atoms' share of the kernel mass sum w K(d) over every candidate;
+- distinct_tokens: how many distinct tokens the candidates vote for.
+
+sql/050_signals.sql has the same definitions; tests compare the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from hartonomous.compare.signals import renyi2, shannon, varentropy
+
+FEATURES = ("h", "h2", "varentropy", "r", "top_probability", "nearest_bandwidths", "history_share",
+            "distinct_tokens")
+
+
+@dataclass(frozen=True)
+class StepSignals:
+    """One step's signals (the columns of SQL next_token_signals); `risk` is the predictor's, or None."""
+
+    h: float | None
+    h2: float | None
+    varentropy: float | None
+    r: float | None
+    top_probability: float | None
+    nearest_bandwidths: float | None
+    history_share: float | None
+    distinct_tokens: int | None               # None on the exact path (it has no neighbours)
+    risk: float | None = None
+
+    def features(self) -> dict[str, float | None]:
+        """The predictor's inputs, by name (everything but the risk)."""
+        return {name: getattr(self, name) for name in FEATURES}
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def distribution_signals(p: np.ndarray) -> dict[str, float]:
+    """H, H2, varentropy, R and the top probability of a distribution (nats)."""
+    h, h2, v = shannon(p), renyi2(p), varentropy(p)
+    return {"h": h, "h2": h2, "varentropy": v, "r": h2 - (h - 0.5 * v), "top_probability": float(np.max(p))}
+
+
+def kernel_distribution(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, kernel: str,
+                        bandwidth: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token ids ascending, their probabilities, each candidate's share of the kernel mass): the
+    kernel's own distribution over the candidates (next_token at T = 1, no top-k/top-p/penalty)."""
+    from hartonomous.kernel import log_contributions      # scipy: imported where it is used
+
+    contrib = log_contributions(distances, weights, kernel, bandwidth)
+    mass = np.exp(contrib - contrib.max())
+    unique, inverse = np.unique(np.asarray(tokens), return_inverse=True)
+    per_token = np.bincount(inverse, weights=mass, minlength=len(unique))
+    return unique, per_token / per_token.sum(), mass / mass.sum()
+
+
+def candidate_signals(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, history: np.ndarray,
+                      kernel: str, bandwidth: float, nearest_stored: float | None) -> StepSignals:
+    """The signals of one step from its candidate atoms (stored and history, after search_radius):
+    their tokens, distances to the centroid, weights and which are history atoms; `nearest_stored`
+    is the distance to the nearest stored atom (before search_radius)."""
+    nearest = None if nearest_stored is None else float(nearest_stored) / bandwidth
+    if len(tokens) == 0:
+        return StepSignals(None, None, None, None, None, nearest, None, 0)
+    unique, probs, share = kernel_distribution(tokens, distances, weights, kernel, bandwidth)
+    return StepSignals(**distribution_signals(probs), nearest_bandwidths=nearest,
+                       history_share=float(share[np.asarray(history, dtype=bool)].sum()),
+                       distinct_tokens=len(unique))
