@@ -40,6 +40,7 @@ class AtomSet(Base):
         CheckConstraint("history_window >= 0", name="atom_sets_history_window_check"),
         CheckConstraint("history_window <= 4096", name="atom_sets_history_window_max_check"),
         CheckConstraint("layout IN ('rows', 'tiles')", name="atom_sets_layout_check"),
+        CheckConstraint("risk_model IS NULL OR jsonb_typeof(risk_model) = 'object'", name="atom_sets_risk_model_check"),
         Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
     )
 
@@ -62,6 +63,7 @@ class AtomSet(Base):
     history_window: Mapped[int] = mapped_column(Integer, server_default=text("512"))
     model_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     layout: Mapped[str] = mapped_column(Text, server_default=text("'rows'"))
+    risk_model: Mapped[dict | None] = mapped_column(JSONB, nullable=True)  # the build's risk predictor (0006)
 
 
 class Token(Base):
