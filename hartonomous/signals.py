@@ -27,7 +27,8 @@ FEATURES = ("h", "h2", "varentropy", "r", "top_probability", "nearest_bandwidths
 
 @dataclass(frozen=True)
 class StepSignals:
-    """One step's signals (the columns of SQL next_token_signals); `risk` is the predictor's, or None."""
+    """One step's signals (the columns of SQL next_token_signals); `risk` and `predicted_gap` are the
+    atom set's predictors' (hartonomous.risk), or None."""
 
     h: float | None
     h2: float | None
@@ -38,9 +39,10 @@ class StepSignals:
     history_share: float | None
     distinct_tokens: int | None               # None on the exact path (it has no neighbours)
     risk: float | None = None
+    predicted_gap: float | None = None        # predicted NLL - H of the spatial distribution (nats)
 
     def features(self) -> dict[str, float | None]:
-        """The predictor's inputs, by name (everything but the risk)."""
+        """The predictors' inputs, by name (everything but their outputs)."""
         return {name: getattr(self, name) for name in FEATURES}
 
     def as_dict(self) -> dict[str, float | int | None]:

@@ -84,7 +84,7 @@ DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens
                     f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens'), _CASTS)})")
 _SIGNAL_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window")
 NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, "
-                          "distinct_tokens, risk FROM "
+                          "distinct_tokens, risk, predicted_gap FROM "
                           f"next_token_signals(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
@@ -215,7 +215,8 @@ def draft_tokens(conn: psycopg.Connection, context: Sequence[int], n: int, sampl
 
 def next_token_signals(conn: psycopg.Connection, context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),
                        atom_set: str | None = None, prepare: bool | None = True) -> StepSignals:
-    """The spatial path's signals for this context and the atom set's predicted risk (None without a predictor)."""
+    """The spatial path's signals for this context and the atom set's predicted risk and calibration gap
+    (None without a predictor)."""
     row = run(conn, next_token_signals_query(context, spatial, atom_set), prepare=prepare).fetchone()
     return StepSignals(*[None if v is None else (int(v) if i == 7 else float(v)) for i, v in enumerate(row)])
 

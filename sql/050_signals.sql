@@ -5,7 +5,7 @@
 --                      history_window int = NULL)
 --   RETURNS TABLE(h float8, h2 float8, varentropy float8, r float8, top_probability float8,
 --                 nearest_bandwidths float8, history_share float8, distinct_tokens int,
---                 risk float8)
+--                 risk float8, predicted_gap float8)
 --
 -- One row, for the same candidates next_token scores (sql/020_next_token.sql items 1-5: the
 -- centroid, the max_neighbors nearest stored atoms by ht_knn in either layout, the context's
@@ -28,6 +28,10 @@
 --                        on the calibration half; ht_risk below) applied to these signals: the
 --                        predicted probability that the spatial top-1 differs from the exact
 --                        model's; NULL when the set has no predictor.
+--   predicted_gap      = the atom set's calibration-gap regression (risk_model->'gap'; ht_linear
+--                        below) applied to the same signals: the predicted NLL - H in nats, where
+--                        NLL = -ln p(text's next token), capped at ln(vocabulary size), and H the
+--                        entropy above; positive: confident but wrong. NULL without that model.
 -- Contributions below exp(-700) times the largest one count as 0, as in next_token's softmax
 -- (PostgreSQL raises on float underflow, and exp() of less than about -708 underflows).
 -- Probabilities below 1e-150 count as 0 in h, h2 and varentropy (their terms are below 1e-147,
@@ -35,17 +39,17 @@
 -- No candidates (search_radius excludes all): the distribution signals are NULL, distinct_tokens 0.
 -- Bad input raises SQLSTATE 22023 naming the argument, with next_token's rules.
 
-CREATE OR REPLACE FUNCTION ht_risk(p_model jsonb, p_signals jsonb) RETURNS double precision
+CREATE OR REPLACE FUNCTION ht_linear(p_model jsonb, p_signals jsonb) RETURNS double precision
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER SET search_path = public, pg_temp AS $$
--- Logistic regression stored as data: z = intercept + sum_i coef_i (x_i - mean_i) / scale_i over
--- the model's feature names, risk = 1 / (1 + exp(-z)); hartonomous/risk.py RiskModel.predict is
--- the same formula. NULL when the model is NULL or a feature is missing or NULL.
+-- A linear model stored as data: z = intercept + sum_i coef_i (x_i - mean_i) / scale_i over the
+-- model's feature names; hartonomous/risk.py LinearModel.linear is the same formula. NULL when
+-- the model is NULL (or JSON null) or a feature is missing or NULL.
 DECLARE
     z double precision;
     x double precision;
     i integer;
 BEGIN
-    IF p_model IS NULL OR p_signals IS NULL THEN
+    IF p_model IS NULL OR p_signals IS NULL OR jsonb_typeof(p_model) <> 'object' THEN
         RETURN NULL;
     END IF;
     z := (p_model->>'intercept')::double precision;
@@ -58,7 +62,21 @@ BEGIN
                  * (x - (p_model->'mean'->>i)::double precision)
                  / (p_model->'scale'->>i)::double precision;
     END LOOP;
-    IF z < -700 THEN
+    RETURN z;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_risk(p_model jsonb, p_signals jsonb) RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER SET search_path = public, pg_temp AS $$
+-- Logistic regression stored as data: risk = 1 / (1 + exp(-z)) of ht_linear's z (0 below
+-- z = -700, 1 above 700); hartonomous/risk.py RiskModel.predict is the same formula.
+DECLARE
+    z double precision := ht_linear(p_model, p_signals);
+BEGIN
+    IF z IS NULL THEN
+        RETURN NULL;
+    ELSIF z < -700 THEN
         RETURN 0;
     ELSIF z > 700 THEN
         RETURN 1;
@@ -67,6 +85,19 @@ BEGIN
 END
 $$;
 
+
+-- next_token_signals gained the predicted_gap column; CREATE OR REPLACE cannot change a result
+-- type, so the version a database installed before (without it) is dropped.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE p.proname = 'next_token_signals' AND n.nspname = current_schema()
+                  AND NOT 'predicted_gap' = ANY(p.proargnames)) THEN
+        EXECUTE format('DROP FUNCTION %I.next_token_signals(integer[], double precision, integer, text, '
+                       'double precision, integer)', current_schema());
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION next_token_signals(
     context integer[],
@@ -78,7 +109,7 @@ CREATE OR REPLACE FUNCTION next_token_signals(
 RETURNS TABLE(h double precision, h2 double precision, varentropy double precision,
               r double precision, top_probability double precision,
               nearest_bandwidths double precision, history_share double precision,
-              distinct_tokens integer, risk double precision)
+              distinct_tokens integer, risk double precision, predicted_gap double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET jit = off
 SET plan_cache_mode = force_generic_plan
@@ -94,6 +125,7 @@ DECLARE
     v_after integer;
     v_ln_w  double precision;
     v       record;
+    v_signals jsonb;
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
@@ -148,14 +180,16 @@ BEGIN
     nearest_bandwidths := v.nearest;
     history_share := coalesce(v.share, CASE WHEN v.n > 0 THEN 0 END);
     distinct_tokens := v.n;
-    risk := ht_risk(v_model, jsonb_build_object(
+    v_signals := jsonb_build_object(
         'h', h, 'h2', h2, 'varentropy', varentropy, 'r', r, 'top_probability', top_probability,
         'nearest_bandwidths', nearest_bandwidths, 'history_share', history_share,
-        'distinct_tokens', distinct_tokens));
+        'distinct_tokens', distinct_tokens);
+    risk := ht_risk(v_model, v_signals);
+    predicted_gap := ht_linear(v_model->'gap', v_signals);
     RETURN NEXT;
 END
 $$;
 
 COMMENT ON FUNCTION next_token_signals(integer[], double precision, integer, text,
                                        double precision, integer) IS
-    'Per-step signals of the spatial path (entropy H, H2, varentropy, R, top probability, nearest stored atom in bandwidths, history share of the kernel mass, distinct tokens) and the atom set''s predicted risk that the spatial top-1 differs from the exact model''s. See docs/sql.md.';
+    'Per-step signals of the spatial path (entropy H, H2, varentropy, R, top probability, nearest stored atom in bandwidths, history share of the kernel mass, distinct tokens) the atom set''s predicted risk that the spatial top-1 differs from the exact model''s, and its predicted calibration gap NLL - H. See docs/sql.md.';

@@ -1,5 +1,6 @@
-"""Per-step signals (SQL next_token_signals vs the NumPy definition) and the risk predictor
-(SQL ht_risk vs hartonomous.risk.RiskModel), on a real PostGIS inside one rolled-back transaction."""
+"""Per-step signals (SQL next_token_signals vs the NumPy definition) and the predictors (SQL
+ht_risk and ht_linear vs hartonomous.risk.RiskModel and its GapModel), on a real PostGIS inside
+one rolled-back transaction."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 from hartonomous import sqlcalls
-from hartonomous.risk import RiskModel
+from hartonomous.risk import GapModel, RiskModel
 from hartonomous.signals import FEATURES, StepSignals, candidate_signals, distribution_signals
 from hartonomous.sqlcalls import SpatialArgs
 from reference_next_token import AtomSetData, reference_candidates
@@ -56,7 +57,7 @@ def test_two_tokens_by_hand(db) -> None:
     assert got.r == pytest.approx(h2 - (h - v / 2), abs=1e-12)
     assert got.top_probability == pytest.approx(p.max(), abs=1e-12)
     assert got.nearest_bandwidths == pytest.approx(1.0)
-    assert (got.history_share, got.distinct_tokens, got.risk) == (0.0, 2, None)
+    assert (got.history_share, got.distinct_tokens, got.risk, got.predicted_gap) == (0.0, 2, None, None)
 
 
 @pytest.mark.parametrize("which", ["gauss", "expo", "steep", "slow", "long"])
@@ -113,11 +114,15 @@ def test_bad_input_raises_22023_naming_the_argument(db, ref_sets, call: str, nam
 
 # --- the risk predictor: one formula in SQL and Python --------------------------------------------
 
-def random_model(rng: np.random.Generator, scale: float = 1.0) -> RiskModel:
+def random_linear(rng: np.random.Generator, scale: float = 1.0) -> dict:
     n = len(FEATURES)
-    return RiskModel(features=list(FEATURES), mean=rng.normal(size=n).tolist(),
-                     scale=rng.uniform(0.1, 3, n).tolist(), coef=(scale * rng.normal(size=n)).tolist(),
-                     intercept=float(rng.normal()))
+    return dict(features=list(FEATURES), mean=rng.normal(size=n).tolist(), scale=rng.uniform(0.1, 3, n).tolist(),
+                coef=(scale * rng.normal(size=n)).tolist(), intercept=float(rng.normal()))
+
+
+def random_model(rng: np.random.Generator, scale: float = 1.0, gap: bool = False) -> RiskModel:
+    return RiskModel(**random_linear(rng, scale),
+                     gap=GapModel(**random_linear(rng), nll_cap=math.log(50)) if gap else None)
 
 
 def test_ht_risk_equals_risk_model_predict(db) -> None:
@@ -134,14 +139,35 @@ def test_ht_risk_equals_risk_model_predict(db) -> None:
     assert model.predict(missing) is None
 
 
+def test_ht_linear_equals_the_gap_models_prediction(db) -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        model = GapModel(**random_linear(rng, scale=3.0), nll_cap=math.log(50))
+        features = {name: float(x) for name, x in zip(FEATURES, rng.normal(scale=2, size=len(FEATURES)))}
+        (got,) = db.execute("SELECT ht_linear(%s::jsonb, %s::jsonb)",
+                            (model.model_dump_json(), json.dumps(features))).fetchone()
+        assert got == pytest.approx(model.predict(features), rel=1e-12, abs=1e-12)
+    for absent in ("null", None):                  # a risk model without a gap model: NULL, not an error
+        assert db.execute("SELECT ht_linear(%s::jsonb, '{}'::jsonb)", (absent,)).fetchone() == (None,)
+
+
 def test_next_token_signals_applies_the_atom_sets_predictor(db, ref_sets) -> None:
     s = ref_sets["expo"]
-    model = random_model(np.random.default_rng(5))
+    model = random_model(np.random.default_rng(5), gap=True)
     db.execute("UPDATE atom_sets SET risk_model = %s::jsonb WHERE name = %s", (model.model_dump_json(), s.name))
     for context in ([1], [4, 8, 15, 16, 23, 42 % s.vocab_size], [5, 5, 5, 5]):
         got = sqlcalls.next_token_signals(db, context, atom_set=s.name, prepare=False)
         assert got.risk == pytest.approx(model.predict(got.features()), abs=1e-12)
         assert 0 < got.risk < 1
+        assert got.predicted_gap == pytest.approx(model.predict_gap(got.features()), rel=1e-12, abs=1e-12)
+
+
+def test_a_predictor_without_gap_model_gives_no_predicted_gap(db, ref_sets) -> None:
+    s = ref_sets["expo"]
+    model = random_model(np.random.default_rng(6))
+    db.execute("UPDATE atom_sets SET risk_model = %s::jsonb WHERE name = %s", (model.model_dump_json(), s.name))
+    got = sqlcalls.next_token_signals(db, [1, 2], atom_set=s.name, prepare=False)
+    assert got.risk is not None and got.predicted_gap is None and model.predict_gap(got.features()) is None
 
 
 def test_risk_model_rejects_inconsistent_data() -> None:
@@ -149,6 +175,10 @@ def test_risk_model_rejects_inconsistent_data() -> None:
         RiskModel(features=["h"], mean=[0.0, 1.0], scale=[1.0], coef=[1.0], intercept=0.0)
     with pytest.raises(ValueError, match="scale"):
         RiskModel(features=["h"], mean=[0.0], scale=[0.0], coef=[1.0], intercept=0.0)
+    with pytest.raises(ValueError, match="GapModel: features, mean, scale and coef"):
+        RiskModel(features=["h"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=0.0,
+                  gap={"features": ["h", "r"], "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0,
+                       "nll_cap": 1.0})
 
 
 def test_distribution_signals_of_a_uniform_distribution() -> None:
@@ -156,3 +186,24 @@ def test_distribution_signals_of_a_uniform_distribution() -> None:
     assert got["h"] == pytest.approx(math.log(4)) and got["h2"] == pytest.approx(math.log(4))
     assert got["varentropy"] == pytest.approx(0.0, abs=1e-15) and got["r"] == pytest.approx(0.0, abs=1e-15)
 
+
+
+def test_reinstalling_upgrades_a_next_token_signals_without_predicted_gap(scratch_database: str) -> None:
+    """A database installed before the gap column: drift is found, and the reinstall replaces the
+    function (CREATE OR REPLACE alone cannot change the result columns)."""
+    from hartonomous.db import migrate
+
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database) as conn:
+        conn.execute("DROP FUNCTION next_token_signals(integer[], double precision, integer, text, "
+                     "double precision, integer)")
+        conn.execute("CREATE FUNCTION next_token_signals(context integer[], search_radius double precision, "
+                     "max_neighbors integer, atom_set text, history_weight double precision, history_window "
+                     "integer) RETURNS TABLE(h double precision, risk double precision) LANGUAGE sql "
+                     "AS 'SELECT 1.0::float8, NULL::float8'")
+    assert any("next_token_signals" in line for line in migrate.function_drift(scratch_database))
+    migrate.reinstall_sql_functions(scratch_database)
+    assert migrate.function_drift(scratch_database) == []
+    with psycopg.connect(scratch_database) as conn:
+        (names,) = conn.execute("SELECT proargnames FROM pg_proc WHERE proname = 'next_token_signals'").fetchone()
+    assert "predicted_gap" in names
