@@ -227,6 +227,7 @@ def test_stream_details_carry_the_step_signals(http, direct, atom_set):
         want = sqlcalls.next_token_signals(conn, ids, atom_set=atom_set)
         assert token["signals"]["h"] == pytest.approx(want.h) and token["signals"]["risk"] is None
         assert token["signals"]["distinct_tokens"] == want.distinct_tokens
+        assert token["signals"]["predicted_gap"] == want.predicted_gap          # None: this set has no predictor
         ids.append(token["token_id"])
 
 
