@@ -8,7 +8,18 @@ sampler a caller uses. The geometric signals are the spatial path's own:
 - nearest_bandwidths: distance from the context centroid to the nearest stored atom, in
   bandwidths (how far the stored data is, in kernel widths);
 - history_share: the history atoms' share of the kernel mass sum w K(d) over every candidate;
-- distinct_tokens: how many distinct tokens the candidates vote for.
+- distinct_tokens: how many distinct tokens the candidates vote for;
+
+and the support of the distribution's top token t (largest mass, ties: the lowest token id, as
+greedy next_token), in logs so that near-zero distances stay on a usable scale:
+
+- ln_top_nearest_bandwidths: ln(distance of t's nearest candidate / bandwidth + 0.01);
+- ln_top_stored_votes: ln(1 + how many stored candidates vote for t);
+- ln_top_history_nearest_bandwidths: ln(min(10, distance of t's nearest history atom / bandwidth)
+  + 0.01), ln(10.01) when no history atom votes for t.
+
+These three were added after a measurement of candidate signals
+(docs/results/2026-11-24-risk-features.md).
 
 sql/050_signals.sql has the same definitions; tests compare the two.
 """
@@ -22,7 +33,9 @@ import numpy as np
 from hartonomous.compare.signals import renyi2, shannon, varentropy
 
 FEATURES = ("h", "h2", "varentropy", "r", "top_probability", "nearest_bandwidths", "history_share",
-            "distinct_tokens")
+            "distinct_tokens", "ln_top_nearest_bandwidths", "ln_top_stored_votes", "ln_top_history_nearest_bandwidths")
+DISTANCE_OFFSET = 0.01          # bandwidths added before the log of a top-token distance
+HISTORY_DISTANCE_CAP = 10.0     # bandwidths; also the value when the top token has no history atom
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,9 @@ class StepSignals:
     nearest_bandwidths: float | None
     history_share: float | None
     distinct_tokens: int | None               # None on the exact path (it has no neighbours)
+    ln_top_nearest_bandwidths: float | None = None
+    ln_top_stored_votes: float | None = None
+    ln_top_history_nearest_bandwidths: float | None = None
     risk: float | None = None
     predicted_gap: float | None = None        # predicted NLL - H of the spatial distribution (nats)
 
@@ -76,7 +92,15 @@ def candidate_signals(tokens: np.ndarray, distances: np.ndarray, weights: np.nda
     nearest = None if nearest_stored is None else float(nearest_stored) / bandwidth
     if len(tokens) == 0:
         return StepSignals(None, None, None, None, None, nearest, None, 0)
+    tokens, distances = np.asarray(tokens), np.asarray(distances, dtype=np.float64)
+    history = np.asarray(history, dtype=bool)
     unique, probs, share = kernel_distribution(tokens, distances, weights, kernel, bandwidth)
+    top = tokens == unique[int(np.argmax(probs))]           # argmax: the first, i.e. lowest id, of ties
+    top_history = distances[top & history]
     return StepSignals(**distribution_signals(probs), nearest_bandwidths=nearest,
-                       history_share=float(share[np.asarray(history, dtype=bool)].sum()),
-                       distinct_tokens=len(unique))
+                       history_share=float(share[history].sum()), distinct_tokens=len(unique),
+                       ln_top_nearest_bandwidths=float(np.log(distances[top].min() / bandwidth + DISTANCE_OFFSET)),
+                       ln_top_stored_votes=float(np.log1p(np.count_nonzero(top & ~history))),
+                       ln_top_history_nearest_bandwidths=float(np.log(min(
+                           HISTORY_DISTANCE_CAP, top_history.min() / bandwidth if len(top_history) else
+                           HISTORY_DISTANCE_CAP) + DISTANCE_OFFSET)))

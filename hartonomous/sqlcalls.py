@@ -84,7 +84,8 @@ DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens
                     f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens'), _CASTS)})")
 _SIGNAL_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window")
 NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, "
-                          "distinct_tokens, risk, predicted_gap FROM "
+                          "distinct_tokens, ln_top_nearest_bandwidths, ln_top_stored_votes, ln_top_history_nearest_bandwidths, "
+                          "risk, predicted_gap FROM "
                           f"next_token_signals(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")

@@ -5,7 +5,8 @@
 --                      history_window int = NULL)
 --   RETURNS TABLE(h float8, h2 float8, varentropy float8, r float8, top_probability float8,
 --                 nearest_bandwidths float8, history_share float8, distinct_tokens int,
---                 risk float8, predicted_gap float8)
+--                 ln_top_nearest_bandwidths float8, ln_top_stored_votes float8,
+--                 ln_top_history_nearest_bandwidths float8, risk float8, predicted_gap float8)
 --
 -- One row, for the same candidates next_token scores (sql/020_next_token.sql items 1-5: the
 -- centroid, the max_neighbors nearest stored atoms by ht_knn in either layout, the context's
@@ -24,6 +25,13 @@
 --                        candidate (0 with history off)
 --   distinct_tokens    = how many distinct tokens the candidates vote for (next_token's rows
 --                        at temperature 1 without top-k/top-p)
+-- and the support of the distribution's top token t (largest kernel mass, ties: the lowest token
+-- id, i.e. greedy next_token's row), d the distance to the centroid, h the bandwidth:
+--   ln_top_nearest_bandwidths         = ln(min d/h over t's candidates + 0.01)
+--   ln_top_stored_votes               = ln(1 + the number of t's stored candidates)
+--   ln_top_history_nearest_bandwidths = ln(least(10, min d/h over t's history candidates) + 0.01),
+--                                       ln(10.01) when t has none
+--   (NULL without candidates; the logs and the 0.01 keep near-zero distances on a usable scale)
 --   risk               = the atom set's risk predictor (atom_sets.risk_model, fitted by the build
 --                        on the calibration half; ht_risk below) applied to these signals: the
 --                        predicted probability that the spatial top-1 differs from the exact
@@ -86,13 +94,13 @@ END
 $$;
 
 
--- next_token_signals gained the predicted_gap column; CREATE OR REPLACE cannot change a result
--- type, so the version a database installed before (without it) is dropped.
+-- next_token_signals gained columns (the top token's support, predicted_gap); CREATE OR REPLACE
+-- cannot change a result type, so the version a database installed before (without them) is dropped.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE p.proname = 'next_token_signals' AND n.nspname = current_schema()
-                  AND NOT 'predicted_gap' = ANY(p.proargnames)) THEN
+                  AND NOT 'ln_top_history_nearest_bandwidths' = ANY(p.proargnames)) THEN
         EXECUTE format('DROP FUNCTION %I.next_token_signals(integer[], double precision, integer, text, '
                        'double precision, integer)', current_schema());
     END IF;
@@ -109,7 +117,9 @@ CREATE OR REPLACE FUNCTION next_token_signals(
 RETURNS TABLE(h double precision, h2 double precision, varentropy double precision,
               r double precision, top_probability double precision,
               nearest_bandwidths double precision, history_share double precision,
-              distinct_tokens integer, risk double precision, predicted_gap double precision)
+              distinct_tokens integer, ln_top_nearest_bandwidths double precision,
+              ln_top_stored_votes double precision, ln_top_history_nearest_bandwidths double precision,
+              risk double precision, predicted_gap double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET jit = off
 SET plan_cache_mode = force_generic_plan
@@ -139,24 +149,28 @@ BEGIN
         SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
           FROM ht_knn(s.id, c.center, max_neighbors) k
     ), contribution AS (
-        SELECT n.tid, false AS hist,
+        SELECT n.tid, false AS hist, n.d,
                ln(n.w) - CASE WHEN s.kernel = 'gaussian' THEN (n.d / s.bandwidth) ^ 2
                               ELSE n.d / s.bandwidth END AS lc
           FROM nearest n
          WHERE search_radius IS NULL OR n.d <= search_radius
         UNION ALL
-        SELECT context[v_after + k.k], true,
+        SELECT context[v_after + k.k], true, k.key <<->> c.center,
                v_ln_w - CASE WHEN s.kernel = 'gaussian' THEN ((k.key <<->> c.center) / s.bandwidth) ^ 2
                              ELSE (k.key <<->> c.center) / s.bandwidth END
           FROM unnest(CASE WHEN s.history_weight > 0 THEN c.history_keys END)
                WITH ORDINALITY AS k(key, k)
          WHERE search_radius IS NULL OR (k.key <<->> c.center) <= search_radius
     ), scaled AS (
-        SELECT t.tid, t.hist,
+        SELECT t.tid, t.hist, t.d,
                CASE WHEN t.lc - t.m < -700 THEN 0 ELSE exp(t.lc - t.m) END AS e
           FROM (SELECT x.*, max(x.lc) OVER () AS m FROM contribution x) t
     ), token AS (
-        SELECT t.tid, sum(t.e) AS e FROM scaled t GROUP BY t.tid
+        SELECT t.tid, sum(t.e) AS e, min(t.d) AS d, min(t.d) FILTER (WHERE t.hist) AS d_hist,
+               count(*) FILTER (WHERE NOT t.hist) AS votes
+          FROM scaled t GROUP BY t.tid
+    ), top AS (
+        SELECT t.* FROM token t ORDER BY t.e DESC, t.tid LIMIT 1
     ), prob AS (
         SELECT t.e / sum(t.e) OVER () AS p FROM token t
     ), entropy AS (
@@ -169,7 +183,10 @@ BEGIN
            (SELECT sum(CASE WHEN p.p > 1e-150 THEN p.p * (ln(p.p) + e.h) ^ 2 ELSE 0 END) FROM prob p) AS v,
            e.top, e.n,
            (SELECT sum(t.e) FILTER (WHERE t.hist) / nullif(sum(t.e), 0) FROM scaled t) AS share,
-           (SELECT min(n.d) FROM nearest n) / s.bandwidth AS nearest
+           (SELECT min(n.d) FROM nearest n) / s.bandwidth AS nearest,
+           (SELECT ln(t.d / s.bandwidth + 0.01) FROM top t) AS top_nearest,
+           (SELECT ln(1 + t.votes) FROM top t) AS top_votes,
+           (SELECT ln(least(10, coalesce(t.d_hist / s.bandwidth, 10)) + 0.01) FROM top t) AS top_history
       INTO v
       FROM entropy e;
     h := v.h;
@@ -180,10 +197,15 @@ BEGIN
     nearest_bandwidths := v.nearest;
     history_share := coalesce(v.share, CASE WHEN v.n > 0 THEN 0 END);
     distinct_tokens := v.n;
+    ln_top_nearest_bandwidths := v.top_nearest;
+    ln_top_stored_votes := v.top_votes;
+    ln_top_history_nearest_bandwidths := v.top_history;
     v_signals := jsonb_build_object(
         'h', h, 'h2', h2, 'varentropy', varentropy, 'r', r, 'top_probability', top_probability,
         'nearest_bandwidths', nearest_bandwidths, 'history_share', history_share,
-        'distinct_tokens', distinct_tokens);
+        'distinct_tokens', distinct_tokens, 'ln_top_nearest_bandwidths', ln_top_nearest_bandwidths,
+        'ln_top_stored_votes', ln_top_stored_votes,
+        'ln_top_history_nearest_bandwidths', ln_top_history_nearest_bandwidths);
     risk := ht_risk(v_model, v_signals);
     predicted_gap := ht_linear(v_model->'gap', v_signals);
     RETURN NEXT;
@@ -192,4 +214,4 @@ $$;
 
 COMMENT ON FUNCTION next_token_signals(integer[], double precision, integer, text,
                                        double precision, integer) IS
-    'Per-step signals of the spatial path (entropy H, H2, varentropy, R, top probability, nearest stored atom in bandwidths, history share of the kernel mass, distinct tokens) the atom set''s predicted risk that the spatial top-1 differs from the exact model''s, and its predicted calibration gap NLL - H. See docs/sql.md.';
+    'Per-step signals of the spatial path (entropy H, H2, varentropy, R, top probability, nearest stored atom in bandwidths, history share of the kernel mass, distinct tokens, the top token''s nearest candidate, stored votes and nearest history atom), the atom set''s predicted risk that the spatial top-1 differs from the exact model''s, and its predicted calibration gap NLL - H. See docs/sql.md.';

@@ -58,6 +58,10 @@ def test_two_tokens_by_hand(db) -> None:
     assert got.top_probability == pytest.approx(p.max(), abs=1e-12)
     assert got.nearest_bandwidths == pytest.approx(1.0)
     assert (got.history_share, got.distinct_tokens, got.risk, got.predicted_gap) == (0.0, 2, None, None)
+    # the top token is 2: its nearest candidate at 1 bandwidth, 2 stored votes, no history atom
+    assert got.ln_top_nearest_bandwidths == pytest.approx(math.log(1.01), abs=1e-12)
+    assert got.ln_top_stored_votes == pytest.approx(math.log(3), abs=1e-12)
+    assert got.ln_top_history_nearest_bandwidths == pytest.approx(math.log(10.01), abs=1e-12)
 
 
 @pytest.mark.parametrize("which", ["gauss", "expo", "steep", "slow", "long"])
