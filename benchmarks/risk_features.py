@@ -15,6 +15,10 @@ Two stages, so the slow part runs once:
 
 Every candidate is computed here in NumPy from the candidate rows, from the context and from
 tokens.text, i.e. from what next_token already has; the definitions are in `candidate_features`.
+Three of them were adopted (hartonomous/signals.py, sql/050_signals.sql: the top token's nearest
+candidate, stored votes and nearest history atom); `SIGNAL_FEATURES` here stays the 8 signals the
+table in docs/results/2026-11-24-risk-features.md calls "current", so the script re-runs that
+measurement as it was made (commit c78d588).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/risk_features.py gather --split calibration --out cal.jsonl
     PYTHONPATH=$PWD .venv/bin/python benchmarks/risk_features.py gather --text FILE --out gpl.jsonl
