@@ -118,3 +118,20 @@ def test_paths_with_the_same_rate_rarely_differ() -> None:
 def test_paired_values_must_be_on_the_same_positions() -> None:
     with pytest.raises(ValueError, match="same positions"):
         paired_test([1.0, 0.0], [1.0])
+
+
+def test_few_positions_get_shorter_blocks_so_there_is_still_an_interval() -> None:
+    groups = blocks_of(np.zeros(40, dtype=int), np.arange(40))
+    assert len(set(groups.tolist())) == 20                       # blocks of 2, not one block of 32
+    values = (np.arange(40) % 3 == 0).astype(float)
+    iv = bootstrap_interval(values, groups)
+    assert iv.low < iv.estimate < iv.high
+
+
+def test_one_block_gives_no_interval_and_no_verdict() -> None:
+    one = np.zeros(5, dtype=int)
+    iv = bootstrap_interval([1.0, 0.0, 1.0, 1.0, 0.0], one)
+    assert iv.estimate == pytest.approx(0.6) and iv.low is None and iv.high is None
+    test = paired_test([1.0] * 5, [0.0] * 5, one)
+    assert test.verdict == "no difference" and test.p_value is None
+    assert "too few positions" in test.wording

@@ -24,8 +24,10 @@ import numpy as np
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 BLOCK = 32          # consecutive scored positions of one text per resampled block
+MIN_BLOCKS = 20     # fewer positions than BLOCK * MIN_BLOCKS: shorter blocks, so there are still enough
 SEED = 0
-METHOD = (f"block bootstrap over positions (blocks of {BLOCK} consecutive positions of one text, "
+METHOD = (f"block bootstrap over positions (blocks of {BLOCK} consecutive positions of one text, shorter "
+          f"when there are fewer than {BLOCK * MIN_BLOCKS} positions so that there are {MIN_BLOCKS}; "
           f"{RESAMPLES} resamples, percentile interval)")
 
 # Which way is better, per metric of hartonomous.compare.fidelity (and the report's extras).
@@ -68,8 +70,18 @@ class PairedTest:
         return asdict(self)
 
 
-def blocks_of(text_index: Sequence[int], position: Sequence[int], block: int = BLOCK) -> np.ndarray:
-    """The resampling block of every scored position: (text, position // block), numbered 0..G-1."""
+def block_length(n: int, block: int = BLOCK, min_blocks: int = MIN_BLOCKS) -> int:
+    """`block`, shortened when n positions would give fewer than `min_blocks` blocks (down to 1)."""
+    return max(1, min(block, n // min_blocks))
+
+
+def blocks_of(text_index: Sequence[int], position: Sequence[int], block: int | None = None) -> np.ndarray:
+    """The resampling block of every scored position: (text, position // block), numbered 0..G-1.
+
+    block=None: BLOCK, or shorter where there are too few positions for MIN_BLOCKS blocks
+    (`block_length`), so a short text still gets a real interval.
+    """
+    block = block_length(len(position)) if block is None else block
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     keys = np.stack([np.asarray(text_index, dtype=np.int64), np.asarray(position, dtype=np.int64) // block])
@@ -131,6 +143,10 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, groups: Sequence[in
     v, g = v[ok], g[ok]
     if len(v) == 0:
         return Interval(None, None, None, 0, 0)
+    if len(np.unique(g)) < 2:           # one block: nothing to resample
+        estimate = float(v.mean()) if statistic is None else float(statistic(v))
+        estimate = transform(estimate) if transform is not None else estimate
+        return Interval(estimate, None, None, int(len(v)), 1)
     if statistic is None:
         estimate = float(v.mean())
         samples, n_blocks = _resampled_means(v, g, resamples, seed)
@@ -177,9 +193,12 @@ def paired_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray
     if n == 0:
         return PairedTest(metric, *names, None, None, None, None, 0, 0, "no difference",
                           "no positions where both are defined")
+    diff = float(d.mean())
+    if len(np.unique(g)) < 2:
+        return PairedTest(metric, *names, diff, None, None, None, n, 1, "no difference",
+                          f"no difference at n = {n}: too few positions to test (one block)")
     samples, n_blocks = _resampled_means(d, g, resamples, seed)
     low, high = _percentiles(samples, confidence)
-    diff = float(d.mean())
     p = min(1.0, 2.0 * min(float(np.mean(samples <= 0.0)), float(np.mean(samples >= 0.0))))
     if np.all(d == 0):
         p = 1.0
