@@ -36,6 +36,16 @@ def test_auc_counts_the_correctly_ordered_wrong_right_pairs() -> None:
     assert risk_auc([False, False], [0.1, 0.9]) is None          # one class: undefined
 
 
+def test_auc_is_scikit_learns_roc_auc() -> None:
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    for n in (2, 7, 200):
+        wrong = np.arange(n) % 2 == 0
+        risk = rng.integers(0, 5, size=n) / 4.0           # many ties
+        assert risk_auc(wrong, risk) == pytest.approx(roc_auc_score(wrong, risk))
+
+
 def test_curve_by_hand() -> None:
     points = {p.fraction: p for p in routing_curve(RISK, RIGHT, (0.0, 0.2, 0.5, 1.0))}
     # 20 %: steps 0 and 1 go exact (threshold 0.8); steps 3-6, 8, 9 are right on the spatial path

@@ -30,13 +30,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hartonomous.backends.base import SamplerArgs
 from hartonomous.compare import intervals
+
+if TYPE_CHECKING:               # annotations only: projection/risk.py imports this module, keep it light
+    import psycopg
+
+    from hartonomous.atomset import AtomSet
+    from hartonomous.compare.fidelity import Fidelity
+    from hartonomous.compare.runner import Progress
 
 FRACTIONS = tuple(i / 10 for i in range(11))     # 0, 10 %, ..., 100 % of steps to the exact model
 EXACT_STEPS = 64                                 # cached one-token forwards timed per report
@@ -47,13 +55,20 @@ MISSING_RISK = 1.0      # a step without a risk (no candidates) ranks as riskies
 # --- the evaluation: pure functions of per-position risks and labels -----------------------------
 
 def risk_auc(wrong: Sequence[bool] | np.ndarray, risk: Sequence[float] | np.ndarray) -> float | None:
-    """ROC AUC of `risk` for `wrong` (ties count half); None when the labels are all one class."""
-    from sklearn.metrics import roc_auc_score
+    """ROC AUC of `risk` for `wrong` (ties count half); None when the labels are all one class.
+
+    The Mann-Whitney form, (rank sum of the wrong steps - n1 (n1 + 1) / 2) / (n1 n0) with mid-ranks
+    for ties: the same number as scikit-learn's roc_auc_score, fast enough to recompute on every
+    bootstrap resample."""
+    from scipy.stats import rankdata
 
     y = np.asarray(wrong, dtype=bool)
-    if y.all() or not y.any():
+    n1 = int(y.sum())
+    n0 = len(y) - n1
+    if n1 == 0 or n0 == 0:
         return None
-    return float(roc_auc_score(y, np.asarray(risk, dtype=np.float64)))
+    ranks = rankdata(np.asarray(risk, dtype=np.float64))
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def with_missing_ranked_first(risk: Sequence[float | None] | np.ndarray) -> np.ndarray:
@@ -147,8 +162,9 @@ class SpatialSteps:
     spatial_ms: np.ndarray
 
 
-def measure_spatial_steps(conn, atom_set: str, contexts: Sequence[Sequence[int]], tokenizer, max_neighbors: int,
-                          history_weight: float | None, on_step=None) -> SpatialSteps:
+def measure_spatial_steps(conn: psycopg.Connection, atom_set: str, contexts: Sequence[Sequence[int]], tokenizer,
+                          max_neighbors: int, history_weight: float | None,
+                          on_step: Callable[[], None] | None = None) -> SpatialSteps:
     """At each context, what the hybrid path calls in this order: SpatialBackend.signals, then
     SpatialBackend.distribution (greedy), each timed by the wall clock around the call."""
     from hartonomous.backends.spatial import SpatialBackend, SpatialState
@@ -172,7 +188,7 @@ def measure_spatial_steps(conn, atom_set: str, contexts: Sequence[Sequence[int]]
 
 
 def measure_exact_steps(model, tokenizer, ids: Sequence[int], steps: int = EXACT_STEPS,
-                        on_step=None) -> tuple[np.ndarray, tuple[int, int]]:
+                        on_step: Callable[[], None] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """ms of each cached one-token step of the exact path over the last `steps` tokens of `ids`
     (prefill the rest, then per token: the greedy distribution and the KV-cached forward of that
     token, as ExactBackend does per exact step), and the context lengths they ran at."""
@@ -204,14 +220,16 @@ def _cost(ms: np.ndarray, how: str) -> dict:
 
 
 def no_predictor(atom_set: str) -> dict:
+    """The section of a set without a risk predictor."""
     return {"available": False,
             "note": f"atom set '{atom_set}' has no risk predictor (atom_sets.risk_model is null: token sets and "
                     "sets whose calibration half had a single outcome have none), so there is no risk to "
                     "score and no hybrid routing"}
 
 
-def routing_section(conn, info, fid, texts: dict[int, Sequence[int]], model, tokenizer, *, max_neighbors: int,
-                    history_weight: float | None, progress=None) -> dict:
+def routing_section(conn: psycopg.Connection, info: AtomSet, fid: Fidelity, texts: dict[int, Sequence[int]], model,
+                    tokenizer, *, max_neighbors: int, history_weight: float | None,
+                    progress: Progress | None = None) -> dict:
     """The report's `routing` section for atom set `info` on the scored positions of `fid`
     (hartonomous.compare.fidelity.Fidelity); `texts` maps a text index to its scored token ids."""
     if info.risk_model is None:
