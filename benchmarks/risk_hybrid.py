@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import r2_score, roc_auc_score
+from sklearn.metrics import r2_score
 
 from hartonomous import sqlcalls
 from hartonomous.atomset import load_atom_set
@@ -39,6 +39,7 @@ from hartonomous.backends.base import SamplerArgs
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.hybrid import HybridBackend
 from hartonomous.backends.spatial import SpatialBackend
+from hartonomous.compare.routing import risk_auc, routing_curve
 from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine, GenerationConfig
 from hartonomous.exact import ExactModel
@@ -88,17 +89,13 @@ def per_position(conn, atom_set: str, ids: list[int], vocab_size: int) -> dict:
 
 def curve(risk: np.ndarray, right: np.ndarray, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    order = np.argsort(-risk, kind="stable")                 # riskiest first
     rows = []
-    for f in FRACTIONS:
-        k = int(round(f * len(risk)))
-        exact = np.zeros(len(risk), dtype=bool)
-        exact[order[:k]] = True
-        drawn = rng.random(len(risk)) < f
-        rows.append({"fraction_exact": k / len(risk), "hybrid_agreement": float(np.mean(exact | right)),
-                     "random_expected": f + (1 - f) * float(right.mean()),
+    for p in routing_curve(risk, right, FRACTIONS):
+        drawn = rng.random(len(risk)) < p.fraction
+        rows.append({"fraction_exact": p.fraction_exact, "hybrid_agreement": p.agreement,
+                     "random_expected": p.random_agreement,
                      "random_drawn": float(np.mean(drawn | right)), "drawn_fraction": float(drawn.mean()),
-                     "threshold": float(risk[order[k - 1]]) if 0 < k < len(risk) else (0.0 if k else math.inf)})
+                     "threshold": p.threshold})
     return rows
 
 
@@ -110,7 +107,7 @@ def gap_quality(actual: np.ndarray, predicted: np.ndarray, wrong: np.ndarray) ->
     a, p = actual[ok], predicted[ok]
     return {"positions": int(ok.sum()), "actual_mean": float(a.mean()), "predicted_mean": float(p.mean()),
             "r2": float(r2_score(a, p)), "pearson": float(pearsonr(a, p)[0]), "spearman": float(spearmanr(a, p)[0]),
-            "roc_auc_wrong": float(roc_auc_score(wrong[ok], p)) if len(np.unique(wrong[ok])) == 2 else None}
+            "roc_auc_wrong": risk_auc(wrong[ok], p)}
 
 
 def timed_generation(engine: Engine, prompts: list[list[int]], tokens: int) -> dict:
@@ -156,7 +153,7 @@ def main() -> None:
     pos = per_position(conn, args.atom_set, ids, record.vocab_size)
     right = pos["top"] == exact_argmax
     wrong = ~right
-    auc = float(roc_auc_score(wrong, pos["risk"]))
+    auc = risk_auc(wrong, pos["risk"])
     rows = curve(pos["risk"], right)
     predicted_gap = np.array([np.nan if s["predicted_gap"] is None else s["predicted_gap"] for s in pos["signals"]])
     gap = gap_quality(pos["gap"], predicted_gap, wrong)

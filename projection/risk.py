@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hartonomous.compare.routing import risk_auc
 from hartonomous.risk import GapModel, RiskModel
 from hartonomous.signals import FEATURES, candidate_signals, kernel_distribution
 from projection import calibrate as cal
@@ -106,7 +107,6 @@ def fit_risk_model(table: StepTable) -> RiskModel | None:
     the table has gaps; None when the labels are all one class (nothing to learn) or a signal is
     missing."""
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
 
     x, y = table.features, table.wrong
     if len(np.unique(y)) < 2 or not np.all(np.isfinite(x)):
@@ -120,7 +120,7 @@ def fit_risk_model(table: StepTable) -> RiskModel | None:
                       positions=int(len(y)), base_rate=float(y.mean()))
     risk = np.array([model.predict(dict(zip(FEATURES, row))) for row in x])
     gap = None if table.gap is None else fit_gap_model(x, table.gap, table.nll_cap, mean, scale)
-    return model.model_copy(update={"calibration_auc": float(roc_auc_score(y, risk)), "gap": gap})
+    return model.model_copy(update={"calibration_auc": risk_auc(y, risk), "gap": gap})
 
 
 def fit_risk(options, loaded, positions: np.ndarray, labelled, atoms, calibrated, history, ui) -> RiskModel | None:

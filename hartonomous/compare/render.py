@@ -14,8 +14,8 @@ from pathlib import Path
 
 from hartonomous.compare.schema import validate_report
 
-SECTIONS = ("Headline", "1. Teacher-forced fidelity", "2. Free generation", "3. Baselines", "4. Claims",
-            "Machine", "How to read this")
+SECTIONS = ("Headline", "1. Teacher-forced fidelity", "2. Free generation", "3. Baselines", "Risk and hybrid routing",
+            "4. Claims", "Machine", "How to read this")
 
 
 @dataclass
@@ -78,6 +78,7 @@ def blocks(report: dict) -> list[Block]:
     out += _fidelity(fid, s)
     out += _generation(report["generation"], report["machine"])
     out += _baselines(report["baselines"], fid)
+    out += routing_blocks(report.get("routing"))
     out += _claims(report)
     out.append(Block("h2", "How to read this"))
     out.append(Block("p", (
@@ -270,6 +271,54 @@ def _machine_rows(machine: dict) -> list[list[str]]:
         else:
             rows.append([key, f(value)])
     return rows
+
+
+def routing_blocks(routing: dict | None) -> list[Block]:
+    """The risk predictor's ROC AUC and the hybrid routing curve (hartonomous.compare.routing)."""
+    out = [Block("h2", "Risk and hybrid routing")]
+    if routing is None:
+        return out + [Block("p", "Not in this report (schema before 1.3).")]
+    if not routing["available"]:
+        return out + [Block("p", f"Not measured: {routing['note']}.")]
+    auc, m, c = routing["roc_auc"], routing["risk_model"], routing["step_costs"]
+    out.append(Block("p", (
+        f"The atom set's risk predictor (logistic regression on {len(m['features'])} step signal"
+        f"{'s' if len(m['features']) != 1 else ''}, fitted by the "
+        f"build on {f(m['positions'])} calibration positions, in-sample ROC AUC {f(m['calibration_auc'])}) on the "
+        f"{routing['positions']} scored positions, with the risk the hybrid path computes there "
+        f"(next_token_signals): ROC AUC for \"spatial top-1 is wrong\" {f(auc['estimate'])} "
+        f"[{f(auc['low'])}, {f(auc['high'])}] (95 %, {routing['interval_method']}); spatial top-1 "
+        f"{f(routing['spatial_top1'])}."
+        + (f" {routing['missing_risk']} positions had no risk (no candidates) and rank as risk 1."
+           if routing["missing_risk"] else ""))))
+    out.append(Block("p", (
+        "Routing curve, teacher forced: the steps with risk at or above the threshold (the quantile of this "
+        "text's risks giving the fraction) go to the exact model, which agrees by definition; the rest keep "
+        f"the spatial top-1. Random routing: {routing['random_routing']}. Perfect: the wrong steps first, "
+        "min(1, f + spatial top-1). The agreement's interval keeps the threshold fixed and resamples blocks; "
+        "risk vs random is a paired test on the same positions.")))
+    out.append(Block("table", headers=ROUTING_HEADERS, rows=tuple(_routing_row(r) for r in routing["curve"])))
+    out.append(Block("p", (
+        "ms/token from per-step costs measured in this run (median ms per call): spatial step "
+        f"{f(c['spatial']['ms_p50'])} ({c['spatial']['how']}, n = {c['spatial']['n']}); routing signals "
+        f"{f(c['signals']['ms_p50'])} ({c['signals']['how']}, n = {c['signals']['n']}); exact step "
+        f"{f(c['exact']['ms_p50'])} ({c['exact']['how']}, n = {c['exact']['n']}). A risk-routed step pays the "
+        "signals plus its path's step (threshold 0 and ∞ compute no risk: the pure paths); random and perfect "
+        "routing pay no signals. After a run of spatial steps the hybrid path's next exact forward feeds those "
+        "tokens too, which a one-token step does not count, so the hybrid times are a lower bound.")))
+    return out
+
+
+ROUTING_HEADERS = ("steps to exact", "threshold", "routed", "agreement, risk routing [95 %]", "random",
+                   "perfect", "risk vs random", "ms/token, risk routing", "ms/token, random")
+
+
+def _routing_row(r: dict) -> list[str]:
+    a = r["agreement"]
+    return [f"{r['fraction']:.0%}", "∞" if r["threshold"] is None else f(r["threshold"]), f(r["fraction_exact"]),
+            f"{f(a['estimate'])} [{f(a['low'])}, {f(a['high'])}]", f(r["random_agreement"]),
+            f(r["perfect_agreement"]), r["vs_random"]["wording"] if r["vs_random"] else "—",
+            f(r["ms_per_token"]), f(r["random_ms_per_token"])]
 
 
 # --- renderers -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import psycopg
 
 from hartonomous import teacher
 from hartonomous.compare import baselines, claims, controls, fidelity as fid_mod, generation, metrics, plots
+from hartonomous.compare.routing import routing_section
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
 from hartonomous.compare.atomset import Text, calibration_text, holdout_text, read_prompts, read_texts
@@ -20,7 +21,7 @@ from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine
 from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 class Progress(Protocol):
@@ -169,6 +170,8 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
     for (index, ids), log_probs in zip(kept, exact.log_probs or []):
         fid_mod.evaluate_text(fid, index, ids, log_probs, paths, on_position=progress.advance)
+    routing = routing_section(conn, info, fid, dict(kept), model, tokenizer, max_neighbors=options.max_neighbors,
+                              history_weight=options.history_weight, progress=progress)
 
     # --- queries: buffers and in-database time -----------------------------------------
     contexts = _sample_contexts(encoded, keep, options.query_samples)
@@ -183,7 +186,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
 
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
                        describe_machine(conn, str(next(model.parameters()).device), model_name),
-                       atom_set_summary(info, key_dimensions(conn, info)), mixture, control)
+                       atom_set_summary(info, key_dimensions(conn, info)), mixture, control, routing)
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -300,7 +303,7 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
 
 
 def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
-              atom_set, mixture, control):
+              atom_set, mixture, control, routing):
     spatial = fid_mod.summarise_path(fid.paths["spatial"])
     control_path = fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS]) if control.predict else None
     base = {name: fid_mod.summarise_path(fid.paths[name]) for name in predictors}
@@ -337,6 +340,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
                       "paths": base},
         "generation": gen if gen is not None else {"skipped": True},
         "queries": queries,
+        "routing": routing,
         "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms, machine),
     }
     report["headline"] = headline(report)
