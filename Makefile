@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install install-system install-citus install-python demo test db-up clean-db help
+.PHONY: install install-system install-citus install-python demo test readme db-up clean-db help
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,6 +40,9 @@ demo: db-up ## Build atom sets from SmolLM2, answer next_token, generate, write 
 
 test: install ## Run the whole suite against a real PostGIS
 	@$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+readme: ## Regenerate README's results table from the result JSONs in docs/results/ (scripts/results_table.py)
+	@$(PYTHON) scripts/results_table.py
 
 clean-db: ## Stop and delete the embedded database
 	-@$(HT) db down

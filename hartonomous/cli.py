@@ -211,7 +211,7 @@ def build_cmd(
     calibrate_by: str = typer.Option("top1", "--calibrate-by", help="How the history weight and its bandwidth are "
                                      "chosen on the calibration half: top1 (best top-1 agreement with the exact "
                                      "argmax, near-ties by log-likelihood) or loglik (by --bandwidth-objective, "
-                                     "the criterion before session 3)."),
+                                     "the default before commit 8cc461e)."),
     teacher_cache: bool = typer.Option(True, "--teacher-cache/--no-teacher-cache", help="Reuse (and store) the "
                                        "exact model's labels per chunk under HARTONOMOUS_HOME/cache/teacher."),
 ) -> None:

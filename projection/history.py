@@ -14,7 +14,7 @@ at the centroids of the text's own earlier contexts, typically closer to the que
 stored atoms, so the best h moves with the weight, and a fixed h would bias the choice towards 0.
 Two criteria pick the (weight, h) pair (`--calibrate-by`):
 
-- `top1` (the default since session 3): every (weight, h) point scored on the calibration half
+- `top1` (the default since commit 8cc461e): every (weight, h) point scored on the calibration half
   (each weight's whole bandwidth curve) is a candidate; the best calibration top-1 agreement
   with the exact argmax wins, and candidates within TOP1_TOLERANCE of it count as tied and are
   ranked by log-likelihood (then the smaller weight, the smaller h). Top-1 is the report's
