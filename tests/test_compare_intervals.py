@@ -118,3 +118,26 @@ def test_paths_with_the_same_rate_rarely_differ() -> None:
 def test_paired_values_must_be_on_the_same_positions() -> None:
     with pytest.raises(ValueError, match="same positions"):
         paired_test([1.0, 0.0], [1.0])
+
+
+def test_blocks_stay_32_long_while_there_are_20_of_them_and_shorten_below() -> None:
+    from hartonomous.compare.intervals import BLOCK, MIN_BLOCKS, block_length
+
+    assert (BLOCK, MIN_BLOCKS) == (32, 20)
+    assert block_length(2000) == block_length(640) == 32      # 640 = 20 blocks of 32
+    assert block_length(639) == 31                            # 639 // 20
+    assert block_length(200) == 10 and block_length(30) == 1 and block_length(0) == 1
+
+
+def test_a_single_block_gives_no_interval_and_no_verdict() -> None:
+    """One block cannot show how blocks vary: no interval, rather than a zero-width one."""
+    one = bootstrap_interval([1.0, 0.0, 1.0], [0, 0, 0])
+    assert one.estimate == pytest.approx(2 / 3) and (one.low, one.high, one.blocks) == (None, None, 1)
+    test = paired_test([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0, 0, 0], metric="top1")
+    assert (test.verdict, test.low, test.p_value, test.difference) == ("no difference", None, None, 1.0)
+    assert test.wording.startswith("no difference at n = 3")
+
+
+def test_a_p_value_no_resample_reached_is_worded_as_a_bound() -> None:
+    test = paired_test(np.ones(100), np.zeros(100), metric="top1")
+    assert test.p_value == 0.0 and "p < 0.0005" in test.wording and "p = 0" not in test.wording
