@@ -100,8 +100,8 @@ def compare(
     device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
                                "(default HARTONOMOUS_DEVICE, else auto)."),
     history_weight: float = typer.Option(None, "--history-weight",
-                                         help="Weight of the history atoms in the spatial path and its control "
-                                              "(default: the atom set's calibrated weight; 0: no history atoms)."),
+                                         help="Weight of the history atoms in the spatial path, its control and the "
+                                              "--against set (default: each set's calibrated weight; 0: none)."),
     against: str = typer.Option(None, "--against", help="A second atom set of the same model, scored on the same "
                                 "positions and compared by paired tests (its own calibrated history weight "
                                 "unless --history-weight is given)."),

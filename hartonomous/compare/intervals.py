@@ -16,8 +16,8 @@ interval and no verdict at all.
 - `paired_test`: the difference of two paths scored on the *same* positions. The blocks are
   resampled jointly for both, the interval is the percentile interval of the mean difference and
   the two-sided p-value is twice the share of resampled differences on the far side of zero, so
-  "the interval excludes 0" and "p < 0.05" say the same (up to the resolution of the resamples). The verdict words it: "ahead",
-  "behind" or "no difference at n = …".
+  "the interval excludes 0" and "p < 0.05" say the same (up to the resolution of the resamples).
+  The verdict words it: "ahead", "behind" or "no difference at n = …".
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import numpy as np
 import psycopg
 
 from hartonomous import teacher
-from hartonomous.compare import DEFAULT_MAX_POSITIONS, baselines, claims, controls, fidelity as fid_mod, generation, intervals, metrics, plots
+from hartonomous.compare import DEFAULT_MAX_POSITIONS, baselines, claims, controls, generation, intervals, metrics, plots
+from hartonomous.compare import fidelity as fid_mod
 from hartonomous.compare.against import Against, load_against
 from hartonomous.compare.comparisons import interval_section, paired_comparisons
 from hartonomous.compare.spatial import spatial_distribution
