@@ -575,7 +575,7 @@ def against_runs(server_url, controlled_set, context_set):
 
 def test_paired_comparisons_cover_each_headline_row_and_word_it_by_the_verdict(against_runs, controlled_set,
                                                                               server_url):
-    from hartonomous.compare.intervals import paired_test
+    from hartonomous.compare.intervals import HIGHER_IS_BETTER, paired_test
     from hartonomous.compare.metrics import argmax
     from hartonomous.compare.spatial import spatial_distribution
 
@@ -594,8 +594,11 @@ def test_paired_comparisons_cover_each_headline_row_and_word_it_by_the_verdict(a
             assert c["wording"].startswith(verdict)
             if verdict == "no difference":
                 assert f"no difference at n = {c['n']}" in c["wording"] and c["interval"][0] <= 0 <= c["interval"][1]
-            else:
-                assert c["interval"][0] > 0 or c["interval"][1] < 0
+            else:                                 # the interval excludes 0, on the side the verdict says
+                above = c["interval"][0] > 0
+                assert above or c["interval"][1] < 0
+                assert (verdict == "ahead") == (above == HIGHER_IS_BETTER[c["metric"]])
+    assert {c["verdict"] for c in comparisons} >= {"behind", "no difference"}
     # by hand: the top-1 test against the control from the per-position hits of both paths
     control = by_row[("top-1 agreement", "random_positions")]
     assert control["b"] == "spatial, random positions"
