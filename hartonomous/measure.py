@@ -2,7 +2,8 @@
 
 One home for: the percentile of a list of timings, the shared buffers and execution time of one
 statement under `EXPLAIN (ANALYZE, BUFFERS)`, and the description of the machine a number was
-taken on (one set of key names for every report; see `MACHINE_KEYS`).
+taken on (one set of key names for every report; see `MACHINE_KEYS`), with the commit of the
+code that took it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -21,7 +24,8 @@ from hartonomous.model import exact_model_description
 SERVER_SETTINGS = ("shared_buffers", "work_mem", "effective_cache_size", "jit")
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "load_average", "os", "python",
                 "postgresql", "postgis", "pgvector", "server_settings",
-                "torch", "torch_threads", "exact_device", "gpu", "exact_model")
+                "torch", "torch_threads", "exact_device", "gpu", "exact_model", "commit", "dirty")
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent   # the checkout (or site-packages) holding hartonomous/
 
 
 # --- percentiles ----------------------------------------------------------------------------
@@ -118,10 +122,32 @@ def exact_path(exact_device: str | None, exact_model: str | None) -> dict:
             "exact_model": exact_model_description(exact_model) if exact_model else None}
 
 
+def _git(root: Path, *args: str) -> str | None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}   # this checkout, not an outer one
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def checkout(root: Path = PACKAGE_ROOT) -> dict:
+    """{"commit": `git rev-parse HEAD`, "dirty": tracked files differ from it} of the git checkout whose
+    top level is `root` (by default the one this package runs from); both None when `root` is not
+    the top of a git checkout (an installed wheel) or git is not there. Untracked files do not count."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != Path(root).resolve():
+        return {"commit": None, "dirty": None}
+    commit = _git(root, "rev-parse", "HEAD")
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if commit is None or status is None else bool(status)}
+
+
 def describe_machine(conn: psycopg.Connection, exact_device: str | None = None,
                      exact_model: str | None = None) -> dict:
-    """Every key of MACHINE_KEYS: the host, the database server, and the exact path when one ran."""
-    return {**host(), **database(conn), **exact_path(exact_device, exact_model)}
+    """Every key of MACHINE_KEYS: the host, the database server, the exact path when one ran, and
+    the commit of the code (`checkout`)."""
+    return {**host(), **database(conn), **exact_path(exact_device, exact_model), **checkout()}
 
 
 def load_warning(machine: dict | None) -> str:

@@ -120,18 +120,24 @@ def test_paired_values_must_be_on_the_same_positions() -> None:
         paired_test([1.0, 0.0], [1.0])
 
 
-def test_few_positions_get_shorter_blocks_so_there_is_still_an_interval() -> None:
-    groups = blocks_of(np.zeros(40, dtype=int), np.arange(40))
-    assert len(set(groups.tolist())) == 20                       # blocks of 2, not one block of 32
-    values = (np.arange(40) % 3 == 0).astype(float)
-    iv = bootstrap_interval(values, groups)
-    assert iv.low < iv.estimate < iv.high
+def test_blocks_stay_32_long_while_there_are_20_of_them_and_shorten_below() -> None:
+    from hartonomous.compare.intervals import BLOCK, MIN_BLOCKS, block_length
+
+    assert (BLOCK, MIN_BLOCKS) == (32, 20)
+    assert block_length(2000) == block_length(640) == 32      # 640 = 20 blocks of 32
+    assert block_length(639) == 31                            # 639 // 20
+    assert block_length(200) == 10 and block_length(30) == 1 and block_length(0) == 1
 
 
-def test_one_block_gives_no_interval_and_no_verdict() -> None:
-    one = np.zeros(5, dtype=int)
-    iv = bootstrap_interval([1.0, 0.0, 1.0, 1.0, 0.0], one)
-    assert iv.estimate == pytest.approx(0.6) and iv.low is None and iv.high is None
-    test = paired_test([1.0] * 5, [0.0] * 5, one)
-    assert test.verdict == "no difference" and test.p_value is None
-    assert "too few positions" in test.wording
+def test_a_single_block_gives_no_interval_and_no_verdict() -> None:
+    """One block cannot show how blocks vary: no interval, rather than a zero-width one."""
+    one = bootstrap_interval([1.0, 0.0, 1.0], [0, 0, 0])
+    assert one.estimate == pytest.approx(2 / 3) and (one.low, one.high, one.blocks) == (None, None, 1)
+    test = paired_test([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0, 0, 0], metric="top1")
+    assert (test.verdict, test.low, test.p_value, test.difference) == ("no difference", None, None, 1.0)
+    assert test.wording.startswith("no difference at n = 3")
+
+
+def test_a_p_value_no_resample_reached_is_worded_as_a_bound() -> None:
+    test = paired_test(np.ones(100), np.zeros(100), metric="top1")
+    assert test.p_value == 0.0 and "p < 0.0005" in test.wording and "p = 0" not in test.wording

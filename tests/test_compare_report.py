@@ -406,6 +406,9 @@ def test_cli_bad_input_is_one_clear_line(server_url, tmp_path):
         bad_weight = _cli(server_url, "--atom-set", name, "--history-weight", "-1")
         assert bad_weight.returncode == 1 and bad_weight.stderr.strip().count("\n") == 0
         assert "--history-weight must be a finite number >= 0" in bad_weight.stderr
+        no_against = _cli(server_url, "--atom-set", name, "--against", "no-such-set", "--out", str(tmp_path))
+        assert no_against.returncode == 1 and no_against.stderr.strip().count("\n") == 0
+        assert "--against no-such-set: no atom set named 'no-such-set'" in no_against.stderr
         missing = _cli(server_url, "--atom-set", name, "--text", str(tmp_path / "nope.txt"))
         assert missing.returncode == 1 and "nope.txt does not exist" in missing.stderr and "--text" in missing.stderr
         assert not list(Path(tmp_path).glob("report.*"))
@@ -440,3 +443,228 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
     doc.write_text("\n\n".join(f"Other text {i}: " + "token " * 60 for i in range(30)), encoding="utf-8")
     with pytest.raises(CorpusUnavailable, match="holdout differs"):
         build_corpus_loader(info)
+
+
+# --- intervals, paired comparisons, --against, the machine (issue 22) ---------------------------
+
+def _paths(report: dict) -> dict[str, dict]:
+    """Every scored path of a report by name: spatial, each baseline, the control, the --against set."""
+    fid = report["fidelity"]
+    out = {"spatial": fid["spatial"], **report["baselines"]["paths"]}
+    control = fid["controls"]["random_positions"]
+    if control["path"] is not None:
+        out["spatial, random positions"] = control["path"]
+    if fid.get("against"):
+        out[fid["against"]["name"]] = fid["against"]["path"]
+    return out
+
+
+def _blocks(report: dict) -> np.ndarray:
+    from hartonomous.compare.intervals import block_length, blocks_of
+
+    rows = report["fidelity"]["per_position"]
+    return blocks_of([r["text"] for r in rows], [r["position"] for r in rows], block_length(len(rows)))
+
+
+def test_every_metric_of_every_path_carries_an_interval_around_its_mean(rendered):
+    from hartonomous.compare.fidelity import METRICS
+
+    report, _ = rendered
+    paths = _paths(report)
+    assert len(paths) == 8   # spatial, 6 baselines, the control
+    for name, path in paths.items():
+        for metric in METRICS:
+            d = path[metric]
+            if d["mean"] is None:
+                assert d["ci95"] is None
+                continue
+            low, high = d["ci95"]
+            assert low <= d["mean"] <= high, (name, metric)
+        low, high = path["perplexity_ci95"]
+        assert low <= path["perplexity"] <= high, name
+    low, high = report["fidelity"]["exact"]["perplexity_ci95"]
+    assert low <= report["fidelity"]["exact"]["perplexity"] <= high
+
+
+def test_the_interval_is_the_block_bootstrap_of_the_per_position_values(rendered):
+    """The spatial path's top-1 and perplexity intervals, recomputed from per_position with the blocks
+    the report names, are the report's to the bit."""
+    import math
+
+    from hartonomous.compare.intervals import bootstrap_interval, method
+
+    report, _ = rendered
+    rows, iv = report["fidelity"]["per_position"], report["intervals"]
+    groups = _blocks(report)
+    assert iv["block"] == 1 and iv["blocks"] == 30 == iv["positions"]    # 30 positions: 20+ blocks need length 1
+    assert iv["method"] == method(1) and "block bootstrap" in iv["method"]
+    top1 = bootstrap_interval([r["top1"] for r in rows], groups)
+    assert report["fidelity"]["spatial"]["top1"]["ci95"] == [top1.low, top1.high]
+    ppl = bootstrap_interval([r["nll_spatial"] for r in rows], groups, transform=math.exp)
+    assert report["fidelity"]["spatial"]["perplexity_ci95"] == [ppl.low, ppl.high]
+
+
+def test_few_positions_are_said_to_give_wide_intervals(rendered):
+    report, paths = rendered
+    note = report["intervals"]["note"]
+    assert "n = 30 positions, fewer than the 2,000" in note and "--max-positions 30" in note
+    assert note in paths["md"].read_text(encoding="utf-8")
+    from hartonomous.compare import CompareOptions as Options
+
+    assert Options(atom_set="any").max_positions == report["intervals"]["recommended_positions"] == 2000
+
+
+def test_interval_cells_read_mean_then_bracketed_ends():
+    from hartonomous.compare.render import interval
+
+    assert interval(0.298, [0.2712, 0.3244]) == "0.298 [0.27, 0.32]"
+    assert interval(0.3, [0.2951, 0.3012]) == "0.3 [0.295, 0.301]"     # more digits where 2 would tie
+    assert interval(320.4, [309.6, 331.2]) == "320 [310, 331]"                  # no 3.1e+02
+    assert interval(0.5, None) == "0.5" and interval(None, None) == "n/a"
+
+
+def test_headline_rows_show_intervals_and_verdicts_in_every_format(rendered):
+    from hartonomous.compare.render import interval
+
+    report, paths = rendered
+    top1 = report["headline"][0]
+    assert top1["key"] == "top1" and top1["spatial_ci95"] == report["fidelity"]["spatial"]["top1"]["ci95"]
+    cell = interval(top1["spatial"], top1["spatial_ci95"])
+    assert "[" in cell
+    assert f"| {cell} |" in paths["md"].read_text(encoding="utf-8")
+    assert f"<td>{html.escape(cell)}</td>" in paths["html"].read_text(encoding="utf-8")
+    words = {"ahead": "spatial ahead", "behind": "spatial behind", "no difference": "no difference"}
+    assert f"{top1['baseline_name']}; {words[top1['verdicts']['baseline']]})" in paths["md"].read_text(encoding="utf-8")
+
+
+def test_best_baseline_is_chosen_per_metric_in_its_direction(rendered):
+    from hartonomous.compare.runner import best_baseline
+
+    toy = {"bigram": {"js": {"mean": 0.30}, "top1": {"mean": 0.50}, "perplexity": 40.0},
+           "knn": {"js": {"mean": 0.10}, "top1": {"mean": 0.40}, "perplexity": 30.0},
+           "empty": {"js": {"mean": None}, "top1": {"mean": None}, "perplexity": None}}
+    assert (best_baseline(toy, "js"), best_baseline(toy, "top1"), best_baseline(toy, "perplexity")) == (
+        "knn", "bigram", "knn")
+    assert best_baseline({}, "top1") is None
+
+    report, _ = rendered
+    base = report["baselines"]["paths"]
+    rows = {r["key"]: r for r in report["headline"] if "key" in r}
+    assert rows["js"]["baseline"] == min(p["js"]["mean"] for p in base.values())
+    assert rows["perplexity"]["baseline"] == min(p["perplexity"] for p in base.values())
+    for key in ("top1", "pearson", "mass_covered"):
+        assert rows[key]["baseline"] == max(p[key]["mean"] for p in base.values() if p[key]["mean"] is not None)
+    for row in rows.values():
+        named = base[row["baseline_name"]]
+        assert row["baseline"] == (named["perplexity"] if row["key"] == "perplexity" else named[row["key"]]["mean"])
+
+
+@pytest.fixture(scope="module")
+def against_runs(server_url, controlled_set, context_set):
+    """The controlled set --against its identical twin (context_set: the same atoms and positions) and
+    --against its own random-positions control, on the same 30 positions as `rendered`."""
+    model, tokenizer = tiny_model(0)
+    runs = {}
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for other in (context_set, controlled_set[1]):
+            options = CompareOptions(atom_set=controlled_set[0], max_positions=30, generation=False,
+                                     query_samples=2, max_neighbors=20, against=other)
+            runs[other] = run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+    return runs
+
+
+def test_paired_comparisons_cover_each_headline_row_and_word_it_by_the_verdict(against_runs, controlled_set,
+                                                                              server_url):
+    from hartonomous.compare.intervals import HIGHER_IS_BETTER, paired_test
+    from hartonomous.compare.metrics import argmax
+    from hartonomous.compare.spatial import spatial_distribution
+
+    report = against_runs[controlled_set[1]]
+    validate_report(report)
+    rows = [r for r in report["headline"] if "key" in r]
+    comparisons = report["comparisons"]
+    assert len(comparisons) == 3 * len(rows) == 15       # best baseline, control, --against per row
+    by_row = {(c["row"], c["role"]): c for c in comparisons}
+    per = report["fidelity"]["per_position"]
+    groups = _blocks(report)
+    for row in rows:
+        for role, verdict in row["verdicts"].items():
+            c = by_row[(row["metric"], role)]
+            assert c["verdict"] == verdict and c["a"] == "spatial" and c["n"] <= 30
+            assert c["wording"].startswith(verdict)
+            if verdict == "no difference":
+                assert f"no difference at n = {c['n']}" in c["wording"] and c["interval"][0] <= 0 <= c["interval"][1]
+            else:                                 # the interval excludes 0, on the side the verdict says
+                above = c["interval"][0] > 0
+                assert above or c["interval"][1] < 0
+                assert (verdict == "ahead") == (above == HIGHER_IS_BETTER[c["metric"]])
+    assert {c["verdict"] for c in comparisons} >= {"behind", "no difference"}
+    # by hand: the top-1 test against the control from the per-position hits of both paths
+    control = by_row[("top-1 agreement", "random_positions")]
+    assert control["b"] == "spatial, random positions"
+    ids = encode(tiny_model(0)[1], TEST)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        theirs = [float(argmax(spatial_distribution(conn, ids[: r["position"] + 1], controlled_set[1], 20))
+                        == r["exact_argmax"]) for r in per]
+    expected = paired_test([r["top1"] for r in per], theirs, groups, metric="top1")
+    assert (control["difference"], control["interval"], control["p"], control["verdict"]) == (
+        expected.difference, [expected.low, expected.high], expected.p_value, expected.verdict)
+    # --against the control set: the same values, the same blocks, so the very same tests
+    for row in rows:
+        a, c = by_row[(row["metric"], "against")], by_row[(row["metric"], "random_positions")]
+        assert {k: v for k, v in a.items() if k not in ("role", "b")} == {
+            k: v for k, v in c.items() if k not in ("role", "b")}
+    assert report["fidelity"]["against"]["atom_set"] == controlled_set[1]
+    assert report["fidelity"]["against"]["history_weight"] is None      # that set's own calibrated weight
+
+
+def test_against_an_identical_set_finds_no_difference_at_n(against_runs, context_set, rendered):
+    """The twin set holds the same atoms at the same positions: every difference is 0, every verdict
+    "no difference at n = ...", and the spatial path's numbers are byte for byte those of `rendered`."""
+    from hartonomous.compare.against import path_name
+    from hartonomous.compare.render import to_markdown
+
+    report = against_runs[context_set]
+    validate_report(report)
+    twin = [c for c in report["comparisons"] if c["role"] == "against"]
+    assert len(twin) == 5 and all(c["b"] == path_name(context_set) for c in twin)
+    for c in twin:
+        assert (c["difference"], c["p"], c["verdict"]) == (0.0, 1.0, "no difference")
+        assert c["wording"].startswith(f"no difference at n = {c['n']}")
+    assert report["fidelity"]["against"]["path"]["top1"] == report["fidelity"]["spatial"]["top1"]
+    assert json.dumps(report["fidelity"]["spatial"]) == json.dumps(rendered[0]["fidelity"]["spatial"])
+    assert json.dumps(report["comparisons"][:2]) == json.dumps(rendered[0]["comparisons"][:2])  # seeded
+    markdown = to_markdown(report, {})
+    assert f"| {path_name(context_set)} |" in markdown.splitlines()[next(
+        i for i, line in enumerate(markdown.splitlines()) if line.startswith("| metric | spatial |"))]
+    assert "(no difference)" in markdown and "Paired comparisons" in markdown
+
+
+def test_against_a_set_of_another_vocabulary_is_refused(server_url, context_set):
+    from hartonomous.atomset import load_atom_set
+    from hartonomous.compare.against import load_against
+    from hartonomous.errors import UserError
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        info = load_atom_set(conn, context_set)
+        bigger = info.model_copy(update={"name": "bigger", "vocab_size": info.vocab_size + 1})
+        with pytest.raises(UserError, match=f"--against {context_set}: built from model .* with "
+                                            f"{info.vocab_size} tokens"):
+            load_against(conn, bigger, context_set, 20)
+        with pytest.raises(UserError, match="that is the atom set being compared"):
+            load_against(conn, info, context_set, 20)
+
+
+def test_the_report_records_the_commit_and_the_load_at_start_and_end(rendered):
+    from hartonomous.measure import PACKAGE_ROOT
+
+    machine = rendered[0]["machine"]
+    head = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "rev-parse", "--show-toplevel", "HEAD"],
+                          capture_output=True, text=True)
+    lines = head.stdout.split()
+    if head.returncode == 0 and Path(lines[0]).resolve() == PACKAGE_ROOT:
+        assert machine["commit"] == lines[1] and isinstance(machine["dirty"], bool)
+    else:
+        assert (machine["commit"], machine["dirty"]) == (None, None)
+    for when in ("start", "end"):
+        assert len(machine["load"][when]) == 3 and all(x >= 0 for x in machine["load"][when])

@@ -69,3 +69,25 @@ def test_load_warning_only_when_the_load_exceeds_the_cores() -> None:
     assert measure.load_warning({"load_average": [3.5, 1, 1], "cores": 2}).strip().startswith("Caution")
     assert measure.load_warning({"load_average": [1.5, 1, 1], "cores": 2}) == ""
     assert measure.load_warning(None) == ""
+
+
+def test_checkout_names_the_commit_and_whether_tracked_files_differ(tmp_path) -> None:
+    import subprocess
+
+    assert measure.checkout(tmp_path) == {"commit": None, "dirty": None}      # not a git checkout
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "untracked.txt").write_text("not counted\n")
+    assert measure.checkout(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "a.txt").write_text("two\n")
+    assert measure.checkout(tmp_path) == {"commit": head, "dirty": True}
+    (tmp_path / "sub").mkdir()
+    assert measure.checkout(tmp_path / "sub")["commit"] is None               # only the checkout's top level

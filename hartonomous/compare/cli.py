@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hartonomous.compare import DEFAULT_MAX_POSITIONS
+
 console = Console(stderr=True)
 
 
@@ -31,13 +33,13 @@ class RichProgress:
 
 
 def headline_table(report: dict) -> Table:
-    from hartonomous.compare.render import HEADLINE_HEADERS, headline_cells
+    from hartonomous.compare.render import headline_cells, headline_headers
 
     split = report["settings"].get("split")
     scored = f"{split} split" if split else "user text"
     table = Table(title=f"{report['atom_set']['name']}: spatial vs exact "
                         f"({report['fidelity']['positions']} positions, {scored})")
-    for column in HEADLINE_HEADERS:
+    for column in headline_headers(report):
         table.add_column(column, justify="left" if column == "metric" else "right")
     for r in report["headline"]:
         table.add_row(*headline_cells(report, r))
@@ -86,7 +88,8 @@ def compare(
     split: str = typer.Option(None, "--split", help="Which half of the held-out slice to score: test (default; "
                               "nothing is tuned on it) | calibration | all. Does not apply to --text."),
     prompts: Path = typer.Option(None, "--prompts", help="Prompts for free generation, one per line."),
-    max_positions: int = typer.Option(256, "--max-positions", help="Teacher-forced positions in all."),
+    max_positions: int = typer.Option(DEFAULT_MAX_POSITIONS, "--max-positions",
+                                      help="Teacher-forced positions in all (fewer where the text has fewer)."),
     max_neighbors: int = typer.Option(100, "--max-neighbors", help="K of next_token (and of the KNN baseline)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens per free generation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampled generations."),
@@ -97,8 +100,11 @@ def compare(
     device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
                                "(default HARTONOMOUS_DEVICE, else auto)."),
     history_weight: float = typer.Option(None, "--history-weight",
-                                         help="Weight of the history atoms in the spatial path and its control "
-                                              "(default: the atom set's calibrated weight; 0: no history atoms)."),
+                                         help="Weight of the history atoms in the spatial path, its control and the "
+                                              "--against set (default: each set's calibrated weight; 0: none)."),
+    against: str = typer.Option(None, "--against", help="A second atom set of the same model, scored on the same "
+                                "positions and compared by paired tests (its own calibrated history weight "
+                                "unless --history-weight is given)."),
     out: Path = typer.Option(None, "--out", help="Output folder (default reports/<atom set>/)."),
 ) -> None:
     """Compare the spatial path with exact inference: report.html, report.md, report.json."""
@@ -112,7 +118,7 @@ def compare(
         max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
         generation=not no_generation, distill_tokens=distill_tokens,
         cache_dir=teacher_cache_dir(get_settings().home), split=split or "test",
-        history_weight=history_weight,
+        history_weight=history_weight, against=against,
         command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
     options.validate()
     if split is not None and text:
@@ -125,6 +131,9 @@ def compare(
             result = run_compare(conn, options, progress=RichProgress(bar), corpus_loader=build_corpus_loader)
     paths = write_report(result.report, result.figures, out)
     Console().print(headline_table(result.report))
+    note = (result.report.get("intervals") or {}).get("note")
+    if note:
+        Console().print(f"note: {note}")
     Console().print(f"report: {paths['html']}  (also {paths['md'].name}, {paths['json'].name})")
 
 

@@ -3,6 +3,9 @@
 At position t of a text with tokens x_0..x_n the context is x_0..x_t and the target is x_{t+1}.
 Each approximation (the spatial path, each baseline) is a function of the context returning a
 sparse distribution; it is scored against the exact model's full distribution at T = 1.
+
+Every summary carries a 95 % interval of its mean (`ci95`, hartonomous.compare.intervals): the
+positions are resampled in blocks of consecutive positions of one text (`Fidelity.blocks`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hartonomous.compare import intervals
 from hartonomous.compare import metrics as m
 from hartonomous.compare.signals import SIGNALS, signals
 from hartonomous.measure import percentile
@@ -71,6 +75,15 @@ class Fidelity:
     def n(self) -> int:
         return len(self.position)
 
+    @property
+    def block(self) -> int:
+        """Positions per resampling block for this many scored positions (intervals.block_length)."""
+        return intervals.block_length(self.n)
+
+    def blocks(self) -> np.ndarray:
+        """The resampling block of every scored position (the same for every path: paired tests)."""
+        return intervals.blocks_of(self.text_index, self.position, self.block)
+
 
 def evaluate_text(fid: Fidelity, text_index: int, ids: Sequence[int], exact_log_probs,
                   predictors: dict[str, Predictor], eps: float = m.SMOOTHING_EPSILON,
@@ -110,27 +123,42 @@ def _sparse_signals(dist: m.Sparse, nll: float) -> dict[str, float]:
     return signals(dist.probs, nll).as_dict()
 
 
-def distribution(values: np.ndarray) -> dict:
-    """Summary of a per-position metric; NaNs (undefined positions) are counted, not averaged."""
+def ci95(interval: intervals.Interval) -> list[float] | None:
+    """[low, high] of an interval, None where it has none (no values, or fewer than 2 blocks)."""
+    return None if interval.low is None else [interval.low, interval.high]
+
+
+def distribution(values: np.ndarray, groups: np.ndarray | None = None) -> dict:
+    """Summary of a per-position metric; NaNs (undefined positions) are counted, not averaged.
+
+    `ci95` is the block-bootstrap interval of the mean, `groups` each value's block (None: each
+    value its own block)."""
     values = np.asarray(values, dtype=np.float64)
     ok = values[np.isfinite(values)]
     out = {"n": int(len(ok)), "undefined": int(len(values) - len(ok))}
     if len(ok) == 0:
-        return {**out, **{k: None for k in ("mean", "median", "p05", "p25", "p75", "p95", "min", "max")}}
+        return {**out, **{k: None for k in ("mean", "median", "p05", "p25", "p75", "p95", "min", "max", "ci95")}}
     q = [percentile(ok, p) for p in (5, 25, 50, 75, 95)]
     return {**out, "mean": float(ok.mean()), "median": q[2], "p05": q[0], "p25": q[1], "p75": q[3], "p95": q[4],
-            "min": float(ok.min()), "max": float(ok.max())}
+            "min": float(ok.min()), "max": float(ok.max()),
+            "ci95": ci95(intervals.bootstrap_interval(values, groups))}
 
 
-def summarise_path(col: Column) -> dict:
-    """Every metric's distribution plus the perplexity, for one path."""
-    out = {name: distribution(col.array(name)) for name in METRICS}
+def perplexity_ci95(nll: np.ndarray, groups: np.ndarray | None = None) -> list[float] | None:
+    """The interval of exp(mean NLL): the mean NLL's interval through exp (a monotone map)."""
+    return ci95(intervals.bootstrap_interval(nll, groups, transform=math.exp))
+
+
+def summarise_path(col: Column, groups: np.ndarray | None = None) -> dict:
+    """Every metric's distribution plus the perplexity and its interval, for one path."""
+    out = {name: distribution(col.array(name), groups) for name in METRICS}
     out["perplexity"] = m.perplexity(col.array("nll"))
+    out["perplexity_ci95"] = perplexity_ci95(col.array("nll"), groups)
     return out
 
 
-def summarise_signals(col: Column) -> dict:
-    return {name: distribution(col.array(name)) for name in SIGNALS}
+def summarise_signals(col: Column, groups: np.ndarray | None = None) -> dict:
+    return {name: distribution(col.array(name), groups) for name in SIGNALS}
 
 
 POSITION_BINS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

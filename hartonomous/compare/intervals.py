@@ -3,15 +3,21 @@
 Neighbouring positions of one text are not independent (the same sentence, the same topic), so
 resampling single positions would give intervals that are too narrow. The report resamples
 *blocks*: runs of `BLOCK` consecutive scored positions of one text, drawn with replacement
-(a cluster bootstrap). Everything is seeded, so the same per-position values always give the same
-interval.
+(a cluster bootstrap). Everything is seeded and summed in a fixed order (no BLAS), so the same
+per-position values always give the same interval, byte for byte.
 
-- `bootstrap_interval`: the percentile interval of a statistic (by default the mean) of one path.
+Blocks need company: with a handful of blocks a bootstrap cannot see how much the blocks vary.
+`block_length(n)` keeps `BLOCK` when n gives at least `MIN_BLOCKS` blocks of it and shortens the
+blocks otherwise (down to single positions), and a sample of fewer than 2 blocks gets no
+interval and no verdict at all.
+
+- `bootstrap_interval`: the percentile interval of a statistic (by default the mean) of one path;
+  it always contains its estimate (rounding alone could put a constant's mean one ulp outside).
 - `paired_test`: the difference of two paths scored on the *same* positions. The blocks are
   resampled jointly for both, the interval is the percentile interval of the mean difference and
   the two-sided p-value is twice the share of resampled differences on the far side of zero, so
-  "the interval excludes 0" and "p < 0.05" say the same (up to the resolution of the resamples). The verdict words it: "ahead",
-  "behind" or "no difference at n = …".
+  "the interval excludes 0" and "p < 0.05" say the same (up to the resolution of the resamples).
+  The verdict words it: "ahead", "behind" or "no difference at n = …".
 """
 
 from __future__ import annotations
@@ -24,11 +30,18 @@ import numpy as np
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 BLOCK = 32          # consecutive scored positions of one text per resampled block
-MIN_BLOCKS = 20     # fewer positions than BLOCK * MIN_BLOCKS: shorter blocks, so there are still enough
+MIN_BLOCKS = 20     # block_length shortens the blocks below this many
 SEED = 0
-METHOD = (f"block bootstrap over positions (blocks of {BLOCK} consecutive positions of one text, shorter "
-          f"when there are fewer than {BLOCK * MIN_BLOCKS} positions so that there are {MIN_BLOCKS}; "
-          f"{RESAMPLES} resamples, percentile interval)")
+
+
+def method(block: int = BLOCK) -> str:
+    """How the intervals were computed, in one phrase (for the report)."""
+    blocks = (f"blocks of {block} consecutive positions of one text" if block > 1
+              else "blocks of 1 position: single positions resampled")
+    return f"block bootstrap over positions ({blocks}, {RESAMPLES} resamples, percentile interval)"
+
+
+METHOD = method(BLOCK)
 
 # Which way is better, per metric of hartonomous.compare.fidelity (and the report's extras).
 HIGHER_IS_BETTER = {"top1": True, "top10_overlap": True, "mass_covered": True, "exact_p_of_argmax": True,
@@ -70,18 +83,8 @@ class PairedTest:
         return asdict(self)
 
 
-def block_length(n: int, block: int = BLOCK, min_blocks: int = MIN_BLOCKS) -> int:
-    """`block`, shortened when n positions would give fewer than `min_blocks` blocks (down to 1)."""
-    return max(1, min(block, n // min_blocks))
-
-
-def blocks_of(text_index: Sequence[int], position: Sequence[int], block: int | None = None) -> np.ndarray:
-    """The resampling block of every scored position: (text, position // block), numbered 0..G-1.
-
-    block=None: BLOCK, or shorter where there are too few positions for MIN_BLOCKS blocks
-    (`block_length`), so a short text still gets a real interval.
-    """
-    block = block_length(len(position)) if block is None else block
+def blocks_of(text_index: Sequence[int], position: Sequence[int], block: int = BLOCK) -> np.ndarray:
+    """The resampling block of every scored position: (text, position // block), numbered 0..G-1."""
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     keys = np.stack([np.asarray(text_index, dtype=np.int64), np.asarray(position, dtype=np.int64) // block])
@@ -89,6 +92,13 @@ def blocks_of(text_index: Sequence[int], position: Sequence[int], block: int | N
         return np.zeros(0, dtype=np.int64)
     _, ids = np.unique(keys, axis=1, return_inverse=True)
     return ids.reshape(-1).astype(np.int64)
+
+
+def block_length(positions: int, block: int = BLOCK, min_blocks: int = MIN_BLOCKS) -> int:
+    """`block`, or shorter so that `positions` give at least `min_blocks` blocks (at least 1)."""
+    if positions >= block * min_blocks:
+        return block
+    return max(1, min(block, positions // min_blocks))
 
 
 def _groups(n: int, groups: Sequence[int] | np.ndarray | None) -> np.ndarray:
@@ -118,13 +128,18 @@ def _resampled_means(values: np.ndarray, groups: np.ndarray, resamples: int, see
     weights, g = _block_draws(groups, resamples, seed)
     sums = np.bincount(dense, weights=values, minlength=g)
     counts = np.bincount(dense, minlength=g).astype(np.float64)
-    return (weights @ sums) / np.maximum(weights @ counts, 1.0), g
+    # Elementwise products summed by numpy (a fixed order), not a BLAS product whose order may
+    # depend on the thread count: the same values give the same bits on any run.
+    totals, sizes = (weights * sums).sum(axis=1), (weights * counts).sum(axis=1)
+    return totals / np.maximum(sizes, 1.0), g
 
 
-def _percentiles(samples: np.ndarray, confidence: float) -> tuple[float, float]:
+def _percentiles(samples: np.ndarray, confidence: float, estimate: float) -> tuple[float, float]:
+    """The percentile interval, widened to contain `estimate` (rounding alone can put a constant's
+    mean one ulp outside the means of its resamples)."""
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(samples, [tail, 100.0 - tail])
-    return float(low), float(high)
+    return min(float(low), estimate), max(float(high), estimate)
 
 
 def bootstrap_interval(values: Sequence[float] | np.ndarray, groups: Sequence[int] | np.ndarray | None = None, *,
@@ -135,6 +150,7 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, groups: Sequence[in
 
     NaN values (positions where a metric is undefined) are left out before resampling. A monotone
     `transform` is applied to the estimate and both ends (e.g. exp of a mean NLL = a perplexity).
+    Fewer than 2 blocks give the estimate with no interval (low = high = None).
     `statistic` (any function of the resampled values) is slower than the default mean.
     """
     v = np.asarray(values, dtype=np.float64)
@@ -143,17 +159,15 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, groups: Sequence[in
     v, g = v[ok], g[ok]
     if len(v) == 0:
         return Interval(None, None, None, 0, 0)
-    if len(np.unique(g)) < 2:           # one block: nothing to resample
-        estimate = float(v.mean()) if statistic is None else float(statistic(v))
-        estimate = transform(estimate) if transform is not None else estimate
-        return Interval(estimate, None, None, int(len(v)), 1)
     if statistic is None:
         estimate = float(v.mean())
         samples, n_blocks = _resampled_means(v, g, resamples, seed)
     else:
         estimate = float(statistic(v))
         samples, n_blocks = _resampled_statistic(v, g, statistic, resamples, seed)
-    low, high = _percentiles(samples, confidence)
+    if n_blocks < 2:
+        return Interval(transform(estimate) if transform else estimate, None, None, int(len(v)), n_blocks)
+    low, high = _percentiles(samples, confidence, estimate)
     if transform is not None:
         estimate, low, high = transform(estimate), transform(low), transform(high)
     return Interval(estimate, low, high, int(len(v)), n_blocks)
@@ -180,7 +194,8 @@ def paired_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray
     The verdict is "ahead" when the interval of the difference lies on the better side of 0 (by
     `higher_is_better`, default from HIGHER_IS_BETTER), "behind" when on the worse side, and
     "no difference" otherwise; the p-value is consistent with it (p < 1 - confidence exactly when
-    the interval excludes 0, up to the resolution of the resamples).
+    the interval excludes 0, up to the resolution of the resamples). Fewer than 2 blocks: no
+    interval, no p-value, "no difference".
     """
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape:
@@ -193,22 +208,23 @@ def paired_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray
     if n == 0:
         return PairedTest(metric, *names, None, None, None, None, 0, 0, "no difference",
                           "no positions where both are defined")
-    diff = float(d.mean())
-    if len(np.unique(g)) < 2:
-        return PairedTest(metric, *names, diff, None, None, None, n, 1, "no difference",
-                          f"no difference at n = {n}: too few positions to test (one block)")
     samples, n_blocks = _resampled_means(d, g, resamples, seed)
-    low, high = _percentiles(samples, confidence)
+    diff = float(d.mean())
+    if n_blocks < 2:
+        return PairedTest(metric, *names, diff, None, None, None, n, n_blocks, "no difference",
+                          f"no difference at n = {n} (difference {diff:+.3g}; {n_blocks} block: too few to test)")
+    low, high = _percentiles(samples, confidence, diff)
     p = min(1.0, 2.0 * min(float(np.mean(samples <= 0.0)), float(np.mean(samples >= 0.0))))
     if np.all(d == 0):
         p = 1.0
     alpha = 1.0 - confidence
+    p_text = f"p < {1.0 / resamples:.1g}" if p == 0 else f"p = {p:.2g}"    # no resample crossed 0
     if low > 0 or high < 0:
         up = low > 0
         verdict = "ahead" if up == better_up else "behind"
-        wording = f"{verdict} by {abs(diff):.3g} (difference {diff:+.3g} [{low:+.3g}, {high:+.3g}], p = {p:.2g}, n = {n})"
+        wording = f"{verdict} by {abs(diff):.3g} (difference {diff:+.3g} [{low:+.3g}, {high:+.3g}], {p_text}, n = {n})"
     else:
         verdict = "no difference"
         wording = (f"no difference at n = {n} (difference {diff:+.3g} [{low:+.3g}, {high:+.3g}], "
-                   f"p = {p:.2g} ≥ {alpha:.2g})")
+                   f"{p_text} ≥ {alpha:.2g})")
     return PairedTest(metric, names[0], names[1], diff, low, high, p, n, n_blocks, verdict, wording)

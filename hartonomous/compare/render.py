@@ -42,11 +42,30 @@ def f(value, digits: int = 3) -> str:
     return str(value)
 
 
+def interval(value, ci95: list[float] | None) -> str:
+    """A mean with its 95 % interval, "0.298 [0.27, 0.32]"; the mean alone where there is no interval.
+    The ends get 2 significant digits, more where 2 would print them equal."""
+    if value is None or not ci95:
+        return f(value)
+    low, high = ci95
+    digits = 2
+    while digits < 6 and low != high and _end(low, digits) == _end(high, digits):
+        digits += 1
+    return f"{f(value)} [{_end(low, digits)}, {_end(high, digits)}]"
+
+
+def _end(x: float, digits: int) -> str:
+    """An interval's end: `digits` significant digits, whole numbers rather than 3.1e+02 below 10^6."""
+    text = f"{x:.{digits}g}"
+    return f"{x:.0f}" if "e+" in text and abs(x) < 1e6 else text
+
+
 def _dist_row(name: str, d: dict) -> list[str]:
-    return [name, f(d["mean"]), f(d["median"]), f(d["p05"]), f(d["p95"]), str(d["n"]), str(d["undefined"])]
+    return [name, interval(d["mean"], d.get("ci95")), f(d["median"]), f(d["p05"]), f(d["p95"]), str(d["n"]),
+            str(d["undefined"])]
 
 
-DIST_HEADERS = ("metric", "mean", "median", "p5", "p95", "n", "undefined")
+DIST_HEADERS = ("metric", "mean [95 %]", "median", "p5", "p95", "n", "undefined")
 PATH_LABELS = {
     "top1": "top-1 agreement", "top10_overlap": "top-10 overlap", "mass_covered": "exact mass covered",
     "exact_p_of_argmax": "exact p of its argmax", "js": "JS divergence (nats)",
@@ -71,9 +90,11 @@ def blocks(report: dict) -> list[Block]:
     out.append(Block("p", f"Evaluation text: {texts}. {split_sentence(report)}"))
 
     out.append(Block("h2", "Headline"))
-    out.append(Block("table", headers=HEADLINE_HEADERS, rows=tuple(headline_cells(report, r)
-                                                                  for r in report["headline"])))
+    out.append(Block("table", headers=headline_headers(report), rows=tuple(headline_cells(report, r)
+                                                                          for r in report["headline"])))
+    out.append(Block("p", interval_sentence(report)))
     out.append(Block("p", control_sentence(report)))
+    out += _comparisons(report)
 
     out += _fidelity(fid, s)
     out += _generation(report["generation"], report["machine"])
@@ -91,19 +112,45 @@ def blocks(report: dict) -> list[Block]:
         f"{s['pearson_nucleus']:g} nucleus, averaged over positions (undefined when the union has one token). "
         f"Spatial perplexity smooths p' = (1 − ε) p + ε / V with ε = {s['smoothing_epsilon']:g}. Entropy signals "
         f"(nats): H, H2 = −ln Σp², V = Var[−ln p], R = H2 − (H − V/2), calibration gap = NLL − H (spatial: H, H2, V "
-        f"of its candidate distribution, NLL smoothed). The best baseline is the baseline path with the highest "
-        f"top-1 agreement, the 4-gram + cache included. docs/compare.md has the details.")))
+        f"of its candidate distribution, NLL smoothed). The best baseline is chosen per metric among every baseline "
+        f"path: the highest mean where higher is better, the lowest for JS divergence and perplexity; each row names "
+        f"it. Numbers in brackets are 95 % intervals; each comparison is a paired test on the same positions, "
+        f"\"ahead\" or \"behind\" when its interval of the difference excludes 0, else \"no difference at n = …\". "
+        f"docs/compare.md has the details.")))
     return out
 
 
 HEADLINE_HEADERS = ("metric", "spatial", "exact", "best baseline", "spatial, random positions", "claimed")
+VERDICT_WORDS = {"ahead": "spatial ahead", "behind": "spatial behind", "no difference": "no difference"}
+
+
+def _against(report: dict) -> dict | None:
+    return report["fidelity"].get("against")
+
+
+def headline_headers(report: dict) -> tuple[str, ...]:
+    """HEADLINE_HEADERS, with a column for the --against set before "claimed" when there is one."""
+    other = _against(report)
+    return HEADLINE_HEADERS if not other else (*HEADLINE_HEADERS[:-1], other["name"], HEADLINE_HEADERS[-1])
+
+
+def _compared(value, ci95, verdict: str | None, name: str | None = None) -> str:
+    """A compared path's cell: its value and interval, then its name and the verdict of the paired test."""
+    words = "; ".join(w for w in (name, VERDICT_WORDS.get(verdict or "")) if w)
+    return interval(value, ci95) + (f" ({words})" if words else "")
 
 
 def headline_cells(report: dict, r: dict) -> list[str]:
     """One headline row as text (the same cells in report.md, report.html and the terminal)."""
-    return [r["metric"], f(r["spatial"]), f(r["exact"]),
-            f"{f(r['baseline'])} ({r['baseline_name']})" if r["baseline_name"] else "—",
-            _control_cell(report, r), f(r["claimed"]) if r["claimed"] is not None else "—"]
+    verdicts = r.get("verdicts") or {}
+    cells = [r["metric"], interval(r["spatial"], r.get("spatial_ci95")), interval(r["exact"], r.get("exact_ci95")),
+             _compared(r["baseline"], r.get("baseline_ci95"), verdicts.get("baseline"), r["baseline_name"])
+             if r["baseline_name"] else "—",
+             _control_cell(report, r)]
+    if _against(report):
+        cells.append(_compared(r["against"], r.get("against_ci95"), verdicts.get("against"))
+                     if "against" in r else "—")
+    return cells + [f(r["claimed"]) if r["claimed"] is not None else "—"]
 
 
 def _control(report: dict) -> dict:
@@ -114,7 +161,33 @@ def _control_cell(report: dict, r: dict) -> str:
     if "random_positions" not in r:
         return "—"
     control = _control(report)
-    return f(r["random_positions"]) if control.get("status") == "scored" else control.get("status", "n/a")
+    if control.get("status") != "scored":
+        return control.get("status", "n/a")
+    return _compared(r["random_positions"], r.get("random_positions_ci95"),
+                     (r.get("verdicts") or {}).get("random_positions"))
+
+
+def interval_sentence(report: dict) -> str:
+    """How the intervals were computed, over how many positions, and the note when n is small."""
+    iv = report.get("intervals")
+    if not iv:
+        return "No intervals in this report (schema before 1.3)."
+    text = (f"Brackets: 95 % intervals, {iv['method']}, over n = {iv['positions']} positions in {iv['blocks']} "
+            f"blocks (seed {iv['seed']}). Timings and buffer counts are one run on one machine and have none.")
+    return text + (f" Note: {iv['note']}." if iv.get("note") else "")
+
+
+def _comparisons(report: dict) -> list[Block]:
+    """The paired tests behind the headline's verdicts, one row each, worded by the verdict."""
+    from hartonomous.compare.comparisons import ROLE_WORDS
+
+    rows = report.get("comparisons") or []
+    if not rows:
+        return []
+    return [Block("h3", "Paired comparisons"),
+            Block("table", headers=("metric", "spatial vs", "path", "paired test (difference spatial − other, 95 %)"),
+                  rows=tuple([c["row"] + (" (on the NLL)" if c["metric"] == "nll" else ""), ROLE_WORDS[c["role"]],
+                              c["b"], c["wording"]] for c in rows))]
 
 
 def control_sentence(report: dict) -> str:
@@ -143,8 +216,10 @@ def split_sentence(report: dict) -> str:
 def _fidelity(fid: dict, s: dict) -> list[Block]:
     sp, ex = fid["spatial"], fid["exact"]
     out = [Block("h2", "1. Teacher-forced fidelity"),
-           Block("p", f"{fid['positions']} positions. Perplexity of the text: exact {f(ex['perplexity'])}, "
-                      f"spatial {f(sp['perplexity'])} (smoothed, ε = {s['smoothing_epsilon']:g}); the actual next "
+           Block("p", f"{fid['positions']} positions. Perplexity of the text: exact "
+                      f"{interval(ex['perplexity'], ex.get('perplexity_ci95'))}, spatial "
+                      f"{interval(sp['perplexity'], sp.get('perplexity_ci95'))} (smoothed, ε = "
+                      f"{s['smoothing_epsilon']:g}); the actual next "
                       f"token was among the spatial candidates at {f(sp['target_in_support']['mean'])} of positions.")]
     out.append(Block("table", headers=DIST_HEADERS,
                      rows=tuple(_dist_row(PATH_LABELS[k], sp[k]) for k in PATH_LABELS)))
@@ -158,6 +233,15 @@ def _fidelity(fid: dict, s: dict) -> list[Block]:
                                                                             control["path"]))))
         else:
             out.append(Block("p", f"spatial, random positions: {control['note']}."))
+    other = fid.get("against")
+    if other:
+        weight = "its own calibrated weight" if other["history_weight"] is None else f"{other['history_weight']:g}"
+        out.append(Block("h3", f"Another atom set: '{other['atom_set']}'"))
+        out.append(Block("p", f"compare --against {other['atom_set']}: that set's spatial path on the same positions "
+                              f"(the same K; history atoms at {weight}); the paired comparisons are under the "
+                              "headline."))
+        out.append(Block("table", headers=PATH_HEADERS, rows=(_path_row("spatial (3D)", sp),
+                                                              _path_row(other["name"], other["path"]))))
     out.append(Block("h3", "Entropy signals (nats)"))
     rows = []
     for key, label in (("H", "H"), ("H2", "H2 (Rényi-2)"), ("V", "V (varentropy)"), ("R", "R = H2 − (H − V/2)"),
@@ -242,8 +326,12 @@ def _cache_sentence(cache: dict) -> str:
 
 
 def _path_row(name: str, p: dict) -> list[str]:
-    return [name, f(p["top1"]["mean"]), f(p["top10_overlap"]["mean"]), f(p["mass_covered"]["mean"]),
-            f(p["js"]["mean"]), f(p["pearson"]["mean"]), f(p["perplexity"]), f(p["target_in_support"]["mean"])]
+    """One path's means with their 95 % intervals."""
+    def cell(key: str) -> str:
+        return interval(p[key]["mean"], p[key].get("ci95"))
+
+    return [name, cell("top1"), cell("top10_overlap"), cell("mass_covered"), cell("js"), cell("pearson"),
+            interval(p["perplexity"], p.get("perplexity_ci95")), cell("target_in_support")]
 
 
 def _claims(report: dict) -> list[Block]:

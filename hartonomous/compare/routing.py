@@ -259,7 +259,7 @@ def routing_section(conn: psycopg.Connection, info: AtomSet, fid: Fidelity, text
     right = fid.paths["spatial"].array("top1") == 1.0
     missing = np.isnan(spatial.risk)
     risk = with_missing_ranked_first(spatial.risk)
-    blocks = intervals.blocks_of(fid.text_index, fid.position)
+    blocks = fid.blocks()                     # the report's resampling blocks (shorter for short texts)
     auc = intervals.bootstrap_interval(np.arange(n, dtype=np.float64), blocks,
                                        statistic=lambda idx: _auc_or_nan(~right, risk, idx))
     model_info = info.risk_model

@@ -12,13 +12,16 @@ import numpy as np
 import psycopg
 
 from hartonomous import teacher
-from hartonomous.compare import baselines, claims, controls, fidelity as fid_mod, generation, metrics, plots
+from hartonomous.compare import DEFAULT_MAX_POSITIONS, baselines, claims, controls, generation, intervals, metrics, plots
+from hartonomous.compare import fidelity as fid_mod
+from hartonomous.compare.against import Against, load_against
+from hartonomous.compare.comparisons import interval_section, paired_comparisons
 from hartonomous.compare.routing import routing_section
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
 from hartonomous.compare.atomset import Text, calibration_text, holdout_text, read_prompts, read_texts
 from hartonomous.errors import UserError
-from hartonomous.measure import describe_machine
+from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
 SCHEMA_VERSION = "1.3"
@@ -42,7 +45,7 @@ class CompareOptions:
     atom_set: str
     texts: list[Path] = field(default_factory=list)
     prompts: Path | None = None
-    max_positions: int = 256
+    max_positions: int = DEFAULT_MAX_POSITIONS
     max_neighbors: int = 100
     max_new_tokens: int = 32
     seed: int = 0
@@ -54,6 +57,7 @@ class CompareOptions:
     command: str = ""
     split: str = "test"                    # which half of the holdout to score; ignored with `texts`
     history_weight: float | None = None    # spatial path's history atoms: None = the set's calibrated weight, 0 = off
+    against: str | None = None             # a second atom set scored on the same positions (--against)
 
     def validate(self) -> None:
         if self.max_positions < 1:
@@ -70,6 +74,8 @@ class CompareOptions:
                             f"got {self.history_weight}")
         if self.split not in SPLITS:
             raise UserError(f"--split must be one of test, calibration, all; got {self.split!r}")
+        if self.against is not None and not self.against.strip():
+            raise UserError("--against needs the name of an atom set (see `hartonomous atom-sets`)")
 
 
 def model_name_for(info: AtomSet) -> str:
@@ -131,8 +137,11 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     baselines (default: stats['corpus']['text']); it raises baselines.CorpusUnavailable to skip.
     """
     options.validate()
+    load_start = load_average()
     progress = progress or NoProgress()
     info = load_atom_set(conn, options.atom_set)
+    other = (load_against(conn, info, options.against, options.max_neighbors, options.history_weight)
+             if options.against else None)
     texts = read_texts(options.texts) if options.texts else [holdout_text(info, options.split)]
     prompts = read_prompts(options.prompts) if options.prompts else default_prompts(texts)
     if model is None or tokenizer is None:
@@ -165,7 +174,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     progress.stage("teacher-forced fidelity", total)
     paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors,
                                                          options.history_weight), **predictors,
-             **scored}
+             **scored, **({other.name: other.predict} if other else {})}
     kept = [(index, ids[:k]) for index, (ids, k) in enumerate(zip(encoded, keep)) if k >= 2]
     exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
     for (index, ids), log_probs in zip(kept, exact.log_probs or []):
@@ -184,9 +193,11 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     if options.generation:
         gen = _generation(conn, info, model, tokenizer, prompts, options, progress)
 
+    machine = describe_machine(conn, str(next(model.parameters()).device), model_name)
+    machine["load"] = {"start": load_start, "end": load_average()}
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
-                       describe_machine(conn, str(next(model.parameters()).device), model_name),
-                       atom_set_summary(info, key_dimensions(conn, info)), mixture, control, routing)
+                       machine, atom_set_summary(info, key_dimensions(conn, info)), mixture, control, routing,
+                       other)
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -303,13 +314,16 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
 
 
 def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
-              atom_set, mixture, control, routing):
-    spatial = fid_mod.summarise_path(fid.paths["spatial"])
-    control_path = fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS]) if control.predict else None
-    base = {name: fid_mod.summarise_path(fid.paths[name]) for name in predictors}
+              atom_set, mixture, control, routing, other: Against | None = None):
+    groups = fid.blocks()                     # one resampling block per position, shared by every path
+    spatial = fid_mod.summarise_path(fid.paths["spatial"], groups)
+    control_path = (fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS], groups)
+                    if control.predict else None)
+    base = {name: fid_mod.summarise_path(fid.paths[name], groups) for name in predictors}
     exact = {"perplexity": metrics.perplexity(fid.exact.array("nll")),
-             "signals": fid_mod.summarise_signals(fid.exact)}
-    spatial_signals = fid_mod.summarise_signals(fid.spatial_signals)
+             "perplexity_ci95": fid_mod.perplexity_ci95(fid.exact.array("nll"), groups),
+             "signals": fid_mod.summarise_signals(fid.exact, groups)}
+    spatial_signals = fid_mod.summarise_signals(fid.spatial_signals, groups)
     pearson = spatial["pearson"]
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -326,6 +340,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "split": None if options.texts else options.split,
             "history_weight": options.history_weight,
         },
+        "intervals": interval_section(fid, options.max_positions, DEFAULT_MAX_POSITIONS),
         "texts": [{"source": t.source, "held_out": t.held_out, "split": t.split, "tokens": len(e), "tokens_used": k,
                    "positions": max(k - 1, 0)} for t, e, k in zip(texts, encoded, keep)],
         "fidelity": {
@@ -333,6 +348,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "exact": exact,
             "spatial": {**spatial, "signals": spatial_signals},
             "controls": {"random_positions": control.as_dict(control_path)},
+            "against": other.as_dict(fid_mod.summarise_path(fid.paths[other.name], groups)) if other else None,
             "by_position": fid_mod.by_position(fid),
             "per_position": _per_position(fid),
         },
@@ -344,28 +360,58 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
         "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms, machine),
     }
     report["headline"] = headline(report)
+    report["comparisons"] = paired_comparisons(fid, report["headline"], groups)
     return _clean(report)
+
+
+def best_baseline(paths: dict[str, dict], key: str) -> str | None:
+    """The baseline path best on `key` (a metric of HIGHER_IS_BETTER or "perplexity"): the highest mean
+    where higher is better, the lowest for JS, NLL and perplexity; the first such path on ties."""
+    scored = [(name, _mean(p, key)) for name, p in paths.items() if _mean(p, key) is not None]
+    if not scored:
+        return None
+    pick = max if intervals.HIGHER_IS_BETTER[key] else min
+    return pick(scored, key=lambda kv: kv[1])[0]
+
+
+def _mean(path: dict, key: str) -> float | None:
+    return path["perplexity"] if key == "perplexity" else path[key]["mean"]
+
+
+def _ci95(path: dict, key: str) -> list[float] | None:
+    return path.get("perplexity_ci95") if key == "perplexity" else path[key].get("ci95")
 
 
 def headline(report: dict) -> list[dict]:
     """The few numbers printed at the end of a run.
 
-    The best baseline is the one with the highest top-1 agreement among every baseline path (the
-    n-grams, "4-gram + cache", KNN). Fidelity rows carry `random_positions`, the random-positions
-    control (None when it was not built: `fidelity.controls.random_positions.status` says why).
+    Fidelity rows carry the spatial path's mean and 95 % interval (`spatial`, `spatial_ci95`) and
+    the paths it is compared with: the best baseline *for that metric* among every baseline path
+    (`baseline_name` says which), the random-positions control (`random_positions`, None when it
+    was not built: `fidelity.controls.random_positions.status` says why) and the --against set
+    (`against`, None without one). `verdicts` (filled in by comparisons.paired_comparisons) words
+    each comparison; `key` is the metric's key in a path. The latency rows have no interval.
     """
     fid = report["fidelity"]
     sp = fid["spatial"]
     base = report["baselines"]["paths"]
-    best = max(base.items(), key=lambda kv: kv[1]["top1"]["mean"] or 0, default=(None, None))
     ctrl = ((fid.get("controls") or {}).get("random_positions") or {}).get("path")
+    other = fid.get("against")
     gen = report["generation"] if not report["generation"].get("skipped") else {}
 
-    def row(metric: str, key: str, exact: float | None, claimed: float | None = None) -> dict:
-        value = (lambda p: p[key]) if key == "perplexity" else (lambda p: p[key]["mean"])
-        return {"metric": metric, "spatial": value(sp), "exact": exact,
-                "baseline": value(best[1]) if best[1] else None, "baseline_name": best[0],
-                "random_positions": value(ctrl) if ctrl else None, "claimed": claimed}
+    def row(metric: str, key: str, exact: float | None, claimed: float | None = None,
+            exact_ci95: list[float] | None = None) -> dict:
+        best = best_baseline(base, key)
+        return {"metric": metric, "key": key, "spatial": _mean(sp, key), "spatial_ci95": _ci95(sp, key),
+                "exact": exact, "exact_ci95": exact_ci95,
+                "baseline": _mean(base[best], key) if best else None, "baseline_name": best,
+                "baseline_ci95": _ci95(base[best], key) if best else None,
+                "random_positions": _mean(ctrl, key) if ctrl else None,
+                "random_positions_ci95": _ci95(ctrl, key) if ctrl else None,
+                "against": _mean(other["path"], key) if other else None,
+                "against_name": other["name"] if other else None,
+                "against_ci95": _ci95(other["path"], key) if other else None,
+                "verdicts": {}, "claimed": claimed}
 
     return [
         row("top-1 agreement", "top1", 1.0),
@@ -373,7 +419,7 @@ def headline(report: dict) -> list[dict]:
         row("JS divergence to exact (mean, nats)", "js", 0.0),
         row("exact mass covered by candidates (mean)", "mass_covered", 1.0),
         row(f"perplexity (spatial smoothed, eps={metrics.SMOOTHING_EPSILON:g})", "perplexity",
-            fid["exact"]["perplexity"]),
+            fid["exact"]["perplexity"], exact_ci95=fid["exact"].get("perplexity_ci95")),
         {"metric": "ms/token p50 (free generation)", "spatial": (gen.get("spatial") or {}).get("p50_ms"),
          "exact": (gen.get("exact") or {}).get("p50_ms"), "baseline": None, "baseline_name": None, "claimed": 15.0},
         {"metric": "shared buffers per KNN (p50)", "spatial": report["queries"].get("knn_buffers_p50"),
