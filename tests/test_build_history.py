@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import drop_atom_set, load_atom_set
+from hartonomous.corpus import recorded_training_text
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from projection.calibrate import nearest_atoms, score, with_history
@@ -28,7 +29,8 @@ def test_soft_atoms_carry_the_exact_top_k_probabilities(server_url: str, soft_se
     """Total atom weight = the sum of the exact top-k probabilities over every training position."""
     model, tokenizer = tiny_model(0)
     stats = soft_set.stats
-    chunks = chunk_ids(tokenize(tokenizer, stats.corpus.text)[0], stats.corpus.context_length)
+    text = recorded_training_text(stats.corpus, stats.holdout.text).text
+    chunks = chunk_ids(tokenize(tokenizer, text, stats.corpus.max_tokens)[0], stats.corpus.context_length)
     forced = distill(model, chunks, top_k=4)
     expected = sum(float(p[:-1].astype(np.float64).sum()) for p in forced.top_probs)
     total, count = one(server_url, """SELECT sum(weight), count(*) FROM atoms a
