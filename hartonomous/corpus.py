@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hartonomous.errors import UserError
+from hartonomous.teacher import windows
 
 SEGMENT_CHARS = 2000
 MIN_DOCSTRING_CHARS = 40
@@ -208,8 +209,6 @@ def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> tuple[np.nd
 
 def chunk_ids(ids: np.ndarray, context_length: int) -> list[np.ndarray]:
     """Consecutive chunks of at most context_length tokens; a last chunk of 1 token is dropped."""
-    from hartonomous.teacher import windows
-
     if context_length < 2:
         raise UserError(f"--context-length must be at least 2, got {context_length}")
     return [c for c in windows(ids, context_length) if len(c) >= 2]

@@ -105,9 +105,10 @@ def test_context_build_keeps_every_position_as_weight(server_url: str, context_s
     assert count == context_set.atoms < positions  # window 3 over a small vocabulary repeats (key, value)
     assert keyed == count and dim == tiny_model(0)[0].config.hidden_size
     holdout = stats.holdout.text
-    train = recorded_training_text(stats.corpus, holdout).text   # rebuilt from the recorded files and sha256
-    assert stats.corpus.text is None and stats.corpus.train_sha256 == sha256_text(train)
+    text = recorded_training_text(stats.corpus, holdout).text   # rebuilt from the recorded files and sha256
+    assert stats.corpus.text is None and stats.corpus.train_sha256 == sha256_text(text)
     assert stats.corpus.files == [str(corpus_file.resolve())] and stats.corpus.sha256 == [sha256_file(corpus_file)]
+    train = tokenize(tiny_model(0)[1], text, stats.corpus.max_tokens)[1]   # what the build's tokens cover
     assert holdout and holdout not in train
     assert all(p not in train for p in holdout.split("\n\n"))
 

@@ -192,7 +192,8 @@ def test_a_rebuild_and_compare_labels_read_the_builds_teacher_labels(server_url:
     assert again.stats.distill.cached_tokens == again.stats.distill.tokens == first.stats.distill.tokens
     assert again.stats.distill.tokens_per_second is None
     model, tokenizer = tiny_model(0)
-    ids = tokenize(tokenizer, again.stats.corpus.text)[0]
+    text = recorded_training_text(again.stats.corpus, again.stats.holdout.text).text
+    ids = tokenize(tokenizer, text, again.stats.corpus.max_tokens)[0]
     context = again.stats.corpus.context_length
     whole = len(ids) - len(ids) % context               # the full chunks: the ones the build labelled
     entries = len(list(tmp_path.rglob("*.npz")))

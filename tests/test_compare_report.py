@@ -125,8 +125,8 @@ def test_json_validates_and_holds_the_measured_sections(rendered):
     validate_report(on_disk)
     assert on_disk["texts"][0]["held_out"] is True
     assert on_disk["fidelity"]["positions"] == 30 == len(on_disk["fidelity"]["per_position"])
-    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "∞-gram", "4-gram + cache",
-                                                  "∞-gram + cache", "knn"}
+    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "∞-gram",
+                                                  "4-gram + cache", "∞-gram + cache", "knn"}
     assert on_disk["baselines"]["distillation"]["tokens"] == len(encode(tiny_model(0)[1], CORPUS))
     gen = on_disk["generation"]["prompts"][0]
     assert gen["prompt"] == "The capital of France is"

@@ -182,11 +182,11 @@ def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoa
     seconds = time.perf_counter() - start
     progress.advance()
     words = LABEL_WORDS[target].format(k=soft_k)
-    origin = "" if info.kind == "context" else " (a token set stores no labels)"
+    whose = "the atom set's own" if info.kind == "context" else "a token set stores no labels, so the exact argmax"
     passed = ("no model ran" if ran is None else
               f"{ran.cached_tokens:,} of {ran.tokens:,} tokens' labels read from the teacher-label cache")
-    note = (f"labels: {words}{origin}, at every atom position of the build's chunks of {length} tokens "
-            f"({labelled.positions:,} positions; {passed})")
+    note = (f"labels {labelled.describe()} ({whose}): {words}, at position 0 … n − 2 of each of the build's chunks "
+            f"of n ≤ {length} tokens, as the atoms ({labelled.positions:,} positions; {passed})")
     predictors: dict[str, Predictor] = {name: model_.predict for name, model_ in ngram.ngrams(index).items()}
     predictors[INFINIGRAM_PATH] = index.predict
     return predictors, Distillation(True, tokens=labelled.tokens, note=note, labels=labelled.describe(),

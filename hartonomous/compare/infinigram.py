@@ -18,11 +18,11 @@ suffix-array order, so the label mass of a range is a contiguous slice, summed w
 
 Suffix array: prefix doubling with numpy (`suffix_array`): the ranks of the prefixes of length 2w
 are the ranks of (rank of the first w symbols, rank of the next w), sorted with one argsort of an
-int64 key per round; rounds stop when every rank is distinct, after ⌈log2(L_max + 1)⌉ + 1 rounds for
-a longest repeat of L_max symbols. Time O(N log N · rounds); peak memory about 50 bytes per token
+int64 key per round; rounds stop when every rank is distinct, after ⌈log2(L_max + 1)⌉ rounds for a
+longest repeat of L_max symbols. Time O(N log N · rounds); peak memory about 50 bytes per token
 (five int64 arrays). The index then keeps the reversed text and the suffix array (int32 each when
 N < 2^31) and the labels: k ids (int32) and k weights (float32) per position, plus one int64 count
-per position; 8 + 8k + 8 bytes per token, 88 bytes at k = 8. Measured build times and memory:
+per position; 16 + 8k bytes per token (24 at k = 1, 80 at k = 8). Measured build times and memory:
 docs/compare.md.
 """
 
@@ -94,25 +94,25 @@ class InfiniGram:
         small = n < 2**31 - 1
         self._n = n
         self._text = text[::-1].astype(np.int32 if small else np.int64)       # reversed
+        del text
         sa = suffix_array(self._text)
         # the joined text's position j is position n - 1 - j of the reversed one; where does it sort?
         where = np.empty(n, dtype=np.int64)
         where[sa] = np.arange(n)
-        starts = np.cumsum([0] + [len(c) + 1 for c in chunks])[:-1]
-        ends = np.concatenate([s + np.arange(len(i)) for s, i in zip(starts, labels.ids)]) if chunks else \
-            np.zeros(0, dtype=np.int64)
-        slots = where[n - 1 - ends.astype(np.int64)] if len(ends) else ends
-        del where
         k = labels.k
         self._ids = np.zeros((n, k), dtype=np.int32)
         self._mass = np.zeros((n, k), dtype=np.float32)
-        if len(slots):
-            self._ids[slots] = np.concatenate(labels.ids)
-            self._mass[slots] = np.concatenate(labels.mass)
+        start = 0
+        for chunk, ids, mass in zip(chunks, labels.ids, labels.mass, strict=True):   # chunk by chunk: no copies
+            slots = where[n - 1 - (start + np.arange(len(ids)))]
+            self._ids[slots], self._mass[slots] = ids, mass
+            start += len(chunk) + 1
+        del where
         self._sa = sa.astype(np.int32 if small else np.int64)
+        del sa
         self._labelled = np.concatenate([[0], np.cumsum(self._mass.sum(axis=1) > 0)])
         self._memo: dict[tuple[int, int], Sparse] = {}
-        self.tokens, self.positions, self.k = int(sum(len(c) for c in chunks)), int(len(slots)), int(k)
+        self.tokens, self.positions, self.k = int(sum(len(c) for c in chunks)), labels.positions, int(k)
 
     @property
     def nbytes(self) -> int:

@@ -39,7 +39,7 @@ class TrainingLabels:
 
     chunks: list[np.ndarray]
     ids: list[np.ndarray]       # (m_i, k) int64
-    mass: list[np.ndarray]      # (m_i, k) float64
+    mass: list[np.ndarray]      # (m_i, k) float (soft: float32 as the teacher gives them)
     target: str                 # 'soft' | 'argmax' | 'corpus' (or 'given', hand-made labels)
 
     @property
@@ -82,7 +82,7 @@ def from_soft(chunks: Sequence[Sequence[int]], top_ids: Sequence[np.ndarray],
     """The exact top-k ids weighing their probabilities, at t = 0 .. n-2 (the atom positions)."""
     chunks = _chunks(chunks)
     ids = [np.asarray(i, dtype=np.int64)[: len(c) - 1] for c, i in zip(chunks, top_ids, strict=True)]
-    mass = [np.asarray(p, dtype=np.float64)[: len(c) - 1] for c, p in zip(chunks, top_probs, strict=True)]
+    mass = [np.asarray(p, dtype=np.float32)[: len(c) - 1] for c, p in zip(chunks, top_probs, strict=True)]
     if any(i.shape != p.shape or i.ndim != 2 for i, p in zip(ids, mass)):
         raise ValueError("top_ids and top_probs must be (n, k) arrays of the same shape per chunk")
     return TrainingLabels(chunks, ids, mass, "soft")

@@ -230,9 +230,8 @@ def _distillation_sentence(d: dict) -> str:
                  f"{file['path']} (sha256 {(file['sha256'] or 'not recorded')[:12]})" for file in origin["files"]),
              "text copy": lambda: "the copy of the training text in the set's stats (a set built before 2026-11-25)",
              }.get(origin.get("kind"), lambda: d["source"])()
-    labels = f" Labels: {d['labels']}, the atom set's own." if d.get("labels") else ""
     return (f"Counting baselines (n-grams, ∞-gram, and each with the cache) learned from {d['source']}: {where}, "
-            f"{d['tokens']:,} training tokens.{labels} {d['note'][:1].upper()}{d['note'][1:]}.")
+            f"{d['tokens']:,} training tokens; {d['note']}.")
 
 
 def _cache_sentence(cache: dict) -> str:
