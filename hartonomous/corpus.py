@@ -8,19 +8,13 @@ Python version, which the build records.
 A corpus is cut into segments (paragraph groups of at most `SEGMENT_CHARS`), shuffled with the
 seed; the first segments form the holdout, which is never used for atoms, and the rest are
 joined into the training text. The training text is tokenized once and cut into chunks of
-`--context-length` tokens (`tokenize`, `chunk_ids`), each one context.
-
-A build does not store its training text: it records where the text came from (`origin_stats`:
-the built-in corpus's name and version, or the files with their sha256, and the sha256 of the
-training text) and `recorded_training_text` rebuilds it from that record, refusing with the
-reason when a file or the interpreter changed. Sets built before 2026-11-25 carry a copy of the
-text in their stats instead, which is used as it is.
+`--context-length` tokens (`tokenize`, `chunk_ids`), each one context. A build records where its
+text came from, not the text (hartonomous.corpus_origin).
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import platform
 import sysconfig
@@ -212,93 +206,3 @@ def chunk_ids(ids: np.ndarray, context_length: int) -> list[np.ndarray]:
     if context_length < 2:
         raise UserError(f"--context-length must be at least 2, got {context_length}")
     return [c for c in windows(ids, context_length) if len(c) >= 2]
-
-
-# --- where a build's training text came from ----------------------------------------------
-
-class CorpusUnavailable(LookupError):
-    """A set's training text cannot be recovered exactly; the message says why."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def origin_stats(files: list[Path], corpus: Corpus | None) -> dict:
-    """What a build records (in stats.corpus) so that its training text can be rebuilt and checked:
-    the built-in corpus's name and version, or every file's absolute path and sha256; and the
-    sha256 of the training text (before the --max-tokens cut) when the build read one."""
-    if files:
-        origin = {"name": None, "version": None, "files": [str(Path(f).resolve()) for f in files],
-                  "sha256": [sha256_file(Path(f)) for f in files]}
-    else:
-        origin = {"name": BUILTIN_CORPUS, "version": builtin_version(), "files": [], "sha256": []}
-    origin["train_sha256"] = sha256_text(corpus.train_text) if corpus is not None and corpus.train_text else None
-    return origin
-
-
-@dataclass(frozen=True)
-class TrainingText:
-    """A set's training text and where it came from (what a report says about it)."""
-
-    source: str
-    text: str
-    origin: dict     # kind ('builtin' | 'files' | 'text copy'), name, version, files [{path, sha256}]
-
-
-def recorded_training_text(entry, holdout_text: str | None) -> TrainingText:
-    """The training text of the build that wrote `entry` (stats.corpus, a CorpusStats), rebuilt from
-    its recorded origin and settings (--max-tokens, --holdout-chars, seed); a text copy in
-    `entry.text` (sets built before 2026-11-25) is used as it is. Raises CorpusUnavailable with the
-    reason when a file is gone or changed (sha256), the interpreter differs and the text's sha256
-    cannot confirm it, or the rebuilt text or holdout differ from the recorded ones."""
-    if entry is None or (not entry.text and entry.max_tokens is None):
-        raise CorpusUnavailable("the atom set records no build corpus (stats.corpus)")
-    files, recorded = [Path(f) for f in entry.files], list(entry.sha256)
-    if entry.text:
-        origin = {"kind": "text copy", "name": None, "version": None,
-                  "files": [{"path": str(f), "sha256": None} for f in files]}
-        return TrainingText(f"{entry.source or 'the build corpus'} (the text copy in stats.corpus.text)",
-                            str(entry.text), origin)
-    for i, path in enumerate(files):
-        if not path.is_file():
-            raise CorpusUnavailable(f"the build corpus file {path} is not there any more")
-        if i < len(recorded) and recorded[i]:
-            now = sha256_file(path)
-            if now != recorded[i]:
-                raise CorpusUnavailable(f"the build corpus file {path} changed since the build (sha256 "
-                                        f"{recorded[i][:12]}… recorded, {now[:12]}… now); the baselines would "
-                                        "not learn from the set's own text")
-    version = entry.version or (f"Python {entry.python}" if entry.python else None)
-    train_sha256 = entry.train_sha256
-    if not files and version not in (None, builtin_version()) and not train_sha256:
-        raise CorpusUnavailable(f"the set was built from {version}'s stdlib docstrings, this is "
-                                f"{builtin_version()}: the corpus cannot be rebuilt exactly")
-    try:
-        corpus = load_corpus(files or None, int(entry.max_tokens), entry.holdout_chars,
-                             int(entry.seed or 0), train=True)
-    except UserError as exc:
-        raise CorpusUnavailable(f"cannot rebuild the build corpus ({exc})") from None
-    if train_sha256 and sha256_text(corpus.train_text) != train_sha256:
-        where = (f"the set was built with {version}, this is {builtin_version()}" if not files and version
-                 != builtin_version() else "the corpus reads differently now")
-        raise CorpusUnavailable(f"the rebuilt training text differs from the build's (sha256); {where}")
-    if holdout_text and corpus.holdout_text != holdout_text:
-        raise CorpusUnavailable("the rebuilt corpus's holdout differs from the recorded one (was --holdout-chars "
-                                "given to the build?); cannot recover the training split")
-    if files:
-        origin = {"kind": "files", "name": None, "version": None,
-                  "files": [{"path": str(f), "sha256": recorded[i] if i < len(recorded) else None}
-                            for i, f in enumerate(files)]}
-    else:
-        origin = {"kind": "builtin", "name": entry.name or BUILTIN_CORPUS, "version": version,
-                  "files": []}
-    return TrainingText(f"{entry.source or corpus.description}, training split", corpus.train_text, origin)

@@ -36,7 +36,8 @@ from hartonomous.teacher import Forced
 from projection import calibrate as cal
 from projection.atoms import (context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
                               token_atoms)
-from hartonomous.corpus import Corpus, load_corpus, origin_stats
+from hartonomous.corpus import Corpus, load_corpus
+from hartonomous.corpus_origin import origin_stats
 from projection.distill import chunk_ids, distill, tokenize
 from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, ControlStats, CorpusStats,
                                  DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import drop_atom_set, load_atom_set
-from hartonomous.corpus import recorded_training_text
+from hartonomous.corpus_origin import recorded_training_text
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from projection.calibrate import nearest_atoms, score, with_history

@@ -195,7 +195,8 @@ class Stages:
 @pytest.fixture()
 def recorded_file_set(tmp_path):
     """A corpus-labelled set recording its corpus file by path and sha256, as a build does."""
-    from hartonomous.corpus import load_corpus, origin_stats
+    from hartonomous.corpus import load_corpus
+    from hartonomous.corpus_origin import origin_stats
 
     doc = tmp_path / "doc.txt"
     doc.write_text("\n\n".join(f"Paragraph {i}: the value of item {i % 7} is {i % 5}." for i in range(60)),
@@ -236,7 +237,7 @@ def test_corpus_labels_need_no_teacher_pass(recorded_file_set, monkeypatch):
 
 def test_a_changed_corpus_file_is_refused_with_the_reason(recorded_file_set):
     from hartonomous.compare.baselines import counting_baselines, recorded_corpus
-    from hartonomous.corpus import CorpusUnavailable
+    from hartonomous.corpus_origin import CorpusUnavailable
     from tiny_model import tiny_model
 
     info, doc, _ = recorded_file_set
@@ -256,24 +257,25 @@ def test_the_builtin_corpus_is_named_with_its_version_and_checked_by_its_sha256(
     """A set built from the stdlib docstrings of another Python is refused unless the training text's
     sha256 confirms the rebuilt text; the record names the corpus and the version."""
     from hartonomous import corpus as corpus_mod
-    from hartonomous.corpus import BUILTIN_CORPUS, CorpusUnavailable, builtin_version, origin_stats
+    from hartonomous.corpus import BUILTIN_CORPUS, builtin_version
+    from hartonomous.corpus_origin import CorpusUnavailable, origin_stats, recorded_training_text, sha256_text
 
     record = origin_stats([], None)
     assert (record["name"], record["version"], record["files"]) == (BUILTIN_CORPUS, builtin_version(), [])
     entry = in_memory_set({"corpus": {"name": BUILTIN_CORPUS, "version": "Python 2.7.18", "max_tokens": 100,
                                       "seed": 0}}).stats.corpus
     with pytest.raises(CorpusUnavailable, match="Python 2.7.18's stdlib docstrings"):
-        corpus_mod.recorded_training_text(entry, None)
+        recorded_training_text(entry, None)
     docs = [corpus_mod.Document(f"m{i}", f"Docstring number {i} says what function {i} does.") for i in range(40)]
     monkeypatch.setattr(corpus_mod, "stdlib_documents", lambda: docs)
     rebuilt = corpus_mod.load_corpus(None, 100, None, 0)
-    confirmed = entry.model_copy(update={"train_sha256": corpus_mod.sha256_text(rebuilt.train_text)})
-    text = corpus_mod.recorded_training_text(confirmed, rebuilt.holdout_text)
+    confirmed = entry.model_copy(update={"train_sha256": sha256_text(rebuilt.train_text)})
+    text = recorded_training_text(confirmed, rebuilt.holdout_text)
     assert text.text == rebuilt.train_text and text.origin == {"kind": "builtin", "name": BUILTIN_CORPUS,
                                                                "version": "Python 2.7.18", "files": []}
     wrong = entry.model_copy(update={"train_sha256": "0" * 64})
     with pytest.raises(CorpusUnavailable, match="differs from the build's"):
-        corpus_mod.recorded_training_text(wrong, None)
+        recorded_training_text(wrong, None)
 
 
 # --- a built soft set, end to end ----------------------------------------------------------------
@@ -351,6 +353,7 @@ def test_the_report_names_the_labels_and_fits_each_cache_on_the_calibration_half
     from hartonomous import teacher
     from hartonomous.compare import CompareOptions, baselines, run_compare, write_report
     from hartonomous.compare.atomset import calibration_text
+    from hartonomous.compare.runner import encode
     from hartonomous.compare.schema import validate_report
     from tiny_model import tiny_model
 
@@ -374,8 +377,8 @@ def test_the_report_names_the_labels_and_fits_each_cache_on_the_calibration_half
     predictors, _ = baselines.counting_baselines(info, model, tokenizer, baselines.recorded_corpus, None, cache,
                                                  Stages())
     chunk, vocab = report["texts"][0]["tokens_used"], int(model.config.vocab_size)
-    cal = tokenizer(calibration_text(info).text, add_special_tokens=False)["input_ids"][:baselines.CALIBRATION_MAX_TOKENS]
-    loop = tokenizer(scored.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:chunk]
+    cal = encode(tokenizer, calibration_text(info).text)[:baselines.CALIBRATION_MAX_TOKENS]
+    loop = encode(tokenizer, scored.read_text(encoding="utf-8"))[:chunk]
     for key, path in (("cache", "4-gram"), ("infinigram_cache", "∞-gram")):
         _, on_calibration = baselines.cache_mixture(predictors[path], (cal, teacher.argmax_labels(model, cal, chunk)),
                                                     chunk, vocab, path)

@@ -35,7 +35,7 @@ CalibrationStats = _section(
     "CalibrationStats", "The bandwidth calibration on the holdout (projection/calibrate.py).",
     h=float, top1=float, log_likelihood=float, coverage=float)
 CorpusStats = _section(
-    "CorpusStats", "What the atoms were distilled from and how to read it again (hartonomous.corpus."
+    "CorpusStats", "What the atoms were distilled from and how to read it again (hartonomous.corpus_origin."
     "recorded_training_text): the built-in corpus's `name` and `version`, or the `files` (absolute paths) with their "
     "`sha256`; the sha256 of the training text (`train_sha256`) and the settings that cut it. `text` is the copy of "
     "the training text that builds before 2026-11-25 stored instead.",

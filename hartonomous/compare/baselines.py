@@ -2,7 +2,7 @@
 in-context cache; no geometry) and full-dimensional KNN on atom keys.
 
 The counting baselines learn from the atom set's own training text, read again from where the set
-records it came from (hartonomous.corpus.recorded_training_text), cut into the build's chunks, and
+records it came from (hartonomous.corpus_origin.recorded_training_text), cut into the build's chunks, and
 from the atom set's own labels there (hartonomous.compare.labels: soft top-k mass, the exact argmax
 or the corpus's next token), so they answer "what would the same data and the same labels buy
 without the 3D projection?"; the caches also read the context itself, as the spatial path's history
@@ -25,7 +25,8 @@ from hartonomous.centroid import context_centroid
 from hartonomous.compare import cache, labels as labels_mod, ngram, spatial
 from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse
-from hartonomous.corpus import CorpusUnavailable, TrainingText, chunk_ids, recorded_training_text, tokenize
+from hartonomous.corpus import chunk_ids, tokenize
+from hartonomous.corpus_origin import CorpusUnavailable, TrainingText, recorded_training_text
 
 Predictor = Callable[[Sequence[int]], Sparse]
 
@@ -111,7 +112,7 @@ CorpusLoader = Callable[[AtomSet], TrainingText]
 
 
 def recorded_corpus(info: AtomSet) -> TrainingText:
-    """The set's training text, from where its stats say it came from (hartonomous.corpus); raises
+    """The set's training text, from where its stats say it came from (hartonomous.corpus_origin); raises
     CorpusUnavailable with the reason when it cannot be had exactly."""
     holdout = info.stats.holdout
     return recorded_training_text(info.stats.corpus, holdout.text if holdout is not None else None)
