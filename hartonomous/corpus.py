@@ -7,7 +7,9 @@ Python version, which the build records.
 
 A corpus is cut into segments (paragraph groups of at most `SEGMENT_CHARS`), shuffled with the
 seed; the first segments form the holdout, which is never used for atoms, and the rest are
-joined into the training text.
+joined into the training text. The training text is tokenized once and cut into chunks of
+`--context-length` tokens (`tokenize`, `chunk_ids`), each one context. A build records where its
+text came from, not the text (hartonomous.corpus_origin).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hartonomous.errors import UserError
+from hartonomous.teacher import windows
 
 SEGMENT_CHARS = 2000
 MIN_DOCSTRING_CHARS = 40
@@ -50,8 +53,16 @@ class Corpus:
     train_segments: int
 
 
+BUILTIN_CORPUS = "python-stdlib-docstrings"
+
+
+def builtin_version() -> str:
+    """The version of the built-in corpus: the interpreter whose standard library it is read from."""
+    return f"Python {platform.python_version()}"
+
+
 def default_corpus_name() -> str:
-    return f"python-stdlib-docstrings (Python {platform.python_version()})"
+    return f"{BUILTIN_CORPUS} ({builtin_version()})"
 
 
 def _stdlib_files() -> list[Path]:
@@ -174,3 +185,24 @@ def load_corpus(files: list[Path] | None, max_tokens: int, holdout_chars: int | 
     if holdout_chars is None:
         holdout_chars = default_holdout_chars(sum(len(d.text) for d in docs), max_tokens)
     return split_corpus(docs, description, holdout_chars, max_tokens * CHARS_PER_TOKEN_BOUND if train else 0, seed)
+
+
+# --- training tokens ----------------------------------------------------------------------
+
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> tuple[np.ndarray, str]:
+    """(token ids of text without special tokens, cut at max_tokens; the text those ids cover)."""
+    if max_tokens is None or not getattr(tokenizer, "is_fast", False):
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"][:max_tokens]
+        covered = text if max_tokens is None or len(ids) < max_tokens else tokenizer.decode(ids)
+        return np.asarray(ids, dtype=np.int64), covered
+    enc = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+    ids = enc["input_ids"][:max_tokens]
+    end = enc["offset_mapping"][len(ids) - 1][1] if ids else 0
+    return np.asarray(ids, dtype=np.int64), text[:end]
+
+
+def chunk_ids(ids: np.ndarray, context_length: int) -> list[np.ndarray]:
+    """Consecutive chunks of at most context_length tokens; a last chunk of 1 token is dropped."""
+    if context_length < 2:
+        raise UserError(f"--context-length must be at least 2, got {context_length}")
+    return [c for c in windows(ids, context_length) if len(c) >= 2]

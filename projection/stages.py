@@ -37,6 +37,7 @@ from projection import calibrate as cal
 from projection.atoms import (context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
                               token_atoms)
 from hartonomous.corpus import Corpus, load_corpus
+from hartonomous.corpus_origin import origin_stats
 from projection.distill import chunk_ids, distill, tokenize
 from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, ControlStats, CorpusStats,
                                  DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,
@@ -498,9 +499,9 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         projection=projected.quality,
         bandwidth=history.calibration,
         centroid_sweep=atoms.centroid.sweep,
-        corpus=CorpusStats(source=texts.corpus.description, text=texts.train_text if is_context else None,
-                           files=[str(p) for p in options.corpus], train_tokens=train_tokens,
-                           train_segments=texts.corpus.train_segments, max_tokens=options.max_tokens,
+        corpus=CorpusStats(source=texts.corpus.description, **origin_stats(options.corpus, texts.corpus),
+                           train_tokens=train_tokens, train_segments=texts.corpus.train_segments,
+                           max_tokens=options.max_tokens, holdout_chars=options.holdout_chars,
                            context_length=options.context_length, seed=options.seed,
                            python=platform.python_version()),
         holdout=HoldoutStats(source=f"{texts.corpus.description}: seeded holdout ({texts.corpus.holdout_segments} "

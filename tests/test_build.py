@@ -20,6 +20,7 @@ from hartonomous.errors import UserError
 from hartonomous.atomset import write as ingest
 from projection.build import BuildOptions, build
 from hartonomous.corpus import load_corpus
+from hartonomous.corpus_origin import recorded_training_text, sha256_file, sha256_text
 from projection.distill import chunk_ids, distill, tokenize
 from projection.project import load_projector
 from tiny_model import tiny_model
@@ -105,8 +106,12 @@ def test_context_build_keeps_every_position_as_weight(server_url: str, context_s
     assert count == context_set.atoms < positions  # window 3 over a small vocabulary repeats (key, value)
     assert keyed == count and dim == tiny_model(0)[0].config.hidden_size
     holdout = stats.holdout.text
-    assert holdout and holdout not in stats.corpus.text
-    assert all(p not in stats.corpus.text for p in holdout.split("\n\n"))
+    text = recorded_training_text(stats.corpus, holdout).text   # rebuilt from the recorded files and sha256
+    assert stats.corpus.text is None and stats.corpus.train_sha256 == sha256_text(text)
+    assert stats.corpus.files == [str(corpus_file.resolve())] and stats.corpus.sha256 == [sha256_file(corpus_file)]
+    train = tokenize(tiny_model(0)[1], text, stats.corpus.max_tokens)[1]   # what the build's tokens cover
+    assert holdout and holdout not in train
+    assert all(p not in train for p in holdout.split("\n\n"))
 
 
 def test_context_atoms_sit_where_sql_puts_their_context(server_url: str, context_set, corpus_file: Path) -> None:

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import drop_atom_set, load_atom_set
+from hartonomous.corpus_origin import recorded_training_text
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from projection.calibrate import nearest_atoms, score, with_history
@@ -28,7 +29,8 @@ def test_soft_atoms_carry_the_exact_top_k_probabilities(server_url: str, soft_se
     """Total atom weight = the sum of the exact top-k probabilities over every training position."""
     model, tokenizer = tiny_model(0)
     stats = soft_set.stats
-    chunks = chunk_ids(tokenize(tokenizer, stats.corpus.text)[0], stats.corpus.context_length)
+    text = recorded_training_text(stats.corpus, stats.holdout.text).text
+    chunks = chunk_ids(tokenize(tokenizer, text, stats.corpus.max_tokens)[0], stats.corpus.context_length)
     forced = distill(model, chunks, top_k=4)
     expected = sum(float(p[:-1].astype(np.float64).sum()) for p in forced.top_probs)
     total, count = one(server_url, """SELECT sum(weight), count(*) FROM atoms a
@@ -190,7 +192,8 @@ def test_a_rebuild_and_compare_labels_read_the_builds_teacher_labels(server_url:
     assert again.stats.distill.cached_tokens == again.stats.distill.tokens == first.stats.distill.tokens
     assert again.stats.distill.tokens_per_second is None
     model, tokenizer = tiny_model(0)
-    ids = tokenize(tokenizer, again.stats.corpus.text)[0]
+    text = recorded_training_text(again.stats.corpus, again.stats.holdout.text).text
+    ids = tokenize(tokenizer, text, again.stats.corpus.max_tokens)[0]
     context = again.stats.corpus.context_length
     whole = len(ids) - len(ids) % context               # the full chunks: the ones the build labelled
     entries = len(list(tmp_path.rglob("*.npz")))

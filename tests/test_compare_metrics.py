@@ -10,7 +10,9 @@ import torch
 
 from hartonomous.compare import metrics as m
 from hartonomous.compare.fidelity import Fidelity, by_position, distribution, evaluate_text, summarise_path
-from hartonomous.compare.ngram import DistilledNGram, fit_all
+from hartonomous.compare.infinigram import InfiniGram
+from hartonomous.compare.labels import from_sequences
+from hartonomous.compare.ngram import NGram, fit_all
 from hartonomous.compare.signals import signals
 
 LN2 = math.log(2.0)
@@ -139,8 +141,8 @@ def test_distilled_ngrams_with_backoff():
     assert as_dict(four.predict([3, 1, 2])) == {4: 1.0}
     assert four.backoff_order([7, 1, 2]) == 3  # [7, 1, 2] unseen -> [1, 2]
     assert four.backoff_order([99]) == 1  # unseen token -> unigram
-    assert DistilledNGram(2).backoff_order([1]) == 0  # nothing fitted
-    assert len(DistilledNGram(2).predict([1])) == 0
+    empty = NGram(InfiniGram(from_sequences([], [])), 2)   # nothing fitted
+    assert empty.backoff_order([1]) == 0 and len(empty.predict([1])) == 0
 
 
 def test_teacher_forced_evaluation_summary():

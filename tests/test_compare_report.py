@@ -125,7 +125,8 @@ def test_json_validates_and_holds_the_measured_sections(rendered):
     validate_report(on_disk)
     assert on_disk["texts"][0]["held_out"] is True
     assert on_disk["fidelity"]["positions"] == 30 == len(on_disk["fidelity"]["per_position"])
-    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "4-gram + cache", "knn"}
+    assert set(on_disk["baselines"]["paths"]) == {"unigram", "bigram", "trigram", "4-gram", "∞-gram",
+                                                  "4-gram + cache", "∞-gram + cache", "knn"}
     assert on_disk["baselines"]["distillation"]["tokens"] == len(encode(tiny_model(0)[1], CORPUS))
     gen = on_disk["generation"]["prompts"][0]
     assert gen["prompt"] == "The capital of France is"
@@ -163,7 +164,8 @@ def rendered_user_text(server_url, context_set, tmp_path_factory):
 def test_distilled_4gram_on_its_own_corpus_by_hand(rendered_user_text):
     """On a prefix of the build corpus the exact argmax is the stored label, so the 4-gram's top-1
     agreement is the share of positions where the most frequent label of the longest context
-    suffix (<= 3 tokens, ties -> lowest id) is that position's own label."""
+    suffix (<= 3 tokens, ties -> lowest id) is that position's own label. The labels are those of
+    the atom positions: every position of the one chunk but its last."""
     from collections import Counter
 
     model, tokenizer = tiny_model(0)
@@ -172,7 +174,7 @@ def test_distilled_4gram_on_its_own_corpus_by_hand(rendered_user_text):
     with torch.inference_mode():
         labels = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
     counts: dict[tuple, Counter] = {}
-    for s in range(len(ids)):
+    for s in range(len(ids) - 1):
         for n in range(1, 4):
             if s - n + 1 >= 0:
                 counts.setdefault(tuple(ids[s - n + 1: s + 1]), Counter())[labels[s]] += 1
@@ -212,7 +214,7 @@ def test_cache_mixture_is_fitted_on_the_calibration_half_only(rendered):
     report, _ = rendered
     model, tokenizer = tiny_model(0)
     corpus = encode(tokenizer, CORPUS)
-    four = fit_all([corpus], [_labels(model, corpus)])["4-gram"]
+    four = fit_all([corpus], [_labels(model, corpus)[:-1]])["4-gram"]
     chunk = report["texts"][0]["tokens_used"]
     cal = encode(tokenizer, CALIBRATION)
     pieces = [cal[lo:lo + chunk] for lo in range(0, len(cal), chunk)]
@@ -236,7 +238,7 @@ def test_cache_baseline_by_hand_and_in_the_headline(rendered):
     model, tokenizer = tiny_model(0)
     corpus = encode(tokenizer, CORPUS)
     cache = report["baselines"]["cache"]
-    mixed = CachedNGram(fit_all([corpus], [_labels(model, corpus)])["4-gram"].predict, cache["lambda"],
+    mixed = CachedNGram(fit_all([corpus], [_labels(model, corpus)[:-1]])["4-gram"].predict, cache["lambda"],
                         cache["min_suffix"])
     ids = encode(tokenizer, TEST)
     hits = [argmax(mixed.predict(ids[: row["position"] + 1])) == row["exact_argmax"]
@@ -423,9 +425,9 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
     """A set whose stats name the corpus files and settings (not the text) gets its training split back,
     checked against the recorded holdout; a changed file is refused with the reason."""
     from hartonomous.atomset import AtomSet, BuildStats
-    from hartonomous.compare.baselines import CorpusUnavailable
-    from hartonomous.compare.cli import build_corpus_loader
+    from hartonomous.compare.baselines import recorded_corpus
     from hartonomous.corpus import load_corpus
+    from hartonomous.corpus_origin import CorpusUnavailable
 
     doc = tmp_path / "doc.txt"
     doc.write_text("\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(30)), encoding="utf-8")
@@ -437,12 +439,14 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
                    projection="random", projection_params={}, centroid_window=None, centroid_decay=1.0,
                    kernel="gaussian", bandwidth=1.0, history_weight=0.0, history_window=512, is_default=False,
                    created_at=None, stats=BuildStats.from_json(stats), atoms=320)
-    source, text = build_corpus_loader(info)
-    assert text == corpus.train_text and "training split" in source
+    recovered = recorded_corpus(info)
+    assert recovered.text == corpus.train_text and "training split" in recovered.source
+    assert recovered.origin["kind"] == "files" and recovered.origin["files"] == [{"path": str(doc), "sha256": None}]
+    text = recovered.text
     assert corpus.holdout_text not in text
     doc.write_text("\n\n".join(f"Other text {i}: " + "token " * 60 for i in range(30)), encoding="utf-8")
     with pytest.raises(CorpusUnavailable, match="holdout differs"):
-        build_corpus_loader(info)
+        recorded_corpus(info)
 
 
 # --- intervals, paired comparisons, --against, the machine (issue 22) ---------------------------
@@ -471,7 +475,7 @@ def test_every_metric_of_every_path_carries_an_interval_around_its_mean(rendered
 
     report, _ = rendered
     paths = _paths(report)
-    assert len(paths) == 8   # spatial, 6 baselines, the control
+    assert len(paths) == 10  # spatial, 8 baselines (4 n-grams, ∞-gram, 2 cache mixtures, KNN), the control
     for name, path in paths.items():
         for metric in METRICS:
             d = path[metric]

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import load_atom_set
+from hartonomous.corpus_origin import recorded_training_text
 from hartonomous.errors import UserError
 from projection import calibrate as cal
 from projection.atoms import context_keys
@@ -216,7 +217,8 @@ def test_a_learned_set_stores_the_learned_positions_and_atoms_keyed_with_them(se
         if stats.learned_positions.best_epoch > 0:
             assert not np.allclose(stored, projected)
         from projection.distill import chunk_ids, tokenize
-        chunk = chunk_ids(tokenize(tokenizer, stats.corpus.text)[0], stats.corpus.context_length)[0][:6]
+        text = recorded_training_text(stats.corpus, stats.holdout.text).text
+        chunk = chunk_ids(tokenize(tokenizer, text, stats.corpus.max_tokens)[0], stats.corpus.context_length)[0][:6]
         hit = conn.execute("SELECT min(ST_3DDistance(a.position, context_centroid(%s::int[], 'tiny-learned'))) "
                            "FROM atoms a WHERE a.atom_set_id = %s", (chunk.tolist(), info.id)).fetchone()[0]
         assert hit < 1e-9

@@ -19,7 +19,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def _section(name: str, doc: str, **fields: Any) -> type[_Section]:
+def _section(name: str, doc: str, /, **fields: Any) -> type[_Section]:
     """A stats section: every field optional (None when the build did not record it), unknown keys kept.
 
     A field is given by its type T (it becomes `T | None = None`) or as a (type, default) pair.
@@ -35,15 +35,21 @@ CalibrationStats = _section(
     "CalibrationStats", "The bandwidth calibration on the holdout (projection/calibrate.py).",
     h=float, top1=float, log_likelihood=float, coverage=float)
 CorpusStats = _section(
-    "CorpusStats", "What the atoms were distilled from; `text` is recorded so baselines can be rebuilt.",
-    source=str, text=str, files=(list[str], Field(default_factory=list)), train_tokens=int, train_segments=int,
-    max_tokens=int, context_length=int, seed=int, python=str)
+    "CorpusStats", "What the atoms were distilled from and how to read it again (hartonomous.corpus_origin."
+    "recorded_training_text): the built-in corpus's `name` and `version`, or the `files` (absolute paths) with their "
+    "`sha256`; the sha256 of the training text (`train_sha256`) and the settings that cut it. `text` is the copy of "
+    "the training text that builds before 2026-11-25 stored instead.",
+    source=str, text=str, name=str, version=str, files=(list[str], Field(default_factory=list)),
+    sha256=(list[str], Field(default_factory=list)), train_sha256=str, train_tokens=int, train_segments=int,
+    max_tokens=int, holdout_chars=int, context_length=int, seed=int, python=str)
 HoldoutStats = _section(
     "HoldoutStats", "The held-out slice of the corpus, never used for atoms.",
     source=str, text=str, chars=int, tokens=int, context_length=int)
 DistillStats = _section(
-    "DistillStats", "The exact model's teacher-forcing pass of the build.",
-    target=str, tokens=int, seconds=float, tokens_per_second=float, device=str, batch_tokens=int)
+    "DistillStats", "The exact model's teacher-forcing pass of the build; `target` (soft | argmax | corpus, context "
+    "sets) and `soft_k` say what the atoms store.",
+    target=str, soft_k=int, tokens=int, cached_tokens=int, seconds=float, tokens_per_second=float, device=str,
+    batch_tokens=int)
 AtomStats = _section(
     "AtomStats", "The atoms written: how many, how many before merging (merge_radius), full-dimensional keys or not.",
     count=int, before_merge=int, merge_radius=float, full_keys=bool)

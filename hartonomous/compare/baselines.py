@@ -1,47 +1,71 @@
-"""The baselines' predictors: distilled n-grams (no geometry), the 4-gram mixed with an in-context
-cache, and full-dimensional KNN on atom keys.
+"""The baselines' predictors: the counting baselines (n-grams, the ∞-gram, each also mixed with an
+in-context cache; no geometry) and full-dimensional KNN on atom keys.
 
-All learn from the atom set's own build corpus and the exact model's labels on it, so they
-answer "what would the same data buy without the 3D projection?"; the cache also reads the
-context itself, as the spatial path's history atoms do.
+The counting baselines learn from the atom set's own training text, read again from where the set
+records it came from (hartonomous.corpus_origin.recorded_training_text), cut into the build's chunks, and
+from the atom set's own labels there (hartonomous.compare.labels: soft top-k mass, the exact argmax
+or the corpus's next token), so they answer "what would the same data and the same labels buy
+without the 3D projection?"; the caches also read the context itself, as the spatial path's history
+atoms do.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import psycopg
 
-from hartonomous.centroid import context_centroid
+from hartonomous import teacher
 from hartonomous.atomset import AtomSet
-from hartonomous.compare import cache, ngram, spatial
+from hartonomous.centroid import context_centroid
+from hartonomous.compare import cache, labels as labels_mod, ngram, spatial
+from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse
+from hartonomous.corpus import chunk_ids, tokenize
+from hartonomous.corpus_origin import CorpusUnavailable, TrainingText, recorded_training_text
 
 Predictor = Callable[[Sequence[int]], Sparse]
+
+INFINIGRAM_PATH = "∞-gram"
 
 
 @dataclass
 class Distillation:
-    """Where the n-gram baselines' training pairs came from (or why there are none)."""
+    """The report's `baselines.distillation`: which labels the counting baselines learned from, where
+    their training text came from and how many tokens it had (or why there are none)."""
 
     available: bool
     source: str | None = None
     tokens: int = 0
     note: str = ""
+    labels: str | None = None              # 'soft top-8' | 'argmax' | 'corpus'
+    target: str | None = None              # 'soft' | 'argmax' | 'corpus'
+    soft_k: int | None = None
+    positions: int = 0                     # labelled training positions
+    origin: dict | None = None             # kind, name, version, files [{path, sha256}]
+    teacher_pass: dict | None = None       # tokens, cached_tokens, seconds; None: no model ran (corpus labels)
+    index: dict = field(default_factory=dict)   # the ∞-gram index: seconds, bytes
 
     def as_dict(self) -> dict:
-        return {"available": self.available, "source": self.source, "tokens": self.tokens, "note": self.note}
+        return {"available": self.available, "source": self.source, "tokens": self.tokens, "note": self.note,
+                "labels": self.labels, "target": self.target, "soft_k": self.soft_k, "positions": self.positions,
+                "origin": self.origin, "teacher_pass": self.teacher_pass, "index": self.index or None}
 
 
 CACHE_PATH = "4-gram + cache"
-CALIBRATION_MAX_TOKENS = 8192   # of the calibration half, for fitting the cache mixture
+INFINIGRAM_CACHE_PATH = "∞-gram + cache"
+CACHE_BASES = {CACHE_PATH: "4-gram", INFINIGRAM_CACHE_PATH: INFINIGRAM_PATH}   # cache path -> the path it mixes
+CALIBRATION_MAX_TOKENS = 8192   # of the calibration half, for fitting the cache mixtures
 
 
 @dataclass
 class CacheMixture:
-    """The report's `baselines.cache` section: how "4-gram + cache" was mixed and where λ was fitted."""
+    """The report's `baselines.cache` ("4-gram + cache") or `baselines.infinigram_cache` ("∞-gram +
+    cache") section: how the base path was mixed with the cache and where λ was fitted."""
 
     available: bool
     lam: float | None = None
@@ -50,49 +74,48 @@ class CacheMixture:
     positions: int = 0
     grid: list[dict] | None = None
     note: str = ""
+    base: str = "4-gram"
 
     def as_dict(self) -> dict:
-        return {"available": self.available, "lambda": self.lam, "min_suffix": self.min_suffix,
+        return {"available": self.available, "base": self.base, "lambda": self.lam, "min_suffix": self.min_suffix,
                 "fitted_on": self.fitted_on, "calibration_positions": self.positions,
                 "criterion": "top-1 agreement with the exact argmax, ties by mean log-likelihood of it",
                 "grid": self.grid or [], "note": self.note}
 
 
-def cache_mixture(ngram_predict: Predictor, calibration: tuple[list[int], np.ndarray] | None, chunk: int,
-                  vocab_size: int) -> tuple[Predictor, CacheMixture]:
-    """The 4-gram mixed with the in-context cache, λ and the minimum suffix fitted on the calibration
-    tokens and their exact labels (contexts restart every `chunk` tokens, as in the scored texts);
-    without calibration text, the documented defaults."""
+def cache_mixture(base_predict: Predictor, calibration: tuple[list[int], np.ndarray] | None, chunk: int,
+                  vocab_size: int, base: str = "4-gram") -> tuple[Predictor, CacheMixture]:
+    """`base` (the 4-gram or the ∞-gram) mixed with the in-context cache, λ and the minimum suffix fitted
+    on the calibration tokens and their exact labels only (contexts restart every `chunk` tokens, as in
+    the scored texts); without calibration text, the documented defaults."""
     if calibration is None or not calibration[0]:
         lam, min_suffix = cache.DEFAULT_LAMBDA, cache.DEFAULT_MIN_SUFFIX
         section = CacheMixture(True, lam, min_suffix, None, 0, [],
                                f"not fitted (the atom set records no calibration half of a holdout): "
-                               f"defaults λ = {lam:g}, minimum suffix {min_suffix}")
+                               f"defaults λ = {lam:g}, minimum suffix {min_suffix}", base)
     else:
         ids, labels = calibration
         starts = range(0, len(ids), chunk)
-        fit = cache.fit_mixture(ngram_predict, [ids[lo:lo + chunk] for lo in starts],
+        fit = cache.fit_mixture(base_predict, [ids[lo:lo + chunk] for lo in starts],
                                 [labels[lo:lo + chunk] for lo in starts], vocab_size)
         lam, min_suffix = fit.lam, fit.min_suffix
         section = CacheMixture(True, lam, min_suffix, "calibration", fit.positions, fit.grid,
                                f"λ and the minimum suffix fitted on {fit.positions} positions of the holdout's "
-                               f"calibration half (contexts of up to {chunk} tokens), never on the scored text")
-    return cache.CachedNGram(ngram_predict, lam, min_suffix).predict, section
+                               f"calibration half (contexts of up to {chunk} tokens), never on the scored text",
+                               base)
+    return cache.CachedNGram(base_predict, lam, min_suffix).predict, section
 
 
-class CorpusUnavailable(LookupError):
-    """The build corpus cannot be recovered; the message says why (shown in the report)."""
+# --- the counting baselines' training text and labels ----------------------------------------
+
+CorpusLoader = Callable[[AtomSet], TrainingText]
 
 
-CorpusLoader = Callable[[AtomSet], tuple[str, str]]
-
-
-def build_corpus(info: AtomSet) -> tuple[str, str]:
-    """(source, training text) when the build recorded the text itself in stats.corpus.text."""
-    entry = info.stats.corpus
-    if entry is not None and entry.text:
-        return entry.source or "the build corpus", entry.text
-    raise CorpusUnavailable("the atom set records no build corpus text (stats.corpus)")
+def recorded_corpus(info: AtomSet) -> TrainingText:
+    """The set's training text, from where its stats say it came from (hartonomous.corpus_origin); raises
+    CorpusUnavailable with the reason when it cannot be had exactly."""
+    holdout = info.stats.holdout
+    return recorded_training_text(info.stats.corpus, holdout.text if holdout is not None else None)
 
 
 def build_tokens(info: AtomSet) -> int | None:
@@ -110,11 +133,67 @@ def context_length(info: AtomSet, default: int = 512) -> int:
     return int(entry.context_length) if entry is not None and entry.context_length else default
 
 
-def ngram_predictors(ids: list[int], labels: np.ndarray, chunk: int) -> dict[str, Predictor]:
-    """Unigram, bigram, trigram, 4-gram (backoff) fitted per chunk (contexts restart at chunk starts)."""
-    starts = range(0, len(ids), chunk)
-    models = ngram.fit_all([ids[lo:lo + chunk] for lo in starts], [labels[lo:lo + chunk] for lo in starts])
-    return {name: model.predict for name, model in models.items()}
+def training_target(info: AtomSet) -> tuple[str, int | None]:
+    """(target, soft_k) of the labels the set's atoms store; token sets store none: the exact argmax."""
+    distill = info.stats.distill
+    target = distill.target if info.kind == "context" and distill is not None else None
+    if target == "soft":
+        return "soft", int(distill.soft_k or 8)    # every soft build recorded soft_k; 8 was the default
+    if target in ("argmax", "corpus"):
+        return target, None
+    return "argmax", None
+
+
+LABEL_WORDS = {"soft": "the exact model's top-{k} next tokens weighing their probabilities",
+               "argmax": "the exact model's argmax", "corpus": "the corpus's own next token"}
+
+
+def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoader, distill_tokens: int | None,
+                       cache_dir: Path | None, progress) -> tuple[dict[str, Predictor], Distillation]:
+    """The n-grams and the ∞-gram, learned from the set's own training text and labels.
+
+    The text is cut into the build's chunks (stats.corpus.context_length, at most the model's context)
+    after `distill_tokens` tokens (None: as many as the build used); soft and argmax labels come from
+    one teacher-forcing pass that the teacher-label cache answers where the build filled it, corpus
+    labels from the text alone. `progress` has stage(description, total) and advance(n)."""
+    try:
+        corpus = corpus_loader(info)
+    except CorpusUnavailable as exc:
+        return {}, Distillation(False, note=f"{exc}; the counting baselines were skipped")
+    target, soft_k = training_target(info)
+    described = {"source": corpus.source, "origin": corpus.origin, "target": target, "soft_k": soft_k}
+    if distill_tokens == 0:
+        return {}, Distillation(False, note="--distill-tokens 0: the counting baselines were skipped", **described)
+    limit = distill_tokens if distill_tokens is not None else build_tokens(info)
+    length = min(context_length(info), teacher.max_context(model))
+    chunks = chunk_ids(tokenize(tokenizer, corpus.text)[0][:limit], length)
+    if not chunks:
+        return {}, Distillation(False, note="the training text has fewer than 2 tokens; the counting baselines "
+                                            "were skipped", **described)
+    if target != "corpus":
+        progress.stage(f"{'soft top-' + str(soft_k) if target == 'soft' else 'argmax'} labels of the training "
+                       "text (teacher-label cache)", int(sum(map(len, chunks))))
+    distill = info.stats.distill
+    batch = int(distill.batch_tokens) if distill is not None and distill.batch_tokens else \
+        teacher.DEFAULT_BATCH_TOKENS
+    labelled, ran = labels_mod.label(chunks, target, soft_k, model, batch, cache_dir, progress.advance)
+    progress.stage("∞-gram index (suffix array of the training text)", 1)
+    start = time.perf_counter()
+    index = InfiniGram(labelled)
+    seconds = time.perf_counter() - start
+    progress.advance()
+    words = LABEL_WORDS[target].format(k=soft_k)
+    whose = "the atom set's own" if info.kind == "context" else "a token set stores no labels, so the exact argmax"
+    passed = ("no model ran" if ran is None else
+              f"{ran.cached_tokens:,} of {ran.tokens:,} tokens' labels read from the teacher-label cache")
+    note = (f"labels {labelled.describe()} ({whose}): {words}, at position 0 … n − 2 of each of the build's chunks "
+            f"of n ≤ {length} tokens, as the atoms ({labelled.positions:,} positions; {passed})")
+    predictors: dict[str, Predictor] = {name: model_.predict for name, model_ in ngram.ngrams(index).items()}
+    predictors[INFINIGRAM_PATH] = index.predict
+    return predictors, Distillation(True, tokens=labelled.tokens, note=note, labels=labelled.describe(),
+                                    positions=labelled.positions,
+                                    teacher_pass=ran.as_dict() if ran is not None else None,
+                                    index={"seconds": seconds, "bytes": index.nbytes}, **described)
 
 
 def knn_predictor(conn: psycopg.Connection, info: AtomSet, embeddings: np.ndarray,

@@ -46,41 +46,6 @@ def headline_table(report: dict) -> Table:
     return table
 
 
-def build_corpus_loader(info) -> tuple[str, str]:
-    """The build's training text: recorded in stats, or rebuilt with hartonomous.corpus from the recorded
-    corpus settings and checked against the recorded holdout."""
-    import platform
-
-    from hartonomous.compare.baselines import CorpusUnavailable, build_corpus
-
-    try:
-        return build_corpus(info)
-    except CorpusUnavailable:
-        pass
-    entry, holdout = info.stats.corpus, info.stats.holdout
-    if entry is None or entry.max_tokens is None:
-        raise CorpusUnavailable("the atom set records no build corpus (stats.corpus)")
-    files = [Path(f) for f in entry.files]
-    if not files and entry.python not in (None, platform.python_version()):
-        raise CorpusUnavailable(f"the set was built from Python {entry.python}'s stdlib docstrings, this is "
-                                f"Python {platform.python_version()}: the corpus cannot be rebuilt exactly")
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise CorpusUnavailable(f"the build corpus file {missing[0]} is not there any more")
-    from hartonomous.corpus import load_corpus
-
-    from hartonomous.errors import UserError
-
-    try:
-        corpus = load_corpus(files or None, int(entry.max_tokens), None, int(entry.seed or 0), train=True)
-    except UserError as exc:
-        raise CorpusUnavailable(f"cannot rebuild the build corpus ({exc})") from None
-    if holdout is not None and holdout.text and corpus.holdout_text != holdout.text:
-        raise CorpusUnavailable("the rebuilt corpus's holdout differs from the recorded one (was --holdout-chars "
-                                "given to the build?); cannot recover the training split")
-    return f"{entry.source or corpus.description}, training split", corpus.train_text
-
-
 def compare(
     atom_set: str = typer.Option(..., "--atom-set", help="Atom set to compare (see `hartonomous atom-sets`)."),
     text: list[Path] = typer.Option([], "--text", help="Evaluation text file (repeatable). Default: the "
@@ -94,8 +59,8 @@ def compare(
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens per free generation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampled generations."),
     distill_tokens: int = typer.Option(None, "--distill-tokens",
-                                       help="Corpus tokens the n-gram baselines are distilled from (default: as "
-                                            "many as the build used; 0 = skip the n-grams)."),
+                                       help="Training tokens the counting baselines (n-grams, ∞-gram) learn "
+                                            "from (default: as many as the build used; 0 = skip them)."),
     no_generation: bool = typer.Option(False, "--no-generation", help="Skip free generation."),
     device: str = typer.Option(None, "--device", help="Exact path device: auto | cpu | cuda "
                                "(default HARTONOMOUS_DEVICE, else auto)."),
@@ -128,7 +93,7 @@ def compare(
     with connect(reader_url(), autocommit=True) as conn:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as bar:
-            result = run_compare(conn, options, progress=RichProgress(bar), corpus_loader=build_corpus_loader)
+            result = run_compare(conn, options, progress=RichProgress(bar))
     paths = write_report(result.report, result.figures, out)
     Console().print(headline_table(result.report))
     note = (result.report.get("intervals") or {}).get("note")

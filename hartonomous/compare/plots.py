@@ -63,6 +63,9 @@ def agreement_by_position(fid: Fidelity, metric: str = "top1") -> bytes:
     return _png(plt, fig)
 
 
+JS_PATHS = ("spatial", "4-gram", "∞-gram", "knn")   # the JS histogram's paths (a few, to stay readable)
+
+
 def all_figures(fid: Fidelity) -> dict[str, tuple[str, bytes]]:
     """name -> (caption, PNG) for every figure the report embeds."""
     sp = fid.paths["spatial"]
@@ -72,7 +75,7 @@ def all_figures(fid: Fidelity) -> dict[str, tuple[str, bytes]]:
         "agreement_by_position": ("Top-1 agreement with the exact argmax, by context length",
                                   agreement_by_position(fid)),
         "js": ("Jensen–Shannon divergence to exact, per position (nats; ln 2 ≈ 0.693 = disjoint)",
-               histogram({n: c.array("js") for n, c in fid.paths.items() if n in ("spatial", "4-gram", "knn")},
+               histogram({n: c.array("js") for n, c in fid.paths.items() if n in JS_PATHS},
                          "JS divergence to exact", "nats", value_range=(0.0, float(np.log(2))))),
         "pearson": ("Pearson correlation over the union of supports, per position",
                     histogram({"spatial": sp.array("pearson")}, "Pearson (union of supports)", "r",

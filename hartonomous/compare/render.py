@@ -290,12 +290,10 @@ def _generation(gen: dict, machine: dict) -> list[Block]:
 
 def _baselines(base: dict, fid: dict) -> list[Block]:
     out = [Block("h2", "3. Baselines")]
-    d = base["distillation"]
-    out.append(Block("p", ("n-gram baselines distilled from " + f"{d['source']} ({d['tokens']:,} tokens); {d['note']}.")
-                     if d["available"] else f"n-gram baselines: {d['note']}."))
-    cache = base.get("cache")
-    if cache is not None:
-        out.append(Block("p", _cache_sentence(cache)))
+    out.append(Block("p", _distillation_sentence(base["distillation"])))
+    for key in ("cache", "infinigram_cache"):
+        if base.get(key) is not None:
+            out.append(Block("p", _cache_sentence(base[key])))
     out.append(Block("p", f"Full-dimensional KNN: {base['knn_note']}."))
     rows = [_path_row("spatial (3D)", fid["spatial"])]
     rows += [_path_row(name, p) for name, p in base["paths"].items()]
@@ -307,21 +305,37 @@ PATH_HEADERS = ("path", "top-1", "top-10 overlap", "exact mass covered", "JS (na
                 "perplexity (smoothed)", "target in candidates")
 
 
+def _distillation_sentence(d: dict) -> str:
+    """Which labels the counting baselines learned, from which text (name and version, or files and sha256)."""
+    if not d["available"]:
+        return f"Counting baselines (n-grams, ∞-gram): {d['note']}."
+    origin = d.get("origin") or {}
+    where = {"builtin": lambda: f"the built-in corpus {origin.get('name')} ({origin.get('version')})",
+             "files": lambda: "the files " + ", ".join(
+                 f"{file['path']} (sha256 {(file['sha256'] or 'not recorded')[:12]})" for file in origin["files"]),
+             "text copy": lambda: "the copy of the training text in the set's stats (a set built before 2026-11-25)",
+             }.get(origin.get("kind"), lambda: d["source"])()
+    return (f"Counting baselines (n-grams, ∞-gram, and each with the cache) learned from {d['source']}: {where}, "
+            f"{d['tokens']:,} training tokens; {d['note']}.")
+
+
 def _cache_sentence(cache: dict) -> str:
+    base = cache.get("base", "4-gram")
+    name, p_base = f"{base} + cache", f"p_{base}"
     if not cache["available"]:
-        return f"4-gram + cache: {cache['note']}."
+        return f"{name}: {cache['note']}."
     n = cache["min_suffix"]
-    text = (f"4-gram + cache: the distilled 4-gram mixed with the in-context cache (the longest suffix of the "
+    text = (f"{name}: the {base} mixed with the in-context cache (the longest suffix of the "
             f"context that occurred earlier in it votes for the tokens that followed it there): "
-            f"p = (1 − λ) p_4gram + λ p_cache when that suffix has at least {n} token{'s' if n != 1 else ''}, "
+            f"p = (1 − λ) {p_base} + λ p_cache when that suffix has at least {n} token{'s' if n != 1 else ''}, "
             f"with λ = {f(cache['lambda'])}; {cache['note']}.")
     if cache["lambda"] == 0:
-        text += " λ = 0: the cache did not help on the calibration half, so this path is the 4-gram alone."
+        text += f" λ = 0: the cache did not help on the calibration half, so this path is the {base} alone."
     grid = {(g["lambda"], g["min_suffix"]): g for g in cache["grid"]}
     chosen, alone = grid.get((cache["lambda"], cache["min_suffix"])), grid.get((0.0, cache["min_suffix"]))
     if chosen and alone:
         text += (f" On the calibration half, top-1 agreement {f(chosen['top1'])} against {f(alone['top1'])} for "
-                 f"the 4-gram alone.")
+                 f"the {base} alone.")
     return text
 
 

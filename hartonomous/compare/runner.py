@@ -133,8 +133,9 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
                 corpus_loader: baselines.CorpusLoader | None = None) -> CompareResult:
     """Run every section against one atom set; `render.write_report` turns the result into files.
 
-    `corpus_loader(info) -> (source, training text)` recovers the build corpus for the n-gram
-    baselines (default: stats['corpus']['text']); it raises baselines.CorpusUnavailable to skip.
+    `corpus_loader(info) -> hartonomous.corpus_origin.TrainingText` recovers the set's training text for the
+    counting baselines (default: baselines.recorded_corpus, from where the set records it came from);
+    it raises CorpusUnavailable, with the reason the report gives, to skip them.
     """
     options.validate()
     load_start = load_average()
@@ -159,7 +160,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
 
     # --- baselines' predictors -------------------------------------------------------
     predictors, distill, knn_note = _baselines(conn, info, model, model_name, tokenizer, options, progress,
-                                               corpus_loader or baselines.build_corpus)
+                                               corpus_loader or baselines.recorded_corpus)
 
     # --- teacher-forced fidelity -------------------------------------------------------
     encoded = [encode(tokenizer, t.text) for t in texts]
@@ -209,23 +210,9 @@ def default_prompts(texts: list[Text]) -> list[str]:
 
 
 def _baselines(conn, info, model, model_name, tokenizer, options, progress, corpus_loader):
-    predictors: dict = {}
-    try:
-        corpus = corpus_loader(info)
-    except baselines.CorpusUnavailable as exc:
-        corpus, distill = None, baselines.Distillation(False, note=f"{exc}; n-gram baselines skipped")
-    if corpus is not None and options.distill_tokens == 0:
-        distill = baselines.Distillation(False, corpus[0], note="--distill-tokens 0: n-gram baselines skipped")
-    elif corpus is not None:
-        chunk = min(baselines.context_length(info), teacher.max_context(model))
-        limit = options.distill_tokens if options.distill_tokens is not None else baselines.build_tokens(info)
-        ids = encode(tokenizer, corpus[1])[:limit]
-        progress.stage("exact labels for the n-gram baselines", len(ids))
-        labels = teacher.argmax_labels(model, ids, chunk, progress=progress.advance, cache_dir=options.cache_dir)
-        predictors.update(baselines.ngram_predictors(ids, labels, chunk))
-        distill = baselines.Distillation(True, corpus[0], len(ids),
-                                         f"labels: the exact model's argmax at every position, teacher forcing in "
-                                         f"chunks of {chunk} tokens as the build did")
+    """The counting baselines (baselines.counting_baselines: the set's own text and labels) and KNN."""
+    predictors, distill = baselines.counting_baselines(info, model, tokenizer, corpus_loader, options.distill_tokens,
+                                                       options.cache_dir, progress)
     knn_note = "the atom set has no full-dimensional keys"
     key_dim = key_dimensions(conn, info)
     if key_dim is not None:
@@ -243,23 +230,31 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
 
 
 def _cache_baseline(predictors, info, model, model_name, tokenizer, options, chunk, vocab,
-                    progress) -> baselines.CacheMixture:
-    """Add "4-gram + cache" to `predictors`, its mixing fitted on the holdout's calibration half."""
-    if "4-gram" not in predictors:
-        return baselines.CacheMixture(False, note="needs the distilled 4-gram, which was skipped")
+                    progress) -> dict[str, baselines.CacheMixture]:
+    """Add "4-gram + cache" and "∞-gram + cache" to `predictors`, each mixture fitted on the holdout's
+    calibration half only (labelled once with the exact argmax); the sections by path."""
+    sections = {path: baselines.CacheMixture(False, note=f"needs the {base}, which was skipped", base=base)
+                for path, base in baselines.CACHE_BASES.items()}
+    if not any(base in predictors for base in baselines.CACHE_BASES.values()):
+        return sections
     calibration = calibration_text(info)
     labelled = None
     if calibration is not None:
         ids = encode(tokenizer, calibration.text)[:baselines.CALIBRATION_MAX_TOKENS]
-        progress.stage("exact labels of the calibration half (cache mixture)", len(ids))
+        progress.stage("exact labels of the calibration half (cache mixtures)", len(ids))
         labels = teacher.argmax_labels(model, ids, chunk, progress=progress.advance, cache_dir=options.cache_dir)
         labelled = (ids, labels)
-    predict, section = baselines.cache_mixture(predictors["4-gram"], labelled, chunk, vocab)
-    if section.fitted_on and not options.texts and options.split != "test":
-        section.note += (f"; the scored text ({options.split} split) contains that calibration half, so this "
-                         "baseline's numbers are optimistic")
-    predictors[baselines.CACHE_PATH] = predict
-    return section
+    for path, base in baselines.CACHE_BASES.items():
+        if base not in predictors:
+            continue
+        progress.stage(f"fitting {path} on the calibration half", 1)
+        predict, section = baselines.cache_mixture(predictors[base], labelled, chunk, vocab, base)
+        progress.advance()
+        if section.fitted_on and not options.texts and options.split != "test":
+            section.note += (f"; the scored text ({options.split} split) contains that calibration half, so this "
+                             "baseline's numbers are optimistic")
+        predictors[path], sections[path] = predict, section
+    return sections
 
 
 def _sample_contexts(encoded, keep, n) -> list[list[int]]:
@@ -352,8 +347,9 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "by_position": fid_mod.by_position(fid),
             "per_position": _per_position(fid),
         },
-        "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note, "cache": mixture.as_dict(),
-                      "paths": base},
+        "baselines": {"distillation": distill.as_dict(), "knn_note": knn_note,
+                      "cache": mixture[baselines.CACHE_PATH].as_dict(),
+                      "infinigram_cache": mixture[baselines.INFINIGRAM_CACHE_PATH].as_dict(), "paths": base},
         "generation": gen if gen is not None else {"skipped": True},
         "queries": queries,
         "routing": routing,
