@@ -1,9 +1,12 @@
-"""A fixed torch thread count for the numerics a build must reproduce (teacher forcing, learned positions).
+"""Fixed thread counts for the numerics a build must reproduce (issue 22: deterministic builds).
 
-torch splits some reductions between its intra-op threads, so their rounding can follow the thread
-count, which environment variables (OMP_NUM_THREADS) or earlier code may have changed. Within
-`fixed_threads()` torch uses one thread per CPU this process may run on: a property of the machine,
-so the same command on the same machine always reduces in the same order.
+Some results follow the number of threads that computed them: LAPACK's symmetric eigensolver
+(numpy.linalg.eigh, the LMDS and PCA projections) gives other last bits on 1 and 2 BLAS threads,
+and torch splits large reductions between its intra-op threads. Those counts come from
+environment variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS) or from whatever code ran
+earlier. Within `fixed_threads()` torch and every BLAS library loaded (threadpoolctl) use one
+thread per CPU this process may run on: a property of the machine, so the same command on the
+same machine always reduces in the same order.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ def machine_threads() -> int:
 
 @contextmanager
 def fixed_threads(count: int | None = None) -> Iterator[int]:
-    """torch's intra-op threads set to `count` (default: machine_threads()) inside the block, then
-    restored; yields the count."""
+    """torch's intra-op threads and the BLAS threads set to `count` (default: machine_threads())
+    inside the block, then restored; yields the count."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     count = machine_threads() if count is None else count
     before = torch.get_num_threads()
     if before != count:
         torch.set_num_threads(count)
     try:
-        yield count
+        with threadpool_limits(limits=count, user_api="blas"):
+            yield count
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)

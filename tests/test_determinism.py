@@ -10,6 +10,7 @@ and how the teacher labels were obtained (cache hits, batch size), never what th
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +20,13 @@ import numpy as np
 import psycopg
 import pytest
 import torch
+from threadpoolctl import threadpool_info, threadpool_limits
 
+from hartonomous.atomset import AtomRows
 from hartonomous.teacher import teacher_force
+from hartonomous.threads import fixed_threads, machine_threads
 from projection.build import BuildOptions, build
+from projection.reproducibility import atoms_digest
 from projection.stages import load_texts
 from tiny_model import tiny_model
 
@@ -176,6 +181,53 @@ def test_without_a_cache_the_same_set(server_url, corpus_file, reference) -> Non
     main, control, _ = run(server_url, command(corpus_file, None, batch_tokens=100_000))
     assert_same(reference[0], main)
     assert_same(reference[1], control)
+
+
+def test_the_thread_counts_a_caller_left_behind_do_not_change_the_set(server_url, corpus_file, reference) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            main, control, _ = run(server_url, command(corpus_file, None))
+            assert torch.get_num_threads() == 1  # and the build left them as they were
+    finally:
+        torch.set_num_threads(before)
+    assert_same(reference[0], main)
+    assert_same(reference[1], control)
+
+
+def test_the_stats_digest_is_that_of_the_atoms_stored(server_url, reference) -> None:
+    with psycopg.connect(server_url) as conn:
+        rows = conn.execute("SELECT token_id, ST_X(position), ST_Y(position), ST_Z(position), weight, key::text "
+                            "FROM atoms a JOIN atom_sets s ON s.id = a.atom_set_id WHERE s.name = %s "
+                            "ORDER BY atom_id", (NAME,)).fetchall()
+    stored = AtomRows(np.array([r[0] for r in rows]), np.array([r[1:4] for r in rows]), np.array([r[4] for r in rows]),
+                      np.array([json.loads(r[5]) for r in rows], dtype=np.float32))
+    record = reference[0]["stats"]["reproducibility"]
+    assert record["atoms_sha256"] == atoms_digest(stored)
+    assert record["threads"] == machine_threads() and record["versions"]["torch"] == torch.__version__
+
+
+def test_fixed_threads_pin_torch_and_blas_and_restore_them() -> None:
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=1):
+        with fixed_threads(2) as count:
+            assert count == 2 and torch.get_num_threads() == 2
+            assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}
+        assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}
+    assert torch.get_num_threads() == before
+
+
+def test_an_eigendecomposition_inside_fixed_threads_ignores_the_callers_thread_count() -> None:
+    """LAPACK's eigh rounds differently on 1 and 2 BLAS threads; inside fixed_threads the caller's
+    setting no longer matters (on a one-CPU machine both runs use one thread anyway)."""
+    x = np.random.default_rng(0).normal(size=(2000, 300))
+    cov = np.cov(x, rowvar=False)
+    results = []
+    for outer in (1, machine_threads()):
+        with threadpool_limits(limits=outer), fixed_threads():
+            results.append(np.linalg.eigh(cov)[1])
+    assert results[0].tobytes() == results[1].tobytes()
 
 
 def test_volatile_keys_are_removed_and_nothing_else() -> None:
