@@ -177,7 +177,7 @@ def test_a_partly_cached_pass_in_batches_of_another_size_gives_the_same_set(serv
     assert_same(reference[1], control)
 
 
-def test_without_a_cache_the_same_set(server_url, corpus_file, reference) -> None:
+def test_a_build_without_a_cache_gives_the_same_set(server_url, corpus_file, reference) -> None:
     main, control, _ = run(server_url, command(corpus_file, None, batch_tokens=100_000))
     assert_same(reference[0], main)
     assert_same(reference[1], control)
