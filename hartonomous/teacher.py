@@ -1,12 +1,22 @@
-"""Teacher forcing with the exact model: one batched forward pass over token chunks.
+"""Teacher forcing with the exact model: batched forward passes over token chunks.
 
 Each chunk is one context: the model sees its tokens 0..t and predicts token t+1, and the
-context restarts at every chunk. Chunks are run longest first in batches of about
-`batch_tokens` tokens (right-padded; under the causal mask padding never reaches a real
-position), and the language-model head is applied in slices of HEAD_SLICE positions so the
-full (batch x length x vocab) logits never exist at once. From each slice the pass keeps what
-the caller asks for: always the argmax, optionally the top-k probabilities (soft labels) and
-the full log-probabilities (the comparison's exact distribution), all from the same logits.
+context restarts at every chunk. A chunk's labels are those of the chunk run alone, bit for bit,
+whatever else is in the pass, how it is batched and which chunks came from the label cache
+(issue 22: the same build gives the same atoms whether its labels were cached or computed):
+
+- Only chunks of the same length share a batch (about `batch_tokens` tokens), unpadded and with no
+  attention mask: each row is computed exactly as the chunk alone, as long as the device's kernels
+  give a row the same bits whatever the batch size. That is checked once per (device, batch shape,
+  threads) and model: the batch's last chunk is run alone too and compared bit for bit; where they
+  differ, chunks of that shape are run one at a time (never padded).
+- The language-model head runs per chunk, in slices of HEAD_SLICE positions, so the full
+  (positions x vocab) logits never exist at once and no slice mixes chunks.
+- torch runs on a fixed number of threads (hartonomous.threads).
+
+From each slice the pass keeps what the caller asks for: always the argmax, optionally the top-k
+probabilities (soft labels) and the full log-probabilities (the comparison's exact distribution),
+all from the same logits.
 
 The build's distillation (projection/distill.py) and `hartonomous compare` both use it.
 
@@ -15,13 +25,15 @@ Label cache. With `cache_dir` set (the CLI passes `cache_dir(home)`, i.e.
 build's teacher pass is not repeated by `compare`'s n-gram labels or by a re-build of the same
 corpus with other options. One file per (model, chunk):
 
-    <cache_dir>/<model fingerprint[:16]>/<sha256(CACHE_VERSION | fingerprint | chunk ids as int64)>.npz
+    <cache_dir>/<model fingerprint[:16]>/<sha256(CACHE_VERSION | fingerprint | device type | torch version |
+                                                chunk ids as int64)>.npz
 
 holding `argmax` (n,) int64 and `top_ids` / `top_probs` (n, k). The model fingerprint
 (`model_fingerprint`) is a sha256 over every parameter's name, dtype, shape and bytes, so two
-different weights never share an entry whatever their names. A chunk is one context (the
-context restarts at every chunk), so the chunk's own tokens are its whole input: the chunking is
-part of the key because the chunk is. An entry with k' stored top tokens answers any request
+different weights never share an entry whatever their names; the device type (cpu, cuda, ...)
+and the torch version are in the key because the kernels that compute the labels are. A chunk
+is one context (the context restarts at every chunk), so the chunk's own tokens are its whole
+input: the chunking is part of the key because the chunk is. An entry with k' stored top tokens answers any request
 with k <= k' (the first k columns: the top-k are sorted, most probable first); a request for
 more recomputes the chunk and overwrites the entry. Full log-probability rows are never cached
 (positions x vocabulary floats); a pass that asks for them runs the model.
@@ -41,7 +53,7 @@ import numpy as np
 
 HEAD_SLICE = 2048
 DEFAULT_BATCH_TOKENS = 4096
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: labels of the chunk alone (1 mixed in padded batches)
 CACHE_GROUP_BATCHES = 8  # with a cache, chunks are run and stored in groups of about this many batches
 
 
@@ -100,8 +112,15 @@ def model_fingerprint(model) -> str:
     return fingerprint
 
 
-def _entry_path(directory: Path, fingerprint: str, chunk: np.ndarray) -> Path:
-    key = hashlib.sha256(f"{CACHE_VERSION}|{fingerprint}|".encode() + chunk.astype(np.int64).tobytes())
+def _kernels(model) -> str:
+    """What decides which kernels compute the labels besides the weights: device type, torch version."""
+    import torch
+
+    return f"{next(model.parameters()).device.type}|{torch.__version__}"
+
+
+def _entry_path(directory: Path, fingerprint: str, kernels: str, chunk: np.ndarray) -> Path:
+    key = hashlib.sha256(f"{CACHE_VERSION}|{fingerprint}|{kernels}|".encode() + chunk.astype(np.int64).tobytes())
     return directory / fingerprint[:16] / f"{key.hexdigest()}.npz"
 
 
@@ -165,8 +184,8 @@ def teacher_force(model, chunks: Sequence[np.ndarray], batch_tokens: int = DEFAU
     start = time.perf_counter()
     chunks = _checked(chunks, batch_tokens, top_k)
     top_k = min(top_k, _vocabulary(model))
-    fingerprint = model_fingerprint(model)
-    paths = [_entry_path(Path(cache_dir), fingerprint, c) for c in chunks]
+    fingerprint, kernels = model_fingerprint(model), _kernels(model)
+    paths = [_entry_path(Path(cache_dir), fingerprint, kernels, c) for c in chunks]
     found = [_load_entry(p, len(c), top_k) for p, c in zip(paths, chunks)]
     missing = [i for i, entry in enumerate(found) if entry is None]
     cached_tokens = int(sum(len(chunks[i]) for i, entry in enumerate(found) if entry is not None))
@@ -216,44 +235,88 @@ def _checked(chunks: Sequence[np.ndarray], batch_tokens: int, top_k: int) -> lis
 
 def _run(model, chunks: Sequence[np.ndarray], batch_tokens: int, top_k: int, log_probs: bool,
          advance: Callable[[int], None] | None) -> Forced:
-    """The forward pass itself (no cache)."""
+    """The forward pass itself (no cache): batches of equal-length chunks, the head per chunk."""
     import torch
 
+    from hartonomous.threads import fixed_threads
+
     chunks = _checked(chunks, batch_tokens, top_k)
-    device = next(model.parameters()).device
-    body = model.base_model
     head = model.get_output_embeddings()
     top_k = min(top_k, _vocabulary(model))
     kept: dict[str, list] = {}  # output name -> one array per chunk, in the caller's order
-    order = sorted(range(len(chunks)), key=lambda i: -len(chunks[i]))
     start = time.perf_counter()
-    pos = 0
-    with torch.inference_mode():
-        while pos < len(order):
-            length = len(chunks[order[pos]])
-            batch = order[pos:pos + max(1, batch_tokens // length)]
-            pos += len(batch)
-            lengths = [len(chunks[i]) for i in batch]
-            ids = torch.zeros((len(batch), length), dtype=torch.long)
-            mask = torch.zeros((len(batch), length), dtype=torch.long)
-            for row, i in enumerate(batch):
-                ids[row, :lengths[row]] = torch.from_numpy(chunks[i])
-                mask[row, :lengths[row]] = 1
-            mask = mask.to(device)
-            hidden = body(input_ids=ids.to(device), attention_mask=mask, use_cache=False).last_hidden_state
-            real = hidden[mask.bool()]  # the batch's real positions, chunk after chunk
-            for name, values in _head_outputs(head, real, top_k, log_probs).items():
-                store = kept.setdefault(name, [None] * len(chunks))
-                for i, piece in zip(batch, np.split(values, np.cumsum(lengths)[:-1])):
-                    store[i] = piece
+    with torch.inference_mode(), fixed_threads() as threads:
+        for batch in _batches([len(c) for c in chunks], batch_tokens):
+            hidden = _hidden_states(model, [chunks[i] for i in batch], threads)
+            for i, rows in zip(batch, hidden):
+                for name, values in _head_outputs(head, rows, top_k, log_probs).items():
+                    kept.setdefault(name, [None] * len(chunks))[i] = values
             if advance:
-                advance(int(sum(lengths)))
+                advance(int(sum(len(chunks[i]) for i in batch)))
 
     def output(name: str, wanted: bool = True) -> list[np.ndarray] | None:
         return kept.get(name, []) if wanted else None
 
     return Forced(chunks, output("argmax"), output("top_ids", top_k > 0), output("top_probs", top_k > 0),
                   output("log_probs", log_probs), time.perf_counter() - start)
+
+
+def _batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of chunks of one length per batch, at most max(1, batch_tokens // length) of them;
+    longest first, then in the caller's order."""
+    batches: list[list[int]] = []
+    for length in sorted(set(lengths), reverse=True):
+        same = [i for i, n in enumerate(lengths) if n == length]
+        size = max(1, batch_tokens // length)
+        batches += [same[lo:lo + size] for lo in range(0, len(same), size)]
+    return batches
+
+
+def _forward(body, chunks: list[np.ndarray], device):
+    """The body's last hidden states of equal-length chunks, (chunks, length, d): no padding, no mask."""
+    import torch
+
+    ids = torch.from_numpy(np.stack(chunks)).to(device)
+    return body(input_ids=ids, use_cache=False).last_hidden_state
+
+
+def _hidden_states(model, chunks: list[np.ndarray], threads: int) -> list:
+    """Each chunk's hidden states as if it ran alone: batched where the device's kernels are batch
+    invariant for this shape (checked once per model, device, shape and thread count), else one by one."""
+    device = next(model.parameters()).device
+    body = model.base_model
+    if len(chunks) == 1:
+        return [_forward(body, chunks, device)[0]]
+    shape = (str(device), len(chunks), len(chunks[0]), threads)
+    invariant = _batch_invariant_shapes(model)
+    if invariant.get(shape) is False:
+        return [_forward(body, [c], device)[0] for c in chunks]
+    hidden = _forward(body, chunks, device)
+    if shape not in invariant:
+        invariant[shape] = _same_bits(hidden[-1], _forward(body, chunks[-1:], device)[0])
+        if not invariant[shape]:
+            return [_forward(body, [c], device)[0] for c in chunks]
+    return [rows.clone() for rows in hidden]  # each in its own allocation, as a chunk run alone
+
+
+def _same_bits(a, b) -> bool:
+    """Whether two tensors hold the same bits (unlike torch.equal, 0.0 and -0.0 differ, equal NaNs match)."""
+    import torch
+
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def _batch_invariant_shapes(model) -> dict:
+    """The model's record of which batch shapes gave a row the bits of the chunk alone."""
+    record = getattr(model, "_hartonomous_batch_invariant", None)
+    if record is None:
+        record = {}
+        try:
+            model._hartonomous_batch_invariant = record
+        except AttributeError:  # a model object that refuses attributes: check again next time
+            pass
+    return record
 
 
 def _head_outputs(head, hidden, top_k: int, log_probs: bool) -> dict[str, np.ndarray]:

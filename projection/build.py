@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from hartonomous.atomset import BuildStats, atom_set_exists, list_atom_sets
 from hartonomous.errors import UserError
+from hartonomous.threads import fixed_threads
 from projection import stages
 from projection.options import KEEP, BuildOptions
 from projection.progress import Reporter
@@ -62,7 +63,14 @@ def becomes_default(conn, options: BuildOptions) -> bool:
 
 
 def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Reporter | None = None) -> BuildResult:
-    """Run a whole build; `model`/`tokenizer` default to loading `options.model`."""
+    """Run a whole build; `model`/`tokenizer` default to loading `options.model`. torch and BLAS run
+    on a fixed number of threads throughout (hartonomous.threads), so the same command on the same
+    machine gives the same set (docs/atoms.md, Determinism)."""
+    with fixed_threads():
+        return _build(conn, options, model, tokenizer, reporter)
+
+
+def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | None) -> BuildResult:
     ui = reporter or Reporter()
     options.check()
     started = time.perf_counter()

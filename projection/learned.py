@@ -45,6 +45,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from hartonomous.errors import UserError
+from hartonomous.threads import fixed_threads
 from projection import calibrate as cal
 from hartonomous.atomset import AtomRows
 from projection.atoms import context_keys, merge_atoms
@@ -292,10 +293,11 @@ def learn(initial: np.ndarray, contexts: Contexts, validation: Validation, setti
           log: Callable[[str], None] | None = None) -> Learned:
     """Train the positions (and bandwidth, optionally the decay); the best epoch by the calibration
     objective is returned (epoch 0 = `initial` as given). Gradients are enabled for the duration
-    (hartonomous.model.load_model turns them off process-wide)."""
+    (hartonomous.model.load_model turns them off process-wide), on a fixed number of threads
+    (hartonomous.threads: the same run gives the same positions)."""
     import torch
 
-    with torch.enable_grad():
+    with torch.enable_grad(), fixed_threads():
         return _learn(torch, initial, contexts, validation, settings, embeddings, advance, log)
 
 

@@ -50,6 +50,7 @@ from projection.options import BuildOptions
 from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
 from projection.quality import projection_quality
+from projection.reproducibility import reproducibility
 from projection.sweep import CANDIDATES, Evaluated, sweep
 
 KEY_CALIBRATION_QUERIES = 1000
@@ -524,6 +525,7 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         history=history.record,
         controls=ControlStats(random_positions=control.name) if control is not None else None,
         learned_positions=learned.stats if learned is not None else None,
+        reproducibility=reproducibility(labelled.forced, atoms.rows),
     )
 
 

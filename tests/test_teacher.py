@@ -22,7 +22,7 @@ def plain_log_probs(model, chunk: np.ndarray) -> np.ndarray:
 def chunks() -> list[np.ndarray]:
     _, tokenizer = tiny_model(0)
     ids = np.asarray(tokenizer(TEXT)["input_ids"], dtype=np.int64)
-    # lengths out of order, one a single token: the batches pad, the results come back in order
+    # lengths out of order, one a single token: the results come back in order
     return [ids[:7], ids[7:40], ids[40:41], ids[41:61], ids[61:90]]
 
 
@@ -93,9 +93,9 @@ class CountingModel(torch.nn.Module):
     def base_model(self):
         outer = self
 
-        def body(input_ids, attention_mask, use_cache):
-            outer.positions += int(attention_mask.sum())
-            return outer.inner.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+        def body(input_ids, use_cache):
+            outer.positions += int(input_ids.numel())
+            return outer.inner.base_model(input_ids=input_ids, use_cache=use_cache)
 
         return body
 
@@ -119,8 +119,10 @@ def test_a_cache_hit_returns_identical_arrays_without_running_the_model(chunks, 
     fewer = teacher_force(model, chunks, top_k=2, cache_dir=tmp_path)
     assert model.positions == ran
     assert all(np.array_equal(a[:, :2], b) for a, b in zip(first.top_ids, fewer.top_ids))
+    stored = len(list(tmp_path.rglob("*.npz")))
     labels = argmax_labels(model, np.concatenate(chunks[:2]), window=len(chunks[0]), cache_dir=tmp_path)
-    assert model.positions == ran + len(chunks[1])       # only the first window is a cached chunk
+    later = windows(np.concatenate(chunks[:2]), len(chunks[0]))[1:]  # only the first window is a cached chunk
+    assert len(list(tmp_path.rglob("*.npz"))) == stored + len({w.tobytes() for w in later})
     assert labels[:len(chunks[0])].tolist() == first.argmax[0].tolist()
 
 
