@@ -72,6 +72,11 @@ LearnedPositionsStats = _section(
     epochs=int, learning_rate=float, best_epoch=int, stopped_early=bool, seconds=float, split=str, contexts=int,
     curve=(list[dict[str, Any]], Field(default_factory=list)),
     displacement=(dict[str, Any], Field(default_factory=dict)))
+ReproducibilityStats = _section(
+    "ReproducibilityStats", "What a build's bits depend on besides its command (projection/reproducibility.py): "
+    "threads, machine, versions, and sha256 digests of the teacher labels and of the atoms written.",
+    threads=int, machine=str, python=str, versions=dict[str, Any], labels_sha256=str,
+    atoms_sha256=str)
 
 
 class BuildStats(_section(
@@ -82,7 +87,8 @@ class BuildStats(_section(
         calibration_split=SplitStats,      # what the build tuned on (bandwidth, history weight, ...)
         test_split=SplitStats,             # what `compare` scores by default; never tuned on
         history=dict[str, Any],            # the history-weight calibration (grid and choice)
-        controls=ControlStats, learned_positions=LearnedPositionsStats)):
+        controls=ControlStats, learned_positions=LearnedPositionsStats,
+        reproducibility=ReproducibilityStats)):
     """Everything a build records about itself; each section is None when the build had no such step."""
 
     @model_validator(mode="before")
