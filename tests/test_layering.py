@@ -6,8 +6,9 @@ inside a function counts as much as one at the top of a module).
    root that wires them together.
 2. Inside the runtime, the core (what one inference step is made of: the generation options,
    the sampler, the SQL calls, adaptive sampling, kernel, centroid, entropies, signals, risk,
-   the atom-set catalog, errors, text streaming) imports nothing built on top of it: not the
-   engine, the backends, the client, the server, the command line, compare or the benchmarks.
+   the atom-set catalog, the holdout splits, errors, text streaming) imports nothing built on top
+   of it: not the engine, the backends, the client, the server, the command line, compare or the
+   benchmarks.
 """
 
 from __future__ import annotations
