@@ -475,6 +475,18 @@ def test_history_keys_of_a_long_context_stay_finite_at_any_decay(db, server_url,
             drop_atom_set(conn, name)
 
 
+def test_generate_tokens_checks_the_context_even_for_zero_new_tokens(db, sets) -> None:
+    """Regression (found by the fuzz suite on some seeds): with max_new_tokens = 0 no step ran, so a
+    foreign token id was never looked up and the call returned '{}' instead of 22023."""
+    fs = sets["plain"]
+    rows, error = _call(db, GENERATE, ([3, 7], 0, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, None, None, None))
+    _assert_succeeds(error)
+    assert rows[0][0] == []
+    _, error = _call(db, GENERATE, ([3, -1], 0, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, None, None, None))
+    _assert_fails_naming(error, "context")
+    assert "token id -1 (element 2)" in error.diag.message_primary
+
+
 def test_generate_tokens_accepts_at_most_max_new_tokens(db, sets) -> None:
     fs = sets["plain"]
     rows, error = _call(db, GENERATE, ([1, 2], MAX_NEW_TOKENS, 1.0, 40, 0.9, None, 5, fs.name, 1.0, 3, None, 0.0, 0))
