@@ -54,8 +54,9 @@ def main() -> None:
     import torch
 
     from hartonomous.backends.exact import ExactBackend
-    from hartonomous.engine import Engine, GenerationConfig
+    from hartonomous.engine import Engine
     from hartonomous.exact import ExactModel
+    from hartonomous.generation_config import GenerationConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)

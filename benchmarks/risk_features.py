@@ -61,17 +61,16 @@ def gather(args) -> None:
 
     from hartonomous import sqlcalls
     from hartonomous.atomset import load_atom_set
-    from hartonomous.backends.base import SamplerArgs
     from hartonomous.db.connection import owner_url
     from hartonomous.exact import ExactModel
+    from hartonomous.generation_config import SamplerArgs
     from hartonomous.splits import split_holdout
     from hartonomous.teacher import teacher_force
 
     torch.set_num_threads(1)
     conn = psycopg.connect(owner_url(), autocommit=True)
     record = load_atom_set(conn, args.atom_set)
-    set_id, kernel, bandwidth = conn.execute(
-        "SELECT id, kernel, bandwidth FROM atom_sets WHERE name = %s", (args.atom_set,)).fetchone()
+    set_id, kernel, bandwidth = record.id, record.kernel, record.bandwidth
     exact_model = ExactModel.load("smollm2", "cpu")
     if args.text:
         text = Path(args.text).read_text(encoding="utf-8")

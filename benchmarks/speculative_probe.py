@@ -16,8 +16,9 @@ import psycopg
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.db.connection import owner_url
-from hartonomous.engine import Engine, GenerationConfig
+from hartonomous.engine import Engine
 from hartonomous.exact import ExactModel
+from hartonomous.generation_config import GenerationConfig
 from hartonomous.speculative import SpeculativeBackend
 
 PROMPTS = [

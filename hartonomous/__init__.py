@@ -11,8 +11,12 @@ def __getattr__(name: str):
         from hartonomous.client import Client
 
         return Client
-    if name in ("Engine", "GenerationConfig"):
-        from hartonomous import engine
+    if name == "Engine":
+        from hartonomous.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "GenerationConfig":
+        from hartonomous.generation_config import GenerationConfig
+
+        return GenerationConfig
     raise AttributeError(f"module 'hartonomous' has no attribute {name!r}")

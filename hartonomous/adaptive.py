@@ -11,21 +11,20 @@ Each step's risk (the atom set's predictor: hartonomous/risk.py, read through th
                  decides what an uncertain token means)
         abstain  no token: the generation stops with finish_reason "abstain"
 
-top-k and the repetition penalty stay the config's. GenerationConfig holds and validates the
-options; this module only applies them.
+top-k and the repetition penalty stay the config's. GenerationConfig (hartonomous/generation_config.py)
+holds and validates the options, CAUTIOUS_MODES included; this module only applies them.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from hartonomous.backends.base import SamplerArgs
+from hartonomous.generation_config import GenerationConfig, SamplerArgs
 
-CAUTIOUS_MODES = ("flatten", "signal", "abstain")
 FLATTEN_P, FLATTEN_TEMPERATURE = 0.99, 2.0
 
 
-def step_sampler(config, risk: float) -> tuple[str, SamplerArgs | None]:
+def step_sampler(config: GenerationConfig, risk: float) -> tuple[str, SamplerArgs | None]:
     """(mode, sampler) of one step: mode is standard | explore | cautious | abstain; no sampler to abstain."""
     base = config.sampler
     if risk < config.explore_risk:

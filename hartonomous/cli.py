@@ -1,4 +1,4 @@
-"""`hartonomous` command line: the composition root (the only place that imports `projection`).
+"""`hartonomous` command line: the composition root (the only runtime module that imports `projection` and `benchmarks`).
 
 Errors a user can cause print one line on stderr and exit 1; see `main`.
 """
@@ -396,13 +396,13 @@ from hartonomous.server.cli import register as _register_serve  # noqa: E402
 
 _register_serve(app)  # serve
 
-from hartonomous.benchmark.cli import register as _register_bench  # noqa: E402
-
-_register_bench(app)  # bench
-
-from hartonomous.db.cluster_cli import register as _register_cluster  # noqa: E402
+from hartonomous.db.cluster_cli import cluster_app, register as _register_cluster  # noqa: E402
 
 _register_cluster(app)  # cluster
+
+from benchmarks.cli import register as _register_bench  # noqa: E402
+
+_register_bench(app, cluster_app)  # bench, cluster bench
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ from typing import Optional
 import typer
 from typer.models import OptionInfo
 
-from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig, check_prompt   # light: no torch until used
+from hartonomous.engine import check_prompt   # light: no torch until used
+from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 
 PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
 GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache), speculative "

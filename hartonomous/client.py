@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from hartonomous.engine import Engine, GenerationConfig, GenerationResult, Session, check_prompt
+from hartonomous.engine import Engine, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.generation_config import GenerationConfig
 
 PATHS = ("spatial", "exact", "speculative", "hybrid")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))

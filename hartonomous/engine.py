@@ -19,9 +19,8 @@ state moves ready -> generating -> complete | stopped |
 cancelled (or failed if the backend raised). `cancel()` (or the `cancel` event) stops it within
 one step.
 
-`GenerationConfig` is the one home of the sampler defaults and of the input rules of a
-generation (the SQL functions check the same rules); callers (CLI, HTTP, client) take their
-defaults from it and only translate its `InvalidArgument` errors.
+The options of a generation (`GenerationConfig`, its sampler `SamplerArgs`) live in the runtime
+core, `hartonomous.generation_config`; the engine applies them.
 """
 
 from __future__ import annotations
@@ -30,22 +29,20 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from hartonomous.adaptive import step_sampler
-from hartonomous.backends.base import Backend, Cancelled, Distribution, SamplerArgs, WholeLoopBackend
+from hartonomous.backends.base import Backend, Cancelled, Distribution, WholeLoopBackend
 from hartonomous.errors import InvalidArgument
+from hartonomous.generation_config import GenerationConfig
 from hartonomous.textstream import TextStream, cut_at_stop, decode
 
-# torch and hartonomous.sampling are imported where they are used, so that the CLI can read
-# GenerationConfig's defaults without loading torch.
+# torch and hartonomous.sampling are imported where they are used, so that the CLI can import the
+# engine without loading torch.
 
-MAX_NEW_TOKENS = 4096          # the upper bound of max_new_tokens; SQL generate_tokens enforces the same
-MAX_SEED = 2**63 - 1
 VECTOR_PICK_ABOVE = 1024
-SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty")
 
 
 class State(str, Enum):
@@ -55,82 +52,6 @@ class State(str, Enum):
     STOPPED = "stopped"        # a stop token id or stop string, or no candidates left
     CANCELLED = "cancelled"
     FAILED = "failed"          # the backend raised
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Options of one generation, validated on construction (InvalidArgument naming the option).
-
-    The one home of the defaults: SQL next_token's defaults equal the sampler's here, and the
-    CLI, the HTTP schemas and the client read theirs from this class.
-    """
-
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int | None = 40
-    top_p: float = 0.9
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-    stop_at_eos: bool = True
-    signals: bool = False              # attach each step's signals (StepSignals) to its event
-    adaptive: bool = False             # risk-scored adaptive sampling (hartonomous/adaptive.py)
-    standard_p: float = 0.9
-    explore_p: float = 0.95
-    explore_temp: float = 1.2
-    cautious_mode: str = "flatten"     # flatten | signal | abstain
-    explore_risk: float = 0.5          # risk from which a step explores
-    cautious_risk: float = 0.8         # risk from which a step is cautious
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
-        object.__setattr__(self, "stop_strings", tuple(s for s in self.stop_strings or () if s))
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise InvalidArgument("max_new_tokens", f"max_new_tokens must be an integer between 1 and "
-                                                    f"{MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
-        if self.seed is not None and not (-MAX_SEED - 1 <= int(self.seed) <= MAX_SEED):
-            raise InvalidArgument("seed", f"seed must fit in a signed 64-bit integer, got {self.seed}")
-        from hartonomous.sampling import validate_sampler_args
-
-        try:
-            validate_sampler_args(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
-        except (ValueError, TypeError) as exc:     # the message starts with the argument's name
-            message = str(exc)
-            name = next((f for f in SAMPLER_FIELDS if message.startswith(f)), "sampler")
-            raise InvalidArgument(name, message) from exc
-        self._check_adaptive()
-
-    def _check_adaptive(self) -> None:
-        """The adaptive sampler's options: probabilities in (0, 1], a usable temperature, a known mode,
-        0 <= explore_risk <= cautious_risk <= 1."""
-        from hartonomous.adaptive import CAUTIOUS_MODES
-
-        for name in ("standard_p", "explore_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise InvalidArgument(name, f"{name} must be in (0, 1], got {value!r}")
-        t = self.explore_temp
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 1e-6 <= t <= 1e6:
-            raise InvalidArgument("explore_temp", f"explore_temp must be between 1e-06 and 1e+06, got {t!r}")
-        if self.cautious_mode not in CAUTIOUS_MODES:
-            raise InvalidArgument("cautious_mode", f"cautious_mode must be one of {', '.join(CAUTIOUS_MODES)}, "
-                                                   f"got {self.cautious_mode!r}")
-        for name in ("explore_risk", "cautious_risk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise InvalidArgument(name, f"{name} must be between 0 and 1, got {value!r}")
-        if self.explore_risk > self.cautious_risk:
-            raise InvalidArgument("explore_risk", f"explore_risk must be <= cautious_risk, got {self.explore_risk} "
-                                                  f"> {self.cautious_risk}")
-
-    @property
-    def sampler(self) -> SamplerArgs:
-        return SamplerArgs(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
-
-    def with_options(self, **options: Any) -> "GenerationConfig":
-        return replace(self, **options)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Per-step signals of the spatial path, in NumPy: the definition `next_token_signals` computes in SQL.
 
 The distribution signals (H, H2, varentropy, R) are those of the comparison reports
-(`hartonomous.compare.signals`), read from the kernel's own distribution: next_token at
-temperature 1 with top-k, top-p and the repetition penalty off, so they do not depend on the
-sampler a caller uses. The geometric signals are the spatial path's own:
+(`hartonomous.entropy`), read from the kernel's own distribution: next_token at temperature 1
+with top-k, top-p and the repetition penalty off, so they do not depend on the sampler a
+caller uses. The geometric signals are the spatial path's own:
 
 - nearest_bandwidths: distance from the context centroid to the nearest stored atom, in
   bandwidths (how far the stored data is, in kernel widths);
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from hartonomous.compare.signals import renyi2, shannon, varentropy
+from hartonomous.entropy import renyi2, shannon, varentropy
 
 FEATURES = ("h", "h2", "varentropy", "r", "top_probability", "nearest_bandwidths", "history_share",
             "distinct_tokens", "ln_top_nearest_bandwidths", "ln_top_stored_votes", "ln_top_history_nearest_bandwidths")

@@ -1,4 +1,4 @@
-"""Speculative decoding: the spatial path drafts, the exact model verifies (DESIGN.md, "Speculative decoding").
+"""Speculative decoding: the spatial path drafts, the exact model verifies (docs/design.md, "Speculative decoding").
 
 Per round, with i the position of the next output token (0 = the first generated one):
 1. the database drafts n = min(k, tokens left) tokens for positions i .. i+n-1 in one call (SQL
@@ -46,10 +46,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from hartonomous import sqlcalls
-from hartonomous.backends.base import Cancelled, Distribution, SamplerArgs
+from hartonomous.backends.base import Cancelled, Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
 from hartonomous.errors import UserError
+from hartonomous.generation_config import SamplerArgs
 from hartonomous.sampling import pick_index, seeded_uniform
 
 DRAFT_SALT = 0x5EC0_DA7A_D4AF_7000          # separates the draft's uniforms from the verifier's

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import errors as pg_errors
 
-from hartonomous.backends.base import SamplerArgs
 from hartonomous.centroid import validate_history
 from hartonomous.errors import UserError
+from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.signals import StepSignals
 
 MAX_NEIGHBORS_LIMIT = 100_000   # next_token's bound on max_neighbors (sql/020_next_token.sql)
@@ -93,8 +93,6 @@ CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
 
 def default_sampler() -> SamplerArgs:
     """The generation config's sampler defaults (the one place they are written)."""
-    from hartonomous.engine import GenerationConfig
-
     return GenerationConfig().sampler
 
 

@@ -14,7 +14,8 @@
 -- it equals calling sample_next_token(context || generated, ..., seed, s) step by step. It stops
 -- after emitting a stop token (which is included), at max_new_tokens, or when no atom is
 -- within search_radius (with a NOTICE); it returns the generated ids only. max_new_tokens must
--- lie in 0 .. 4096 (MAX_NEW_TOKENS, the same bound as hartonomous GenerationConfig).
+-- lie in 0 .. 4096 (MAX_NEW_TOKENS, the same bound as hartonomous GenerationConfig); with 0 it
+-- returns '{}' after the same checks as any other call (the context's ids included).
 -- history_weight and history_window (at the end of both signatures) are next_token's: history
 -- atoms from the context, which for generate_tokens includes the tokens generated so far.
 
@@ -196,6 +197,11 @@ BEGIN
     PERFORM ht_check_between('max_new_tokens', max_new_tokens, 0, 4096,
                              'Generate at most 4096 tokens per call; continue from the result for more.');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
+    IF max_new_tokens = 0 THEN
+        -- No step runs, but a context the set cannot read is still bad input: check its ids as
+        -- step 0 would (22023 naming the first foreign element).
+        PERFORM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx);
+    END IF;
     FOR step IN 0 .. max_new_tokens - 1 LOOP
         -- Step 0 checks every prompt token. Later steps read only what the centroid and the
         -- history keys need: the last keys + W tokens (W = centroid_window; NULL: all of them),

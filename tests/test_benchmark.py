@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hartonomous.benchmark import run, synthetic
+from benchmarks import run, synthetic
 from hartonomous.atomset.hilbert import hilbert_codes_of_cells, hilbert_order
 from hartonomous.measure import MACHINE_KEYS
 from generation_helpers import run_cli
@@ -109,7 +109,7 @@ def test_hilbert_order_visits_grid_neighbours():
 # -- bench --speculative: the parts that need no SmolLM2 -----------------------------------------
 
 def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length():
-    from hartonomous.benchmark.speculative import document_prompts
+    from benchmarks.speculative import document_prompts
     from hartonomous.splits import SEPARATOR
     from tiny_model import tiny_tokenizer
 
@@ -121,7 +121,7 @@ def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length
 
 
 def test_speculative_targets_and_markdown_say_what_was_met():
-    from hartonomous.benchmark.speculative import METHODS, MethodTotals, markdown, targets
+    from benchmarks.speculative import METHODS, MethodTotals, markdown, targets
     from hartonomous.speculative import SpeculativeStats
 
     def kind(ms: dict, rate: float) -> dict:
@@ -154,6 +154,6 @@ def test_speculative_targets_and_markdown_say_what_was_met():
     ([5, 6, 7], [5, 6, 8], False),
 ])
 def test_greedy_outputs_are_compared_before_the_first_eos(a, b, same):
-    from hartonomous.benchmark.speculative import same_until_eos
+    from benchmarks.speculative import same_until_eos
 
     assert same_until_eos(a, b, eos=0) is same

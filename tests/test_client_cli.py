@@ -135,7 +135,7 @@ def test_cli_and_client_defaults_are_generation_configs():
     from typer.main import get_command
 
     from hartonomous import cli
-    from hartonomous.engine import GenerationConfig
+    from hartonomous.generation_config import GenerationConfig
 
     commands = get_command(cli.app).commands
     for command, names in (("generate", ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")),

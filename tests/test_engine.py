@@ -11,9 +11,10 @@ from generation_helpers import tiny_atom_set
 from hartonomous.backends.base import Distribution, WholeLoopBackend
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
+from hartonomous.engine import Engine, State
 from hartonomous.errors import InvalidArgument
 from hartonomous.exact import ExactModel
+from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 from hartonomous.textstream import REPLACEMENT, decode
 from tiny_model import tiny_model
 

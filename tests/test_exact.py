@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from hartonomous.backends.exact import ExactBackend, ordered_distribution
-from hartonomous.engine import Engine, GenerationConfig
+from hartonomous.engine import Engine
 from hartonomous.exact import ExactModel
+from hartonomous.generation_config import GenerationConfig
 from tiny_model import tiny_model
 
 PROMPT = "The capital of France is"

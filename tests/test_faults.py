@@ -32,8 +32,9 @@ from hartonomous.client import Client
 from hartonomous.db import migrate
 from hartonomous.db.cluster import EmbeddedCluster, free_port
 from hartonomous.db.retry import ReconnectingConnection, RetryPolicy
-from hartonomous.engine import MAX_NEW_TOKENS, State
+from hartonomous.engine import State
 from hartonomous.errors import DatabaseUnavailable
+from hartonomous.generation_config import MAX_NEW_TOKENS
 from server_helpers import live_app
 from tiny_model import tiny_tokenizer
 

@@ -46,13 +46,25 @@ BATCH = ("SELECT context_index, token_id, probability, cumulative_probability FR
 class FuzzSet:
     name: str
     tokens: frozenset[int]          # ids in the tokens table (valid context ids)
-    atom_tokens: frozenset[int]     # ids that can come out
+    atom_tokens: frozenset[int]     # ids of the stored atoms
+    history_weight: float           # the set's own history settings (a NULL argument takes them)
+    history_window: int
 
     def __repr__(self) -> str:      # short, for hypothesis' falsifying examples
         return f"FuzzSet({self.name!r})"
 
+    def can_answer(self, context: list[int], history_weight: float | None = None,
+                   history_window: int | None = None) -> frozenset[int]:
+        """The ids a call on `context` may return: the stored atoms' tokens, and the tokens the
+        context's history atoms vote for (sql/020_next_token.sql, step 4: with the weight in effect
+        > 0, m = min(H, n - 1), the last m tokens of the context)."""
+        weight = self.history_weight if history_weight is None else history_weight
+        window = self.history_window if history_window is None else history_window
+        m = min(window, len(context) - 1) if weight > 0 else 0
+        return self.atom_tokens | frozenset(context[len(context) - m:]) if m > 0 else self.atom_tokens
 
-def _write(url: str, name: str, seed: int, log_w: tuple[float, float], scale: float, **spec) -> FuzzSet:
+
+def _write(url: str, name: str, seed: int, log_w: tuple[float, float], scale: float, **spec) -> None:
     rng = np.random.default_rng(seed)
     n_atoms = 600
     atom_tokens = np.concatenate([np.arange(VOCAB), rng.integers(0, VOCAB, n_atoms - VOCAB)])
@@ -62,7 +74,17 @@ def _write(url: str, name: str, seed: int, log_w: tuple[float, float], scale: fl
                                          projection="hand-made", kind="token", **spec),
                        TokenRows(np.arange(VOCAB), [None] * VOCAB, rng.normal(size=(VOCAB, 3)) * scale),
                        AtomRows(atom_tokens, rng.normal(size=(n_atoms, 3)) * scale, weights), replace=True)
-    return FuzzSet(name, frozenset(range(VOCAB)), frozenset(atom_tokens.tolist()))
+
+
+def _read_set(conn: psycopg.Connection, condition: str, params: tuple = ()) -> FuzzSet | None:
+    """The atom set `condition` selects, as the oracle needs it (read back, so nothing is assumed)."""
+    row = conn.execute(f"SELECT id, name, history_weight, history_window FROM atom_sets WHERE {condition}",
+                       params).fetchone()
+    if row is None:
+        return None
+    tokens = {r[0] for r in conn.execute("SELECT token_id FROM tokens WHERE atom_set_id = %s", (row[0],))}
+    atoms = {r[0] for r in conn.execute("SELECT DISTINCT token_id FROM atoms WHERE atom_set_id = %s", (row[0],))}
+    return FuzzSet(row[1], frozenset(tokens), frozenset(atoms), row[2], row[3])
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +93,14 @@ def sets(server_url: str) -> Iterator[dict[str, FuzzSet]]:
 
     The last two have history atoms on by default (a NULL history argument takes the set's value).
     """
-    made = {
-        "plain": _write(server_url, "fuzz_plain", 1, (-3, 3), 1.0, bandwidth=0.5),
-        "wide": _write(server_url, "fuzz_wide", 2, (-740, 700), 1.0, kernel="exponential", bandwidth=0.05,
-                       centroid_window=4, centroid_decay=0.3),
-        "decay": _write(server_url, "fuzz_decay", 3, (-1, 1), 0.01, bandwidth=0.003, centroid_decay=0.5),
-    }
+    _write(server_url, "fuzz_plain", 1, (-3, 3), 1.0, bandwidth=0.5)
+    _write(server_url, "fuzz_wide", 2, (-740, 700), 1.0, kernel="exponential", bandwidth=0.05, centroid_window=4,
+           centroid_decay=0.3)
+    _write(server_url, "fuzz_decay", 3, (-1, 1), 0.01, bandwidth=0.003, centroid_decay=0.5)
     with psycopg.connect(server_url) as conn:
         conn.execute("UPDATE atom_sets SET history_weight = 1e300, history_window = 3 WHERE name = 'fuzz_wide'")
         conn.execute("UPDATE atom_sets SET history_weight = 2, history_window = 4096 WHERE name = 'fuzz_decay'")
+        made = {key: _read_set(conn, "name = %s", (f"fuzz_{key}",)) for key in ("plain", "wide", "decay")}
     yield made
     with psycopg.connect(server_url) as conn:
         for s in made.values():
@@ -95,12 +116,9 @@ def db(reader_url: str, sets) -> Iterator[psycopg.Connection]:
 
 
 def _default_set(db: psycopg.Connection) -> FuzzSet | None:
-    row = db.execute("SELECT id, name FROM atom_sets WHERE is_default").fetchone()
-    if row is None:
-        return None
-    tokens = {r[0] for r in db.execute("SELECT token_id FROM tokens WHERE atom_set_id = %s", (row[0],))}
-    atoms = {r[0] for r in db.execute("SELECT DISTINCT token_id FROM atoms WHERE atom_set_id = %s", (row[0],))}
-    return FuzzSet(row[1], frozenset(tokens), frozenset(atoms))
+    """The set a NULL atom_set resolves to: whichever the session's database has as its default (another
+    module's set, perhaps with history atoms, when one is left), else None."""
+    return _read_set(db, "is_default")
 
 
 def _resolve(db, sets: dict[str, FuzzSet], atom_set: str | None) -> FuzzSet | None:
@@ -278,7 +296,7 @@ def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
     if not rows:             # only a search radius can leave no candidate
         assert a["search_radius"] is not None
         return
-    check_distribution(rows, fs.atom_tokens)
+    check_distribution(rows, fs.can_answer(a["context"], a["history_weight"], a["history_window"]))
     if a["temperature"] == 0:
         assert len(rows) == 1 and rows[0][1] == 1.0
 
@@ -294,7 +312,10 @@ def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> Non
         return _assert_fails_naming(error, argument)
     _assert_succeeds(error)
     (token,) = rows[0]
-    assert token in fs.atom_tokens if token is not None else a["search_radius"] is not None
+    if token is None:
+        assert a["search_radius"] is not None
+    else:
+        assert token in fs.can_answer(a["context"], a["history_weight"], a["history_window"])
 
 
 # -- generate_tokens ------------------------------------------------------------------------------
@@ -312,7 +333,10 @@ def test_generate_tokens_gives_ids_of_the_set_or_22023(db, sets, a) -> None:
     _assert_succeeds(error)
     (generated,) = rows[0]
     assert len(generated) <= max_new
-    assert all(t in fs.atom_tokens for t in generated)
+    context = list(a["context"])
+    for token in generated:                # each step's history atoms are those of the context so far
+        assert token in fs.can_answer(context, a["history_weight"], a["history_window"]), (token, context)
+        context.append(token)
     stops = set(stop or []) - {None}
     if len(generated) < max_new:           # stopped early: a stop token (kept) or no candidates
         assert (generated and generated[-1] in stops) or a["search_radius"] is not None
@@ -357,7 +381,8 @@ def test_next_token_batch_gives_one_distribution_per_context_or_22023(db, sets, 
     for j in range(len(contexts)):
         mine = [r[1:] for r in rows if r[0] == j]
         if mine or a["search_radius"] is None:
-            check_distribution(mine, fs.atom_tokens)
+            context = [int(x) for x in contexts[j]]
+            check_distribution(mine, fs.can_answer(context, a["history_weight"], a["history_window"]))
     assert {r[0] for r in rows} <= set(range(len(contexts)))
 
 
@@ -448,6 +473,18 @@ def test_history_keys_of_a_long_context_stay_finite_at_any_decay(db, server_url,
     finally:
         with psycopg.connect(server_url) as conn:
             drop_atom_set(conn, name)
+
+
+def test_generate_tokens_checks_the_context_even_for_zero_new_tokens(db, sets) -> None:
+    """Regression (found by the fuzz suite on some seeds): with max_new_tokens = 0 no step ran, so a
+    foreign token id was never looked up and the call returned '{}' instead of 22023."""
+    fs = sets["plain"]
+    rows, error = _call(db, GENERATE, ([3, 7], 0, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, None, None, None))
+    _assert_succeeds(error)
+    assert rows[0][0] == []
+    _, error = _call(db, GENERATE, ([3, -1], 0, 1.0, 40, 0.9, None, 100, fs.name, 1.0, 1, None, None, None))
+    _assert_fails_naming(error, "context")
+    assert "token id -1 (element 2)" in error.diag.message_primary
 
 
 def test_generate_tokens_accepts_at_most_max_new_tokens(db, sets) -> None:

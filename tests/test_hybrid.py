@@ -13,9 +13,10 @@ from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.hybrid import HybridBackend, HybridStats
 from hartonomous.backends.spatial import SpatialState
 from hartonomous.client import Client
-from hartonomous.engine import Engine, GenerationConfig
-from hartonomous.exact import ExactModel
+from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.exact import ExactModel
+from hartonomous.generation_config import GenerationConfig
 from hartonomous.risk import RiskModel
 from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, one_torch_thread,  # noqa: F401
                               spatial, tiny_exact_backend)

@@ -1,8 +1,14 @@
-"""Dependency direction: the offline build (`projection`) may use the runtime core (`hartonomous`),
-never the other way round, except in `hartonomous/cli.py`, the composition root that wires both.
+"""Dependency direction, read from the source with `ast` (no imports are executed, so an import
+inside a function counts as much as one at the top of a module).
 
-Read from the source with `ast` (no imports are executed), so an import inside a function counts
-as much as one at the top of a module.
+1. The offline build (`projection`) and the benchmarks (`benchmarks`) may use the runtime
+   (`hartonomous`), never the other way round, except in `hartonomous/cli.py`, the composition
+   root that wires them together.
+2. Inside the runtime, the core (what one inference step is made of: the generation options,
+   the sampler, the SQL calls, adaptive sampling, kernel, centroid, entropies, signals, risk,
+   the atom-set catalog, the holdout splits, errors, text streaming) imports nothing built on top
+   of it: not the engine, the backends, the client, the server, the command line, compare or the
+   benchmarks.
 """
 
 from __future__ import annotations
@@ -13,21 +19,49 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hartonomous"
 COMPOSITION_ROOT = "hartonomous/cli.py"
+OUTSIDE_THE_RUNTIME = ("projection", "benchmarks")
+
+CORE = ("hartonomous/generation_config.py", "hartonomous/sampling.py", "hartonomous/sqlcalls.py",
+        "hartonomous/adaptive.py", "hartonomous/kernel.py", "hartonomous/centroid.py", "hartonomous/entropy.py",
+        "hartonomous/signals.py", "hartonomous/risk.py", "hartonomous/errors.py", "hartonomous/textstream.py",
+        "hartonomous/splits.py", "hartonomous/atomset")
+ABOVE_THE_CORE = ("hartonomous.engine", "hartonomous.backends", "hartonomous.speculative", "hartonomous.client",
+                  "hartonomous.server", "hartonomous.cli", "hartonomous.cli_generate", "hartonomous.db.cluster_cli",
+                  "hartonomous.compare", "benchmarks", "projection")
 
 
 def imported_modules(source: str) -> set[str]:
-    """Every absolute module name a Python source imports (`import a.b`, `from a.b import c`)."""
+    """Every absolute module name a Python source imports (`import a.b`, `from a.b import c`); for
+    `from package import name` also `package.name`, since the name may be a submodule."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    """Whether module `name` is one of `packages` or inside one of them."""
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def imports_any(source: str, packages: tuple[str, ...]) -> bool:
+    return any(within(name, packages) for name in imported_modules(source))
+
+
 def imports_projection(source: str) -> bool:
-    return any(name == "projection" or name.startswith("projection.") for name in imported_modules(source))
+    return imports_any(source, ("projection",))
+
+
+def python_files(*paths: str) -> list[Path]:
+    files: list[Path] = []
+    for relative in paths:
+        path = ROOT / relative
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
 
 
 def test_the_import_finder_sees_every_form_of_import() -> None:
@@ -37,12 +71,29 @@ def test_the_import_finder_sees_every_form_of_import() -> None:
     assert imports_projection("from projection import build")
     assert not imports_projection("import projectionist\nfrom hartonomous.corpus import load_corpus\n")
     assert not imports_projection("from .projection import x")  # relative: inside the importing package
+    assert imports_any("from hartonomous import engine", ("hartonomous.engine",))
+    assert imports_any("from hartonomous.backends.base import Distribution", ("hartonomous.backends",))
+    assert not imports_any("from hartonomous.engines import x\nimport hartonomous.backendsx",
+                           ("hartonomous.engine", "hartonomous.backends"))
 
 
-def test_nothing_in_the_runtime_imports_projection_except_the_cli() -> None:
+def test_nothing_in_the_runtime_imports_the_build_or_the_benchmarks_except_the_cli() -> None:
     offenders = sorted(
         path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py")
-        if imports_projection(path.read_text(encoding="utf-8"))
+        if imports_any(path.read_text(encoding="utf-8"), OUTSIDE_THE_RUNTIME)
     )
-    assert [p for p in offenders if p != COMPOSITION_ROOT] == [], "runtime modules import projection"
+    assert [p for p in offenders if p != COMPOSITION_ROOT] == [], "runtime modules import projection or benchmarks"
 
+
+def test_the_core_list_names_files_that_exist() -> None:
+    missing = [p for p in CORE if not (ROOT / p).exists()]
+    assert missing == [], f"CORE names files that are gone: {missing}"
+
+
+def test_the_runtime_core_imports_nothing_above_it() -> None:
+    offenders = {
+        path.relative_to(ROOT).as_posix(): sorted(name for name in imported_modules(path.read_text(encoding="utf-8"))
+                                                  if within(name, ABOVE_THE_CORE))
+        for path in python_files(*CORE)
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}, "the core imports a layer above it"

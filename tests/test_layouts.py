@@ -239,7 +239,7 @@ def test_token_positions_come_from_the_blocks_and_equal_the_tokens_table(server_
 
 
 def test_the_layouts_benchmark_measures_both_layouts_and_names_the_faster(server_url: str) -> None:
-    from hartonomous.benchmark import layouts
+    from benchmarks import layouts
 
     results = layouts.run(server_url, sizes=(300, 600), calls=20)
     measured = {(r["layout"], r["atoms"], r["context_length"]) for r in results["rows"]}

@@ -350,7 +350,7 @@ def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, fi
 
 
 def test_the_servers_limits_and_defaults_come_from_the_engine(http):
-    from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig
+    from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
     from hartonomous.server.schemas import MAX_NEW_TOKENS_PER_REQUEST
 
     assert MAX_NEW_TOKENS_PER_REQUEST <= MAX_NEW_TOKENS          # the server may only be stricter

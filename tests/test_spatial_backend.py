@@ -10,8 +10,9 @@ import pytest
 from generation_helpers import drop_atom_set, tiny_atom_set, write_tiny_atom_set
 from hartonomous.backends.in_database import InDatabaseBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import MAX_NEW_TOKENS, Engine, GenerationConfig, State
+from hartonomous.engine import Engine, State
 from hartonomous.errors import UserError
+from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 from tiny_model import tiny_tokenizer
 
 PROMPT = "The capital of France is"

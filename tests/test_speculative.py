@@ -16,12 +16,13 @@ import torch
 from scipy.stats import chisquare
 
 from generation_helpers import drop_atom_set, write_tiny_atom_set
-from hartonomous.backends.base import Distribution, SamplerArgs
+from hartonomous.backends.base import Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
-from hartonomous.engine import Engine, GenerationConfig, State, pick
+from hartonomous.engine import Engine, State, pick
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
+from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sampling import logits_to_probs
 from hartonomous.speculative import Draft, SpeculativeBackend, SpeculativeStats
 from hartonomous.textstream import REPLACEMENT, decode

@@ -9,9 +9,8 @@ import psycopg
 import pytest
 
 from hartonomous import sqlcalls
-from hartonomous.backends.base import SamplerArgs
-from hartonomous.engine import GenerationConfig
 from hartonomous.errors import UserError
+from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sqlcalls import SpatialArgs
 
 SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty")

@@ -58,7 +58,7 @@ IngestStats = _section(
     atoms=int, copy_seconds=float, index_seconds=float, cluster_seconds=float, total_seconds=float,
     atoms_per_second=float, layout=str)
 SyntheticStats = _section(
-    "SyntheticStats", "Benchmark sets of uniform random atoms (hartonomous/benchmark/synthetic.py).",
+    "SyntheticStats", "Benchmark sets of uniform random atoms (benchmarks/synthetic.py).",
     distribution=str, seed=int, layout=str)
 SplitStats = _section(
     "SplitStats", "One half of the holdout (hartonomous/splits.py): what it is and what the build measured on it.",

@@ -7,6 +7,8 @@ Two kinds of backend, and the engine dispatches on which one it is given:
   same way;
 - a `WholeLoopBackend` runs the entire loop in one call elsewhere (the database's
   `generate_tokens`; see `hartonomous.backends.in_database`) and returns the generated ids.
+
+Both receive the sampler settings as `SamplerArgs` (hartonomous.generation_config).
 """
 
 from __future__ import annotations
@@ -16,19 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-
-@dataclass(frozen=True)
-class SamplerArgs:
-    """The sampler settings both paths share (docs/design.md, 'Sampler semantics').
-
-    No defaults here: they live in `hartonomous.engine.GenerationConfig`, whose `.sampler`
-    builds this object.
-    """
-
-    temperature: float
-    top_k: int | None
-    top_p: float
-    repetition_penalty: float
+from hartonomous.generation_config import SamplerArgs
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hartonomous.backends.base import Distribution, SamplerArgs
+from hartonomous.backends.base import Distribution
 from hartonomous.exact import ExactModel, KVCache
+from hartonomous.generation_config import SamplerArgs
 from hartonomous.sampling import logits_to_probs
 from hartonomous.signals import StepSignals, distribution_signals
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hartonomous.backends.base import Distribution, SamplerArgs
+from hartonomous.backends.base import Distribution
 from hartonomous.backends.exact import ExactBackend, ExactState
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
 from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.generation_config import SamplerArgs
 from hartonomous.signals import StepSignals
 
 

@@ -13,8 +13,9 @@ import threading
 from psycopg import errors as pg_errors
 
 from hartonomous import sqlcalls
-from hartonomous.backends.base import Cancelled, SamplerArgs, WholeLoopBackend
+from hartonomous.backends.base import Cancelled, WholeLoopBackend
 from hartonomous.backends.spatial import SpatialBackend
+from hartonomous.generation_config import SamplerArgs
 
 CANCEL_POLL_S = 0.05
 

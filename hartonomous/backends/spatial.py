@@ -18,8 +18,9 @@ import psycopg
 
 from hartonomous import sqlcalls
 from hartonomous.atomset import AtomSet, load_atom_set, tokenizer_for
-from hartonomous.backends.base import Distribution, SamplerArgs
+from hartonomous.backends.base import Distribution
 from hartonomous.errors import UserError
+from hartonomous.generation_config import SamplerArgs
 from hartonomous.signals import StepSignals
 from hartonomous.sqlcalls import SpatialArgs
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hartonomous.backends.base import SamplerArgs
 from hartonomous.compare import intervals
+from hartonomous.generation_config import SamplerArgs
 
 if TYPE_CHECKING:               # annotations only: projection/risk.py imports this module, keep it light
     import psycopg

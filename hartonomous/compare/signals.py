@@ -8,6 +8,7 @@
 
 Only tokens with p > 0 enter H, H2 and V, so a sparse distribution is measured as the
 sampler sees it; the NLL passed in decides how zero-probability targets are handled.
+H, H2 and V are hartonomous/entropy.py's (the runtime's signals use the same definitions).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from hartonomous.entropy import renyi2, shannon, varentropy
 
 SIGNALS = ("H", "H2", "V", "R", "calibration_gap")
 
@@ -29,24 +32,6 @@ class Signals:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-def shannon(p: np.ndarray) -> float:
-    p = np.asarray(p, dtype=np.float64)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
-def renyi2(p: np.ndarray) -> float:
-    p = np.asarray(p, dtype=np.float64)
-    return float(-np.log((p * p).sum()))
-
-
-def varentropy(p: np.ndarray) -> float:
-    p = np.asarray(p, dtype=np.float64)
-    p = p[p > 0]
-    h = -(p * np.log(p)).sum()
-    return float((p * (np.log(p) + h) ** 2).sum())
 
 
 def signals(p: np.ndarray, nll: float) -> Signals:

@@ -8,8 +8,8 @@ import numpy as np
 import psycopg
 
 from hartonomous import sqlcalls
-from hartonomous.backends.base import SamplerArgs
 from hartonomous.compare.metrics import Sparse
+from hartonomous.generation_config import SamplerArgs
 from hartonomous.sqlcalls import SpatialArgs
 
 # The model's own distribution: T = 1, top-k and top-p off, no repetition penalty.

@@ -1,4 +1,7 @@
-"""`hartonomous cluster up | status | url | down`: the local Citus cluster (docs/scale-out.md)."""
+"""`hartonomous cluster up | status | url | down`: the local Citus cluster (docs/scale-out.md).
+
+`hartonomous cluster bench` is benchmarks/cli.py's (wired in by the composition root, hartonomous/cli.py).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ cluster_app = typer.Typer(
     no_args_is_help=True)
 
 
-def _cluster():
+def local_cluster():
+    """The local Citus cluster this command manages; refused while HARTONOMOUS_DATABASE_URL is set."""
     from hartonomous.config import get_settings
     from hartonomous.db.connection import local_citus
 
@@ -30,7 +34,7 @@ def _cluster():
 def cluster_up(workers: int = typer.Option(None, "--workers", "-w",
                                            help="Number of workers (default: 2 for a new cluster, else unchanged).")) -> None:
     """Create and start the coordinator and workers and register the workers; idempotent."""
-    cluster = _cluster()
+    cluster = local_cluster()
     if workers is None and not cluster.layout_file.exists():
         workers = 2
     outcome = cluster.up(workers)
@@ -41,7 +45,7 @@ def cluster_up(workers: int = typer.Option(None, "--workers", "-w",
 @cluster_app.command("status")
 def cluster_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show each node (running, port, data dir) and the workers the coordinator sees."""
-    cluster = _cluster()
+    cluster = local_cluster()
     if not cluster.layout_file.exists():
         raise UserError("no local Citus cluster; start one with `hartonomous cluster up --workers 2`")
     info = cluster.status()
@@ -61,42 +65,14 @@ def cluster_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
 @cluster_app.command("url")
 def cluster_url(reader: bool = typer.Option(False, "--reader", help="URL of the least-privilege role.")) -> None:
     """Print the coordinator's libpq URL (export it as HARTONOMOUS_DATABASE_URL elsewhere)."""
-    print(_cluster().url("reader" if reader else "owner"))
+    print(local_cluster().url("reader" if reader else "owner"))
 
 
 @cluster_app.command("down")
 def cluster_down(delete: bool = typer.Option(False, "--delete", help="Also delete the nodes' data.")) -> None:
     """Stop the workers and the coordinator (fast shutdown)."""
-    for line in _cluster().down(delete=delete):
+    for line in local_cluster().down(delete=delete):
         console.print(line)
-
-
-@cluster_app.command("bench")
-def cluster_bench(
-    sizes: str = typer.Option("1e5,1e6", help="Comma-separated atom counts."),
-    calls: int = typer.Option(200, help="next_token calls per size and side."),
-    out: str = typer.Option(".hartonomous/bench/scale-out.json", help="Where the JSON goes."),
-) -> None:
-    """next_token on the single-node `db` vs this cluster, same synthetic sets (docs/scale-out.md)."""
-    from pathlib import Path
-
-    from hartonomous.benchmark import scaleout
-    from hartonomous.db import migrate
-    from hartonomous.db.connection import embedded_cluster
-
-    try:
-        counts = tuple(int(float(v)) for v in sizes.split(",") if v.strip())
-    except ValueError:
-        raise UserError(f"--sizes must be comma-separated atom counts such as 1e5,1e6; got '{sizes}'") from None
-    cluster = _cluster()
-    if not cluster.is_running():
-        raise UserError("the local Citus cluster is not running; start it with `hartonomous cluster up`")
-    single = embedded_cluster()
-    single.up()
-    for url in (single.url(), cluster.url()):
-        migrate.upgrade(url)
-    results = scaleout.run(single.url(), cluster.url(), counts, calls, Path(out))
-    print(scaleout.markdown(results))
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hartonomous.client import make_config
-from hartonomous.engine import GenerationConfig, GenerationResult, TokenEvent, check_prompt, check_prompts
+from hartonomous.engine import GenerationResult, TokenEvent, check_prompt, check_prompts
+from hartonomous.generation_config import GenerationConfig
 from hartonomous.server.runtime import Runtime
 from hartonomous.server.schemas import BatchRequest, GenerateRequest, NextTokenRequest, StreamRequest
 from hartonomous.textstream import decode

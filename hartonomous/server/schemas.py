@@ -1,9 +1,9 @@
 """Request and response bodies of the HTTP API, with the input limits.
 
-Defaults come from hartonomous.engine.GenerationConfig. The ranges here are what a server
+Defaults come from hartonomous.generation_config.GenerationConfig. The ranges here are what a server
 accepts (pydantic constraints, published in the OpenAPI schema; a request outside them gets a
 422 whose `loc` names the field). The rules themselves (a non-blank prompt, the sampler's
-bounds, max_new_tokens <= engine.MAX_NEW_TOKENS) live in GenerationConfig and the engine, and run
+bounds, max_new_tokens <= MAX_NEW_TOKENS) live in GenerationConfig and the engine, and run
 behind these: their InvalidArgument is answered with the same 422 naming the field
 (hartonomous.server.errors).
 """
@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
-from hartonomous.engine import MAX_NEW_TOKENS, GenerationConfig
+from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 
 MAX_DRAFT_TOKENS = 64          # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 

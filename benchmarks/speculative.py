@@ -99,8 +99,9 @@ class Runner:
     def __init__(self, conn: psycopg.Connection, atom_set: str | None, max_new_tokens: int, draft_tokens: int):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.backends.spatial import SpatialBackend
-        from hartonomous.engine import Engine, GenerationConfig
+        from hartonomous.engine import Engine
         from hartonomous.exact import ExactModel
+        from hartonomous.generation_config import GenerationConfig
         from hartonomous.speculative import SpeculativeBackend
 
         self.model = ExactModel.load("smollm2", device="cpu")

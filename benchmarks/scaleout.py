@@ -1,9 +1,9 @@
 """Scale-out benchmark: next_token on one node vs a Citus coordinator + workers (docs/scale-out.md).
 
-The same synthetic atom sets (hartonomous/benchmark/synthetic.py: uniform atoms, queries spread
+The same synthetic atom sets (benchmarks/synthetic.py: uniform atoms, queries spread
 over the cube) are built on both databases, and for each size we take
 
-- in-database latency p50/p95 (the server-side timer loop of hartonomous/benchmark/latency.py);
+- in-database latency p50/p95 (the server-side timer loop of benchmarks/latency.py);
 - client round trip p50 and throughput with 1 and 4 concurrent clients;
 - the CPU time of the caller's backend per call (on the cluster: the coordinator's);
 - on the cluster, the KNN statement alone under EXPLAIN ANALYZE with every task shown: the
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import psycopg
 
-from hartonomous.benchmark.concurrency import run_clients
-from hartonomous.benchmark.latency import in_database, roundtrip
-from hartonomous.benchmark.synthetic import (SYNTHETIC_VOCAB, ensure_synthetic_atom_set, random_contexts,
-                                             synthetic_name)
+from benchmarks.concurrency import run_clients
+from benchmarks.latency import in_database, roundtrip
+from benchmarks.synthetic import SYNTHETIC_VOCAB, ensure_synthetic_atom_set, random_contexts, synthetic_name
+from hartonomous.atomset import load_atom_set
 from hartonomous.measure import percentile
 
 K = 100
@@ -37,7 +37,7 @@ FAN_OUT_MAX_ATOMS = 1_000_000
 
 
 def _set_id(conn: psycopg.Connection, name: str) -> int:
-    return int(conn.execute("SELECT id FROM atom_sets WHERE name = %s", (name,)).fetchone()[0])
+    return load_atom_set(conn, name).id
 
 
 def bytes_per_atom(conn: psycopg.Connection, name: str, atoms: int, distributed: bool) -> float:
@@ -81,7 +81,7 @@ def knn_fan_out(conn: psycopg.Connection, name: str, shard_counts: tuple[int, ..
     The copies are dropped afterwards."""
     import numpy as np
 
-    from hartonomous.benchmark.latency import backend_cpu_ns
+    from benchmarks.latency import backend_cpu_ns
 
     source = f"atoms_{_set_id(conn, name)}"
     points = np.random.default_rng(5).random((calls + 20, 3)).tolist()

@@ -1,4 +1,7 @@
-"""`hartonomous bench`: the benchmark suite's command."""
+"""`hartonomous bench` and `hartonomous cluster bench`: the benchmark suite's commands.
+
+Registered by the composition root (hartonomous/cli.py); nothing else in the runtime imports `benchmarks`.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +49,10 @@ def _sizes(value: str | None) -> tuple[int, ...] | None:
     return sizes
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
+    """`bench` on the app, `bench` on its `cluster` group."""
+    cluster_app.command("bench")(cluster_bench)
+
     @app.command("bench", help=HELP)
     def bench_cmd(
         quick: bool = typer.Option(False, "--quick", help="10^4, 10^5 and 10^6 atoms (minutes). The default."),
@@ -73,7 +79,7 @@ def register(app: typer.Typer) -> None:
                                      "10^5 and 10^6 atoms (--full adds 10^7), 512- and 8-token contexts with "
                                      "history atoms; writes <out>/bench-layouts.json and .md."),
     ) -> None:
-        from hartonomous.benchmark import run
+        from benchmarks import run
         from hartonomous.db.connection import owner_url
 
         if quick and full:
@@ -101,8 +107,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _layouts(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int, ...] | None) -> None:
-    """`hartonomous bench --layouts`: see hartonomous.benchmark.layouts."""
-    from hartonomous.benchmark import layouts, run
+    """`hartonomous bench --layouts`: see benchmarks.layouts."""
+    from benchmarks import layouts, run
     from hartonomous.db.connection import owner_url
 
     url = owner_url()
@@ -131,8 +137,8 @@ def _write_report(out: Path, results: dict, text: str, command: str) -> None:
 
 def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threads: int | None, draft_tokens: int,
                  max_new_tokens: int) -> None:
-    """`hartonomous bench --speculative [--quick]`: see hartonomous.benchmark.speculative."""
-    from hartonomous.benchmark import run, speculative
+    """`hartonomous bench --speculative [--quick]`: see benchmarks.speculative."""
+    from benchmarks import run, speculative
     from hartonomous.db.connection import owner_url
 
     if full:
@@ -149,3 +155,29 @@ def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threa
     results = speculative.run(url, quick=quick, atom_set=atom_set, max_new_tokens=max_new_tokens, threads=threads,
                               draft_tokens=draft_tokens)
     _write_report(out, results, speculative.markdown(results, command), command)
+
+
+def cluster_bench(
+    sizes: str = typer.Option("1e5,1e6", help="Comma-separated atom counts."),
+    calls: int = typer.Option(200, help="next_token calls per size and side."),
+    out: str = typer.Option(".hartonomous/bench/scale-out.json", help="Where the JSON goes."),
+) -> None:
+    """next_token on the single-node `db` vs this cluster, same synthetic sets (docs/scale-out.md)."""
+    from benchmarks import scaleout
+    from hartonomous.db import migrate
+    from hartonomous.db.cluster_cli import local_cluster
+    from hartonomous.db.connection import embedded_cluster
+
+    try:
+        counts = tuple(int(float(v)) for v in sizes.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"--sizes must be comma-separated atom counts such as 1e5,1e6; got '{sizes}'") from None
+    cluster = local_cluster()
+    if not cluster.is_running():
+        raise UserError("the local Citus cluster is not running; start it with `hartonomous cluster up`")
+    single = embedded_cluster()
+    single.up()
+    for url in (single.url(), cluster.url()):
+        migrate.upgrade(url)
+    results = scaleout.run(single.url(), cluster.url(), counts, calls, Path(out))
+    print(scaleout.markdown(results))

@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from hartonomous.benchmark.latency import next_token_call
+from benchmarks.latency import next_token_call
 from hartonomous.measure import percentile
 
 

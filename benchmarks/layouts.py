@@ -16,9 +16,9 @@ import time
 import numpy as np
 import psycopg
 
+from benchmarks import latency, synthetic
 from hartonomous.atomset import AtomRows, AtomSetSpec, BuildStats, SyntheticStats, TokenRows, write_atom_set
 from hartonomous.atomset.write import DEFAULT_LAYOUT, INDEX_LAYOUT, LAYOUTS, TILE_ATOMS
-from hartonomous.benchmark import latency, synthetic
 from hartonomous.measure import describe_machine, load_average, percentile
 
 SIZES = (10**5, 10**6)

@@ -12,8 +12,8 @@ import psycopg
 from rich.console import Console
 from rich.progress import Progress
 
+from benchmarks import concurrency, latency, synthetic, targets, throughput
 from hartonomous.atomset import atom_set_names, list_atom_sets
-from hartonomous.benchmark import concurrency, latency, synthetic, targets, throughput
 from hartonomous.config import get_settings
 from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, exact_path
