@@ -92,13 +92,14 @@ class Row:
 
 # Where every JSON records how it was made: the first path present wins. `hartonomous compare`
 # and `hartonomous bench` write `command` and the machine description of hartonomous/measure.py,
-# which carries `commit` (the code's git commit) and `load` (the load average while it ran).
+# which carries `commit` (the code's git commit); the load average while it ran is `machine.load`
+# (compare: start and end), `load_1m` (bench: at each stage) or `machine.load_average` (at the start).
 PROVENANCE: Mapping[str, tuple[str, ...]] = {
     "command": ("command",),
     "commit": ("machine.commit",),
     "date": ("generated_at", "started", "date"),
     "machine": ("machine",),
-    "load": ("machine.load",),
+    "load": ("machine.load", "load_1m", "machine.load_average"),   # compare; bench; bench --speculative
 }
 
 _HEADLINE_TOP1 = "headline[metric=top-1 agreement]"
@@ -307,13 +308,13 @@ def _render_machine(machine: Any) -> str:
 
 
 def _render_load(load: Any) -> str:
-    """A number; a list of load averages (the first, 1-minute, is shown); or {start, end}."""
+    """A number; a list of load averages (the first, 1-minute, is shown); or {start, end} of either."""
     if _is_number(load):
         return f"{load:g}"
     if isinstance(load, list) and load and _is_number(load[0]):
         return f"{load[0]:g}"
-    if isinstance(load, dict) and _is_number(load.get("start")) and _is_number(load.get("end")):
-        return f"{load['start']:g} → {load['end']:g}"
+    if isinstance(load, dict) and "start" in load and "end" in load:
+        return f"{_render_load(load['start'])} → {_render_load(load['end'])}"
     raise Missing(f"machine.load: not a load average ({load!r})")
 
 
