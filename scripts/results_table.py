@@ -56,12 +56,15 @@ class Field:
     (negative from the end); `[key=value]` picks the first list element whose `key` is `value`,
     compared with the element's JSON text (`[distributed=true]`, `[atoms=1000000]`) or, for a
     string, with the string itself (`[metric=top-1 agreement]`). `spec` is a format spec ("s" for
-    a string); `interval_spec` formats the ends of the value's 95% interval when it has one.
+    a string); `interval_spec` formats the ends of the value's 95% interval when it has one, read
+    from the value itself (`value_with_interval`) or from the sibling path `interval` (a report's
+    headline keeps `baseline` and `baseline_ci95` side by side).
     """
 
     path: str
     spec: str = ".3f"
     interval_spec: str = ".2f"
+    interval: str | None = None        # a path to the value's [low, high] where it sits beside it
 
 
 @dataclass(frozen=True)
@@ -102,46 +105,50 @@ PROVENANCE: Mapping[str, tuple[str, ...]] = {
     "load": ("machine.load", "load_1m", "machine.load_average"),   # compare; bench; bench --speculative
 }
 
-_HEADLINE_TOP1 = "headline[metric=top-1 agreement]"
-_HEADLINE_PEARSON = "headline[metric=Pearson, union of supports (mean)]"
-_SPEED_CLAIM = "claims[claim=3–20× faster than exact inference]"
-_SHORT = "kinds.short.methods.speculative"
-_DOCUMENT = "kinds.document.methods.speculative"
+_TEST = "2026-11-25-compare-ctx100-test.json"           # 100K default build, test half, --against the 20K set
+_FRESH = "2026-11-25-compare-ctx100-mpl2.json"          # a text never used to choose anything
+_BENCH = "2026-11-25-bench-quick.json"
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
+
+
+def _headline(metric: str) -> str:
+    return f"headline[metric={metric}]"
+
+
+def _fidelity_row(claim: str, metric: str, key: str) -> Row:
+    """spatial (with its interval) against the best counting baseline for this metric and the control."""
+    row = _headline(metric)
+    return Row(claim=claim, source=_TEST,
+               measured="{spatial}; best counting baseline ({baseline_name}) {baseline}, spatial {verdict}; "
+                        "the same atoms at random positions {random}, spatial {control_verdict}",
+               n="{positions} positions of the test half",
+               fields={"spatial": Field(f"fidelity.spatial.{key}"),
+                       "baseline_name": Field(f"{row}.baseline_name", "s"),
+                       "baseline": Field(f"{row}.baseline", interval=f"{row}.baseline_ci95"),
+                       "verdict": Field(f"{row}.verdicts.baseline", "s"),
+                       "random": Field(f"fidelity.controls.random_positions.path.{key}"),
+                       "control_verdict": Field(f"{row}.verdicts.random_positions", "s"), **_POSITIONS})
+
 
 # The original documents' claims, then the project's own headline figures.
 ROWS: tuple[Row, ...] = (
-    Row(claim="0.89 Pearson correlation with exact inference",
-        source="2026-11-23-fidelity-100k-ctx100-test.json",
-        measured="{spatial}; best baseline ({baseline_name}) {baseline}; "
-                 "the same atoms at random positions {random}",
-        n="{positions} positions of the test half",
-        fields={"spatial": Field("fidelity.spatial.pearson"),
-                "baseline_name": Field(f"{_HEADLINE_PEARSON}.baseline_name", "s"),
-                "baseline": Field(f"{_HEADLINE_PEARSON}.baseline"),
-                "random": Field("fidelity.controls.random_positions.path.pearson"), **_POSITIONS}),
-    Row(claim="top-1 agreement with exact inference (not claimed; the project's headline)",
-        source="2026-11-23-fidelity-100k-ctx100-test.json",
-        measured="{spatial}; best baseline ({baseline_name}) {baseline}; "
-                 "the same atoms at random positions {random}",
-        n="{positions} positions of the test half",
-        fields={"spatial": Field("fidelity.spatial.top1"),
-                "baseline_name": Field(f"{_HEADLINE_TOP1}.baseline_name", "s"),
-                "baseline": Field(f"{_HEADLINE_TOP1}.baseline"),
-                "random": Field("fidelity.controls.random_positions.path.top1"), **_POSITIONS}),
+    _fidelity_row("0.89 Pearson correlation with exact inference", "Pearson, union of supports (mean)", "pearson"),
+    _fidelity_row("top-1 agreement with exact inference (not claimed; the project's headline)",
+                  "top-1 agreement", "top1"),
     Row(claim="15 ms/token; 3–20× faster than exact inference",
-        source="2026-11-23-fidelity-100k-ctx100-test.json",
-        measured="spatial {spatial_ms} ms/token, exact {exact_ms} ms/token (medians, free generation): "
-                 "{speedup}×",
+        source=_TEST,
+        measured="spatial {spatial_ms} ms/token, exact {exact_ms} ms/token (medians, free generation, "
+                 "greedy, CPU): {speedup}×",
         n="{tokens} spatial tokens",
-        fields={"spatial_ms": Field("generation.spatial.p50_ms", ".1f"),
+        fields={"spatial_ms": Field("generation.spatial.p50_ms", ".2f"),
                 "exact_ms": Field("generation.exact.p50_ms", ".1f"),
-                "speedup": Field(f"{_SPEED_CLAIM}.measured", ".1f"),
+                "speedup": Field("claims[claim=3–20× faster than exact inference].measured", ".1f"),
                 "tokens": Field("generation.spatial.tokens", ",.0f")}),
     Row(claim="O(log N) search",
-        source="2026-11-23-bench-quick.json",
+        source=_BENCH,
         measured="in-database median {small_ms} ms at {small} atoms, {large_ms} ms at {large} atoms "
-                 "(synthetic uniform sets, warm cache); the index {speedup}× faster than brute force at {large}",
+                 "(synthetic uniform sets, short contexts, warm cache); the index {speedup}× faster than "
+                 "brute force at {large}",
         n="{calls} calls per size",
         fields={"small_ms": Field("latency[0].in_db_p50_ms", ".2f"),
                 "small": Field("latency[0].atoms", ",.0f"),
@@ -150,53 +157,36 @@ ROWS: tuple[Row, ...] = (
                 "speedup": Field("latency[-1].index_speedup", ".0f"),
                 "calls": Field("latency[-1].calls", ",.0f")}),
     Row(claim="\"6 logical reads\" per query",
-        source="2026-11-23-bench-quick.json",
+        source=_BENCH,
         measured="{buffers} shared buffers per next_token call (median) at {atoms} atoms",
         n="{calls} calls",
         fields={"buffers": Field("latency[-1].shared_buffers_p50", ".0f"),
                 "atoms": Field("latency[-1].atoms", ",.0f"),
                 "calls": Field("latency[-1].calls", ",.0f")}),
-    Row(claim="3.5 billion atoms (scale-out)",
-        source="2026-11-23-scale-out-1e7.json",
-        measured="Citus coordinator and two workers: in-database median {distributed_ms} ms against "
-                 "{single_ms} ms on one node, at {atoms} atoms",
-        n="{calls} calls per set",
-        fields={"distributed_ms": Field("rows[distributed=true].in_db_p50_ms", ".1f"),
-                "single_ms": Field("rows[distributed=false].in_db_p50_ms", ".1f"),
-                "atoms": Field("rows[distributed=true].atoms", ",.0f"),
-                "calls": Field("calls", ",.0f")}),
-    Row(claim="positions \"updated via gradient descent\"",
-        source="2026-11-23-learned-100-lh-test.json",
-        measured="agreement with the exact argmax, learned positions {learned}; best baseline "
-                 "({baseline_name}) {baseline}",
+    Row(claim="more training data (not claimed)",
+        source=_TEST,
+        measured="agreement with the exact argmax {big} from {tokens} training tokens, against {small} for "
+                 "{small_name} (the demo's set) on the same positions: the larger set {verdict}",
         n="{positions} positions of the test half",
-        fields={"learned": Field("fidelity.spatial.top1"),
-                "baseline_name": Field(f"{_HEADLINE_TOP1}.baseline_name", "s"),
-                "baseline": Field(f"{_HEADLINE_TOP1}.baseline"), **_POSITIONS}),
+        fields={"big": Field("fidelity.spatial.top1"),
+                "small": Field(f"{_headline('top-1 agreement')}.against",
+                               interval=f"{_headline('top-1 agreement')}.against_ci95"),
+                "small_name": Field(f"{_headline('top-1 agreement')}.against_name", "s"),
+                "verdict": Field(f"{_headline('top-1 agreement')}.verdicts.against", "s"),
+                "tokens": Field("baselines.distillation.tokens", ",.0f"), **_POSITIONS}),
     Row(claim="geometry-aware risk: send the uncertain steps to the exact model",
-        source="2026-11-24-risk-hybrid-test.json",
-        measured="ROC AUC {auc} for a wrong spatial argmax; with {fraction} of the steps sent to the exact "
-                 "model, agreement {hybrid} against {random} for random routing",
-        n="{positions} positions of the test half",
-        fields={"auc": Field("roc_auc_wrong"),
-                "fraction": Field("curve[fraction_exact=0.5].fraction_exact", ".2f"),
-                "hybrid": Field("curve[fraction_exact=0.5].hybrid_agreement"),
-                "random": Field("curve[fraction_exact=0.5].random_expected"),
-                "positions": Field("positions", ",.0f")}),
-    Row(claim="speculative decoding: the exact output, faster (not claimed)",
-        source="2026-11-23-bench-speculative-quick.json",
-        measured="identical to exact on {short_identical} short and {document_identical} document prompts; "
-                 "{short_speedup}× and {document_speedup}× the speed of transformers generate; "
-                 "acceptance {short_acceptance} and {document_acceptance}",
-        n="{short_tokens} and {document_tokens} generated tokens",
-        fields={"short_identical": Field(f"{_SHORT}.identical", "s"),
-                "document_identical": Field(f"{_DOCUMENT}.identical", "s"),
-                "short_speedup": Field(f"{_SHORT}.speedup_vs_generate", ".2f"),
-                "document_speedup": Field(f"{_DOCUMENT}.speedup_vs_generate", ".2f"),
-                "short_acceptance": Field(f"{_SHORT}.acceptance_rate", ".2f"),
-                "document_acceptance": Field(f"{_DOCUMENT}.acceptance_rate", ".2f"),
-                "short_tokens": Field(f"{_SHORT}.tokens", ",.0f"),
-                "document_tokens": Field(f"{_DOCUMENT}.tokens", ",.0f")}),
+        source=_FRESH,
+        measured="ROC AUC {auc} for a wrong spatial argmax, on a text never used to choose the signals; "
+                 "with {fraction} of the steps sent to the exact model, agreement {hybrid} against {random} "
+                 "for random routing ({verdict}) and {perfect} for a perfect router",
+        n="{positions} positions of the Mozilla Public License text",
+        fields={"auc": Field("routing.roc_auc"),
+                "fraction": Field("routing.curve[fraction=0.5].fraction_exact", ".2f"),
+                "hybrid": Field("routing.curve[fraction=0.5].agreement"),
+                "random": Field("routing.curve[fraction=0.5].random_agreement"),
+                "verdict": Field("routing.curve[fraction=0.5].vs_random.verdict", "s"),
+                "perfect": Field("routing.curve[fraction=0.5].perfect_agreement"),
+                "positions": Field("routing.positions", ",.0f")}),
 )
 
 
@@ -250,16 +240,23 @@ def lookup(data: Any, path: str) -> Any:
 def value_with_interval(node: Any) -> tuple[Any, tuple[float, float] | None]:
     """A JSON value and its 95% interval when it carries one.
 
-    The one place that knows the interval's shape: a number or string carries none; a dict with
-    "mean" (a report's distribution) is that mean, with the interval `ci95: [low, high]` if present.
+    The one place that knows the intervals' shapes: a number or string carries none; a dict with
+    "mean" (a report's distribution) is that mean, with the interval `ci95: [low, high]` if present;
+    a dict with "estimate" (an interval of hartonomous/compare/intervals.py, e.g. the ROC AUC) is
+    that estimate with `low` and `high`.
     """
     if isinstance(node, dict) and "mean" in node:
-        ci = node.get("ci95")
-        interval = None
-        if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_is_number(x) for x in ci):
-            interval = (float(ci[0]), float(ci[1]))
-        return node["mean"], interval
+        return node["mean"], as_interval(node.get("ci95"))
+    if isinstance(node, dict) and "estimate" in node:
+        return node["estimate"], as_interval([node.get("low"), node.get("high")])
     return node, None
+
+
+def as_interval(value: Any) -> tuple[float, float] | None:
+    """[low, high] as a pair of floats; None when it is not one (absent, null ends)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(x) for x in value):
+        return float(value[0]), float(value[1])
+    return None
 
 
 def _is_number(x: Any) -> bool:
@@ -269,6 +266,8 @@ def _is_number(x: Any) -> bool:
 def render_field(data: Any, field: Field) -> str:
     """The field's text: its value in `spec`, followed by `[low, high]` when it has an interval."""
     value, interval = value_with_interval(lookup(data, field.path))
+    if field.interval is not None:
+        interval = as_interval(lookup(data, field.interval))
     if field.spec == "s":
         if not isinstance(value, str) or not value:
             raise Missing(f"{field.path}: not a string")

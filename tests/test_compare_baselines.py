@@ -394,3 +394,28 @@ def test_the_report_names_the_labels_and_fits_each_cache_on_the_calibration_half
     markdown = write_report(report, result.figures, tmp_path / "report")["md"].read_text(encoding="utf-8")
     assert "labels soft top-4 (the atom set's own)" in markdown and "∞-gram + cache: the ∞-gram mixed" in markdown
     assert f"sha256 {info.stats.corpus.sha256[0][:12]}" in markdown
+
+
+# --- the full-dimensional KNN baseline ----------------------------------------------------------
+
+def test_the_knn_baseline_breaks_distance_ties_by_atom_id(conn) -> None:
+    """A soft-labelled position's atoms share one key, so K often cuts inside a tie: the lowest atom
+    ids win, whatever order the scan returns them in (two identical sets must score the same)."""
+    from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+    from hartonomous.compare.spatial import knn_distribution
+
+    vocab, tied = 10, 6
+    spec = AtomSetSpec(name="knn-ties", model="test", vocab_size=vocab, embedding_dim=3, projection="hand-made",
+                       kind="context", kernel="gaussian", bandwidth=1.0, centroid_window=3, centroid_decay=0.01)
+    tokens = TokenRows(np.arange(vocab), [None] * vocab, np.random.default_rng(0).random((vocab, 3)))
+    keys = np.zeros((tied, 3), dtype=np.float32)                    # six atoms at one key: all tied
+    atoms = AtomRows(np.arange(tied), np.zeros((tied, 3)), np.ones(tied), keys)
+    set_id = write_atom_set(conn, spec, tokens, atoms).atom_set_id
+    ids = [r[0] for r in conn.execute("SELECT atom_id FROM atoms WHERE atom_set_id = %s ORDER BY atom_id",
+                                      (set_id,)).fetchall()]
+    lowest = {t for (t,) in conn.execute("SELECT token_id FROM atoms WHERE atom_set_id = %s AND atom_id = ANY(%s)",
+                                         (set_id, ids[:3])).fetchall()}
+    conn.execute("UPDATE atoms SET weight = weight WHERE atom_set_id = %s AND atom_id = ANY(%s)",
+                 (set_id, ids[:3]))                              # the lowest ids now sit last in the heap
+    dist, _ = knn_distribution(conn, np.array([1.0, 0.0, 0.0]), set_id, k=3, bandwidth=1.0)
+    assert set(dist.ids.tolist()) == lowest

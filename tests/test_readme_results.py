@@ -153,6 +153,15 @@ def test_a_value_is_a_plain_number_or_a_mean_with_an_optional_95_percent_interva
     assert rt.render_field({"x": 644801}, Field("x", ",.0f")) == "644,801"
 
 
+def test_an_interval_may_be_an_estimate_with_its_ends_or_sit_beside_the_value():
+    auc = {"estimate": 0.8502, "low": 0.8261, "high": 0.8683, "n": 1151, "blocks": 36}
+    assert rt.value_with_interval(auc) == (0.8502, (0.8261, 0.8683))
+    assert rt.render_field({"auc": auc}, Field("auc")) == "0.850 [0.83, 0.87]"
+    assert rt.value_with_interval({"estimate": 0.5, "low": None, "high": None}) == (0.5, None)
+    row = {"baseline": 0.3944, "baseline_ci95": [0.3455, 0.4435]}
+    assert rt.render_field(row, Field("baseline", interval="baseline_ci95")) == "0.394 [0.35, 0.44]"
+
+
 def test_a_template_may_not_hold_a_number_of_its_own_or_name_an_unknown_field():
     with pytest.raises(ValueError, match="number of its own"):
         Row(claim="c", source="a.json", measured="top-1 {x}", n="{x}", fields={"x": Field("x")})

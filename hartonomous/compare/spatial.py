@@ -15,9 +15,12 @@ from hartonomous.sqlcalls import SpatialArgs
 # The model's own distribution: T = 1, top-k and top-p off, no repetition penalty.
 FULL_DISTRIBUTION = SamplerArgs(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
+# Ties are common (a soft-labelled position's k atoms share one key), so atom_id breaks them: without
+# it the K-th neighbour depended on the scan order (a parallel scan's), and two identical sets scored
+# differently.
 KNN_KEYS = (
     "SELECT token_id, weight, key <-> %s::vector AS distance FROM atoms "
-    "WHERE atom_set_id = %s AND key IS NOT NULL ORDER BY key <-> %s::vector LIMIT %s"
+    "WHERE atom_set_id = %s AND key IS NOT NULL ORDER BY key <-> %s::vector, atom_id LIMIT %s"
 )
 
 
