@@ -672,3 +672,21 @@ def test_the_report_records_the_commit_and_the_load_at_start_and_end(rendered):
         assert (machine["commit"], machine["dirty"]) == (None, None)
     for when in ("start", "end"):
         assert len(machine["load"][when]) == 3 and all(x >= 0 for x in machine["load"][when])
+
+
+def test_against_a_set_that_held_out_other_text_is_refused_on_the_holdout_but_not_on_a_user_text(
+        server_url, context_set):
+    """A set built from another --max-tokens cuts another holdout: its training text may hold the
+    positions scored, so it may only be compared on a --text neither set was built from."""
+    from hartonomous.atomset import load_atom_set
+    from hartonomous.compare.against import load_against
+    from hartonomous.errors import UserError
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        info = load_atom_set(conn, context_set)
+        stats = info.stats.model_copy(update={"holdout": info.stats.holdout.model_copy(update={"text": "other"})})
+        elsewhere = info.model_copy(update={"name": "elsewhere", "stats": stats})
+        with pytest.raises(UserError, match=f"--against {context_set}: it was built with another held-out text"):
+            load_against(conn, elsewhere, context_set, 20)
+        assert load_against(conn, elsewhere, context_set, 20, scores_holdout=False).atom_set == context_set
+        assert load_against(conn, info.model_copy(update={"name": "twin"}), context_set, 20).atom_set == context_set

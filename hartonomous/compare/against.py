@@ -43,9 +43,20 @@ def _model(info: AtomSet) -> str:
     return info.model_key or info.model
 
 
+def _holdout(info: AtomSet) -> str | None:
+    entry = info.stats.holdout
+    return entry.text if entry is not None else None
+
+
 def load_against(conn: psycopg.Connection, info: AtomSet, name: str, max_neighbors: int,
-                 history_weight: float | None = None) -> Against:
-    """The set named by --against, checked against the compared set `info`."""
+                 history_weight: float | None = None, scores_holdout: bool = True) -> Against:
+    """The set named by --against, checked against the compared set `info`.
+
+    When the compared set's own held-out text is scored (`scores_holdout`, no --text), SET must hold
+    out the very same text: a set built from another corpus or --max-tokens cuts another holdout,
+    and its training text may then contain the positions scored here (it would be scored on text it
+    learned from).
+    """
     if name == info.name:
         raise UserError(f"--against {name}: that is the atom set being compared; name another set")
     try:
@@ -56,5 +67,9 @@ def load_against(conn: psycopg.Connection, info: AtomSet, name: str, max_neighbo
         raise UserError(f"--against {name}: built from model '{_model(other)}' with {other.vocab_size} tokens, but "
                         f"'{info.name}' from '{_model(info)}' with {info.vocab_size}; the two cannot be scored on "
                         "the same positions")
+    if scores_holdout and (_holdout(other) is None or _holdout(other) != _holdout(info)):
+        raise UserError(f"--against {name}: it was built with another held-out text than '{info.name}' (another "
+                        "corpus or --max-tokens), so its training text may contain the positions scored here; "
+                        "score a --text file that neither set was built from")
     return Against(name, history_weight,
                    lambda context: spatial_distribution(conn, context, name, max_neighbors, history_weight))

@@ -141,7 +141,8 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     load_start = load_average()
     progress = progress or NoProgress()
     info = load_atom_set(conn, options.atom_set)
-    other = (load_against(conn, info, options.against, options.max_neighbors, options.history_weight)
+    other = (load_against(conn, info, options.against, options.max_neighbors, options.history_weight,
+                          scores_holdout=not options.texts)
              if options.against else None)
     texts = read_texts(options.texts) if options.texts else [holdout_text(info, options.split)]
     prompts = read_prompts(options.prompts) if options.prompts else default_prompts(texts)
