@@ -7,15 +7,18 @@ STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install install-system install-citus install-python demo test readme db-up clean-db help
+.PHONY: install install-system install-kernel install-citus install-python demo test readme db-up clean-db help
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install: install-system install-citus install-python ## Install system packages (PostgreSQL 15, PostGIS, pgvector, Citus) and the venv
+install: install-system install-kernel install-citus install-python ## Install system packages (PostgreSQL 15, PostGIS, pgvector, Citus), the native kernel and the venv
 
 install-system: ## PostgreSQL 15 + PostGIS 3 + pgvector (Debian/Ubuntu; skipped when present)
 	@bash scripts/install-system-deps.sh
+
+install-kernel: install-system ## The native kernel of next_token (ext/hartonomous_kernel, C, PGXS; skipped when up to date)
+	@bash scripts/install-kernel.sh
 
 install-citus: install-system ## Citus 12.1 from HARTONOMOUS_CITUS_TARBALL (skipped when installed or no tarball; docs/scale-out.md)
 	@bash scripts/install-citus.sh

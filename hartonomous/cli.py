@@ -79,6 +79,8 @@ def db_status(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
         info["revision"] = migrate.current_revision(url)
         info["head"] = migrate.head_revision()
         info["function_drift"] = migrate.function_drift(url) if info["revision"] else []
+        if info["revision"]:
+            info.update(migrate.active_kernel(url))
     if as_json:
         print(json.dumps(info, indent=2, default=str))
     else:

@@ -259,16 +259,28 @@ AS $$
 DECLARE
     s record;
     c record;
+    p record;
+    d record;
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
-    RETURN QUERY
-        SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, context, temperature,
-                                    top_k, top_p, search_radius, max_neighbors, repetition_penalty,
-                                    c.history_keys, s.history_weight);
+    IF ht_kernel() = 'native' THEN
+        -- The same rows from the C kernel (sql/060_kernel.sql).
+        SELECT * INTO p FROM ht_context_positions(s.id, context);
+        SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                            s.bandwidth, s.history_window, s.history_weight, context,
+                                            p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                            search_radius, max_neighbors, repetition_penalty);
+        RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
+    ELSE
+        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
+        RETURN QUERY
+            SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, context, temperature,
+                                        top_k, top_p, search_radius, max_neighbors, repetition_penalty,
+                                        c.history_keys, s.history_weight);
+    END IF;
     IF NOT FOUND THEN
         RAISE NOTICE 'next_token: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
             quote_literal(s.name), search_radius
@@ -307,6 +319,9 @@ DECLARE
     ctx     integer[];
     offs    integer := 0;
     bad     boolean;
+    native  boolean := ht_kernel() = 'native';
+    p       record;
+    d       record;
 BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
@@ -342,12 +357,21 @@ BEGIN
     FOR j IN 1 .. cardinality(lens) LOOP
         ctx := ctxs[offs + 1 : offs + lens[j]];
         offs := offs + lens[j];
-        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx, s.history_window);
-        RETURN QUERY
-            SELECT j - 1, n.token_id, n.probability, n.cumulative_probability
-              FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k,
-                                 top_p, search_radius, max_neighbors, repetition_penalty,
-                                 c.history_keys, s.history_weight) AS n;
+        IF native THEN
+            SELECT * INTO p FROM ht_context_positions(s.id, ctx);
+            SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                                s.bandwidth, s.history_window, s.history_weight, ctx,
+                                                p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                                search_radius, max_neighbors, repetition_penalty);
+            RETURN QUERY SELECT j - 1, n.* FROM unnest(d.token_ids, d.probabilities, d.cumulative) AS n;
+        ELSE
+            SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx, s.history_window);
+            RETURN QUERY
+                SELECT j - 1, n.token_id, n.probability, n.cumulative_probability
+                  FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, ctx, temperature, top_k,
+                                     top_p, search_radius, max_neighbors, repetition_penalty,
+                                     c.history_keys, s.history_weight) AS n;
+        END IF;
         IF NOT FOUND THEN
             RAISE NOTICE 'next_token_batch: contexts[%]: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
                 j - 1, quote_literal(s.name), search_radius;

@@ -139,6 +139,8 @@ AS $$
 DECLARE
     s      record;
     c      record;
+    p      record;
+    d      record;
     picked integer;
 BEGIN
     PERFORM ht_check_context(context);
@@ -146,10 +148,19 @@ BEGIN
                                   repetition_penalty, history_weight, history_window);
     PERFORM ht_check_seed_step(seed, step, 'step', 'Use 0 for the first draw of a seed, 1 for the next, ...');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
-    picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, context, temperature, top_k, top_p,
-                        search_radius, max_neighbors, repetition_penalty, c.history_keys,
-                        s.history_weight, ht_uniform(seed, step));
+    IF ht_kernel() = 'native' THEN
+        SELECT * INTO p FROM ht_context_positions(s.id, context);
+        SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                            s.bandwidth, s.history_window, s.history_weight, context,
+                                            p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                            search_radius, max_neighbors, repetition_penalty);
+        picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
+    ELSE
+        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);
+        picked := ht_sample(s.id, s.kernel, s.bandwidth, c.center, context, temperature, top_k, top_p,
+                            search_radius, max_neighbors, repetition_penalty, c.history_keys,
+                            s.history_weight, ht_uniform(seed, step));
+    END IF;
     IF picked IS NULL THEN
         RAISE NOTICE 'sample_next_token: no atom of atom set % lies within search_radius % of the context centroid; returning NULL',
             quote_literal(s.name), search_radius
@@ -190,6 +201,11 @@ DECLARE
     keys      integer;
     keep      integer;
     c         record;
+    p         record;
+    d         record;
+    xs        double precision[];
+    ys        double precision[];
+    zs        double precision[];
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
@@ -197,6 +213,34 @@ BEGIN
     PERFORM ht_check_between('max_new_tokens', max_new_tokens, 0, 4096,
                              'Generate at most 4096 tokens per call; continue from the result for more.');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
+    IF ht_kernel() = 'native' THEN
+        -- The native loop (sql/060_kernel.sql) carries the context's positions from step to
+        -- step: every prompt id is looked up and checked once, each new token costs one lookup.
+        SELECT * INTO p FROM ht_context_positions(s.id, ctx);
+        xs := p.xs;
+        ys := p.ys;
+        zs := p.zs;
+        FOR step IN 0 .. max_new_tokens - 1 LOOP
+            SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                                s.bandwidth, s.history_window, s.history_weight, ctx,
+                                                xs, ys, zs, temperature, top_k, top_p,
+                                                search_radius, max_neighbors, repetition_penalty);
+            picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
+            IF picked IS NULL THEN
+                RAISE NOTICE 'generate_tokens: step %: no atom of atom set % lies within search_radius % of the context centroid; stopping',
+                    step, quote_literal(s.name), search_radius;
+                EXIT;
+            END IF;
+            generated := generated || picked;
+            EXIT WHEN picked = ANY (stop_tokens) OR step = max_new_tokens - 1;
+            ctx := ctx || picked;
+            SELECT * INTO p FROM ht_context_positions(s.id, ARRAY[picked]);
+            xs := xs || p.xs;
+            ys := ys || p.ys;
+            zs := zs || p.zs;
+        END LOOP;
+        RETURN generated;
+    END IF;
     IF max_new_tokens = 0 THEN
         -- No step runs, but a context the set cannot read is still bad input: check its ids as
         -- step 0 would (22023 naming the first foreign element).

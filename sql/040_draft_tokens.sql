@@ -62,6 +62,12 @@ DECLARE
     probs  double precision[];
     cums   double precision[];
     picked integer;
+    st     record;
+    p      record;
+    d      record;
+    xs     double precision[];
+    ys     double precision[];
+    zs     double precision[];
 BEGIN
     PERFORM ht_check_between('n', draft_tokens.n, 1, 64,
                              'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).');
@@ -72,6 +78,46 @@ BEGIN
             MESSAGE = format('first_step must be between 0 and %s for n = %s, got %s',
                              2147483647 - draft_tokens.n, draft_tokens.n, draft_tokens.first_step),
             HINT = 'first_step numbers the seeded draws; step s draws seeded_uniform(seed, first_step + s).';
+    END IF;
+    IF ht_kernel() = 'native' THEN
+        -- The native loop (sql/060_kernel.sql): the context and the arguments are checked once,
+        -- its positions carried from step to step (one lookup per drafted token).
+        PERFORM ht_check_context(ctx);
+        PERFORM ht_check_sampler_args(draft_tokens.temperature, draft_tokens.top_k, draft_tokens.top_p,
+                                      draft_tokens.search_radius, draft_tokens.max_neighbors,
+                                      draft_tokens.repetition_penalty, draft_tokens.history_weight,
+                                      draft_tokens.history_window);
+        SELECT * INTO st FROM ht_atom_set(draft_tokens.atom_set, draft_tokens.history_weight,
+                                         draft_tokens.history_window);
+        SELECT * INTO p FROM ht_context_positions(st.id, ctx);
+        xs := p.xs;
+        ys := p.ys;
+        zs := p.zs;
+        FOR i IN 0 .. draft_tokens.n - 1 LOOP
+            SELECT * INTO d FROM ht_native_step(st.id, st.centroid_window, st.centroid_decay, st.kernel,
+                                                st.bandwidth, st.history_window, st.history_weight, ctx,
+                                                xs, ys, zs, draft_tokens.temperature, draft_tokens.top_k,
+                                                draft_tokens.top_p, draft_tokens.search_radius,
+                                                draft_tokens.max_neighbors, draft_tokens.repetition_penalty);
+            picked := d.token_ids[htk_pick(d.probabilities, d.cumulative,
+                                           ht_uniform(draft_tokens.seed, draft_tokens.first_step + i))];
+            IF picked IS NULL THEN
+                RAISE NOTICE 'draft_tokens: step %: next_token has no candidates; stopping', i;
+                EXIT;
+            END IF;
+            step := i;
+            token_id := picked;
+            token_ids := d.token_ids;
+            probabilities := d.probabilities;
+            RETURN NEXT;
+            EXIT WHEN picked = ANY (draft_tokens.stop_tokens) OR i = draft_tokens.n - 1;
+            ctx := ctx || picked;
+            SELECT * INTO p FROM ht_context_positions(st.id, ARRAY[picked]);
+            xs := xs || p.xs;
+            ys := ys || p.ys;
+            zs := zs || p.zs;
+        END LOOP;
+        RETURN;
     END IF;
     FOR s IN 0 .. draft_tokens.n - 1 LOOP
         SELECT array_agg(r.token_id ORDER BY r.i), array_agg(r.probability ORDER BY r.i),

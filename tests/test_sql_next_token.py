@@ -22,6 +22,7 @@ from hartonomous import centroid
 from hartonomous.db import migrate
 from hartonomous.sampling import pick_by_uniform, seeded_uniform
 from hand_sets import add_set, reference_sets, sets_digest
+from native_kernel import require_native_kernel
 from reference_next_token import AtomSetData, reference_rows
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
@@ -32,11 +33,21 @@ RECORDED_BEFORE_HISTORY = json.loads((VECTOR_DIR / "next_token_before_history.js
 NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
-@pytest.fixture(scope="module")
-def db(server_url: str) -> Iterator[psycopg.Connection]:
-    """One connection whose transaction spans the module; atom sets are savepoints inside it."""
+@pytest.fixture(scope="module", params=["native", "plpgsql"])
+def db(server_url: str, request) -> Iterator[psycopg.Connection]:
+    """One connection whose transaction spans the module; atom sets are savepoints inside it.
+
+    Every test of this module runs twice: on the native kernel (the hartonomous_kernel C
+    extension, which `make install` builds and `migrate` creates) and on the PL/pgSQL reference
+    (SET hartonomous.kernel = 'plpgsql'), so both answer the same shared vectors.
+    """
     with psycopg.connect(server_url) as conn:
         conn.execute("SELECT 1")  # open the transaction, so write_atom_set cannot commit
+        if request.param == "plpgsql":
+            conn.execute("SET hartonomous.kernel = 'plpgsql'")
+        (active,) = conn.execute("SELECT ht_kernel()").fetchone()
+        if active != request.param:
+            require_native_kernel()
         yield conn
         conn.rollback()
 

@@ -39,6 +39,44 @@ def alembic_config(url: str | None = None) -> Config:
 
 def upgrade(url: str | None = None, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
+    if revision == "head":
+        ensure_native_kernel(url)
+
+
+NATIVE_KERNEL = "hartonomous_kernel"
+_KERNEL_STATE = (
+    "SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = %(name)s), "
+    "EXISTS (SELECT 1 FROM pg_extension WHERE extname = %(name)s)")
+
+
+def ensure_native_kernel_on(execute) -> bool:
+    """CREATE EXTENSION hartonomous_kernel where the server has it (`make install` builds it);
+    True when it is installed afterwards. `execute` is a psycopg connection's or cursor's."""
+    available, installed = execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+    if available and not installed:
+        execute(f"CREATE EXTENSION IF NOT EXISTS {NATIVE_KERNEL}")
+    return bool(available)
+
+
+def drop_native_kernel(execute) -> None:
+    execute(f"DROP EXTENSION IF EXISTS {NATIVE_KERNEL}")
+
+
+def ensure_native_kernel(url: str | None = None) -> bool:
+    """ensure_native_kernel_on for a database already migrated (the server may have gained the
+    extension since)."""
+    with psycopg.connect(url or owner_url(), autocommit=True) as conn:
+        return ensure_native_kernel_on(conn.execute)
+
+
+def active_kernel(url: str | None = None) -> dict:
+    """Which next_token implementation runs (SQL ht_kernel()), and whether the server has the
+    native one available: for `hartonomous db status`."""
+    with psycopg.connect(url or owner_url(), autocommit=True) as conn:
+        available, installed = conn.execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+        active = conn.execute("SELECT ht_kernel()").fetchone()[0] if conn.execute(
+            "SELECT to_regproc('ht_kernel') IS NOT NULL").fetchone()[0] else "plpgsql"
+    return {"kernel": active, "kernel_available": bool(available), "kernel_installed": bool(installed)}
 
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:

@@ -1,0 +1,36 @@
+-- hartonomous_kernel 1.0: pure functions over arrays (no table access); sql/060_kernel.sql calls them.
+\echo Use "CREATE EXTENSION hartonomous_kernel" to load this file. \quit
+
+CREATE FUNCTION htk_keys(xs double precision[], ys double precision[], zs double precision[],
+                         centroid_window integer, centroid_decay double precision,
+                         history_window integer)
+RETURNS double precision[]
+AS 'MODULE_PATHNAME', 'htk_keys'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+COMMENT ON FUNCTION htk_keys(double precision[], double precision[], double precision[], integer,
+                             double precision, integer) IS
+    'The context centroid and its history keys from the context tokens'' positions: 3 * (1 + m) numbers, center first (sql/060_kernel.sql).';
+
+CREATE FUNCTION htk_distribution(
+    context integer[], keys double precision[],
+    knn_token_ids integer[], knn_weights double precision[], knn_distances double precision[],
+    gaussian boolean, bandwidth double precision, history_weight double precision,
+    temperature double precision, top_k integer, top_p double precision,
+    search_radius double precision, repetition_penalty double precision,
+    OUT token_ids integer[], OUT probabilities double precision[],
+    OUT cumulative double precision[])
+AS 'MODULE_PATHNAME', 'htk_distribution'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+COMMENT ON FUNCTION htk_distribution(integer[], double precision[], integer[], double precision[],
+                                     double precision[], boolean, double precision, double precision,
+                                     double precision, integer, double precision, double precision,
+                                     double precision) IS
+    'next_token''s steps 3-8 for checked arguments: kernel over the KNN rows and the history atoms, per-token log-sum-exp, the shared sampler (sql/060_kernel.sql).';
+
+CREATE FUNCTION htk_pick(probabilities double precision[], cumulative double precision[],
+                         u double precision)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'htk_pick'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;

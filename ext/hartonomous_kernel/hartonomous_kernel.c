@@ -1,0 +1,524 @@
+/*
+ * hartonomous_kernel: the hot loop of next_token in C.
+ *
+ * Three pure functions over arrays (no table access, no SPI), each the C form of a PL/pgSQL
+ * reference in sql/ that defines its semantics:
+ *
+ *   htk_keys(xs, ys, zs, window, decay, history_window) -> float8[]
+ *       the context centroid and next_token's history keys from the context tokens' positions
+ *       (ht_context_centroid, sql/010_context_centroid.sql): 3 * (1 + m) numbers, the centre
+ *       first, then key k = the centroid of elements 1 .. n - m + k - 1, m = min(H, n - 1).
+ *   htk_distribution(context, keys, knn ids, weights, distances, gaussian, bandwidth,
+ *                    history_weight, temperature, top_k, top_p, search_radius,
+ *                    repetition_penalty) -> (token_ids, probabilities, cumulative)
+ *       next_token's steps 3-8 (ht_next_token, sql/020_next_token.sql): kernel terms of the KNN
+ *       rows and of the history atoms, per-token log-sum-exp, repetition penalty, temperature,
+ *       top-k, top-p, renormalisation; rows by probability desc, token id asc.
+ *   htk_pick(probabilities, cumulative, u) -> 1-based row index (ht_pick, sql/030_sampling.sql).
+ *
+ * The arguments are checked by the SQL callers (sql/060_kernel.sql); here only what would make
+ * the C unsafe is checked (array shapes, NULL elements). Sums may run in another order than
+ * PostgreSQL's aggregates: results agree with the reference to rounding (tests: 1e-12).
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+PG_MODULE_MAGIC;
+
+PG_FUNCTION_INFO_V1(htk_keys);
+PG_FUNCTION_INFO_V1(htk_distribution);
+PG_FUNCTION_INFO_V1(htk_pick);
+
+/* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
+#define DIRECT_WINDOW 64
+/* exp() below these exponents counts as 0, as in the PL/pgSQL reference. */
+#define LSE_CUTOFF (-744.0)
+#define SOFTMAX_CUTOFF (-700.0)
+
+static void
+raise_bad(const char *message)
+{
+	ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s", message)));
+}
+
+/* A one-dimensional float8 array without NULLs, as a pointer and a length. */
+static double *
+float8_items(ArrayType *a, int *n, const char *name)
+{
+	if (ARR_ELEMTYPE(a) != FLOAT8OID)
+		raise_bad("htk: expected a double precision array");
+	if (ARR_NDIM(a) > 1)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s must be one-dimensional", name)));
+	if (ARR_HASNULL(a) && array_contains_nulls(a))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s must not contain NULL", name)));
+	*n = ARR_NDIM(a) == 0 ? 0 : ARR_DIMS(a)[0];
+	return (double *) ARR_DATA_PTR(a);
+}
+
+static int32 *
+int4_items(ArrayType *a, int *n, const char *name)
+{
+	if (ARR_ELEMTYPE(a) != INT4OID)
+		raise_bad("htk: expected an integer array");
+	if (ARR_NDIM(a) > 1)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s must be one-dimensional", name)));
+	if (ARR_HASNULL(a) && array_contains_nulls(a))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s must not contain NULL", name)));
+	*n = ARR_NDIM(a) == 0 ? 0 : ARR_DIMS(a)[0];
+	return (int32 *) ARR_DATA_PTR(a);
+}
+
+static ArrayType *
+float8_array(const double *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * (n > 0 ? n : 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Float8GetDatum(v[i]);
+	return construct_array(d, n, FLOAT8OID, sizeof(float8), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+}
+
+static ArrayType *
+int4_array(const int32 *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * (n > 0 ? n : 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Int32GetDatum(v[i]);
+	return construct_array(d, n, INT4OID, sizeof(int32), true, TYPALIGN_INT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_keys                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * The weight of the element k steps back from a prefix's newest one (k = 0: the newest), as the
+ * reference defines it: 0 outside the window, 1 without decay, 0 where k ln(decay) < -300.
+ */
+static double
+weight_at(int k, bool has_window, int window, double decay, double ln_decay)
+{
+	if (has_window && k >= window)
+		return 0.0;
+	if (decay == 1.0)
+		return 1.0;
+	if ((double) k * ln_decay < -300.0)
+		return 0.0;
+	return pow(decay, (double) k);
+}
+
+/* The centroid of elements 0 .. e - 1 (0-based) by direct sums, oldest element first. */
+static void
+centroid_direct(const double *xs, const double *ys, const double *zs, int e, int reach,
+				bool has_window, int window, double decay, double ln_decay, double *out)
+{
+	double		sx = 0, sy = 0, sz = 0, sw = 0;
+	int			first = reach > 0 && e - reach > 0 ? e - reach : 0;
+
+	for (int j = first; j < e; j++)
+	{
+		double		w = weight_at(e - 1 - j, has_window, window, decay, ln_decay);
+
+		sx += w * xs[j];
+		sy += w * ys[j];
+		sz += w * zs[j];
+		sw += w;
+	}
+	out[0] = sx / sw;
+	out[1] = sy / sw;
+	out[2] = sz / sw;
+}
+
+Datum
+htk_keys(PG_FUNCTION_ARGS)
+{
+	int			n, ny, nz;
+	double	   *xs, *ys, *zs;
+	bool		has_window = !PG_ARGISNULL(3);
+	int			window = has_window ? PG_GETARG_INT32(3) : 0;
+	double		decay, ln_decay;
+	int			history = PG_ARGISNULL(5) ? 0 : PG_GETARG_INT32(5);
+	int			m = 0;
+	int			reach;			/* elements with a non-zero weight; 0 = all of them */
+	double	   *out;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(4))
+		raise_bad("htk_keys: positions and centroid_decay must not be NULL");
+	xs = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n, "xs");
+	ys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &ny, "ys");
+	zs = float8_items(PG_GETARG_ARRAYTYPE_P(2), &nz, "zs");
+	if (n == 0 || ny != n || nz != n)
+		raise_bad("htk_keys: xs, ys and zs must be non-empty and of one length");
+	decay = PG_GETARG_FLOAT8(4);
+	if (!(decay > 0.0 && decay <= 1.0))
+		raise_bad("htk_keys: centroid_decay must be in (0, 1]");
+	if (has_window && window < 1)
+		raise_bad("htk_keys: centroid_window must be >= 1 or NULL");
+	ln_decay = log(decay);
+
+	/* Beyond K = floor(300 / -ln decay) + 1 elements back every weight is 0. */
+	reach = has_window ? window : 0;
+	if (ln_decay < 0.0)
+	{
+		double		k = floor(300.0 / -ln_decay) + 1.0;
+
+		if (reach == 0 || k < reach)
+			reach = k > INT_MAX ? INT_MAX : (int) k;
+	}
+	if (history > 0 && n > 1)
+		m = history < n - 1 ? history : n - 1;
+
+	out = palloc(sizeof(double) * 3 * (1 + m));
+	centroid_direct(xs, ys, zs, n, reach, has_window, window, decay, ln_decay, out);
+	if (m > 0 && reach > 0 && reach <= DIRECT_WINDOW)
+	{
+		for (int k = 1; k <= m; k++)
+			centroid_direct(xs, ys, zs, n - m + k - 1, reach, has_window, window, decay, ln_decay,
+							out + 3 * k);
+	}
+	else if (m > 0)
+	{
+		/*
+		 * Long or unbounded windows: S_e = d S_{e-1} + p_e - d^W p_{e-W} (the element leaving
+		 * the window), the same for the weights' sum. The recursion contracts (d <= 1), so
+		 * rounding does not grow; weights below e^-300 are kept rather than cut, a relative
+		 * change below 1e-130.
+		 */
+		double		sx = 0, sy = 0, sz = 0, sw = 0;
+		double		d_w = reach > 0 ? pow(decay, (double) reach) : 0.0;
+		int			first_key_e = n - m;	/* the first key's prefix length */
+
+		for (int e = 1; e <= n - 1; e++)
+		{
+			int			j = e - 1;
+
+			sx = decay * sx + xs[j];
+			sy = decay * sy + ys[j];
+			sz = decay * sz + zs[j];
+			sw = decay * sw + 1.0;
+			if (reach > 0 && e - reach >= 1)
+			{
+				int			o = e - reach - 1;
+
+				sx -= d_w * xs[o];
+				sy -= d_w * ys[o];
+				sz -= d_w * zs[o];
+				sw -= d_w;
+			}
+			if (e >= first_key_e)
+			{
+				double	   *key = out + 3 * (e - first_key_e + 1);
+
+				key[0] = sx / sw;
+				key[1] = sy / sw;
+				key[2] = sz / sw;
+			}
+		}
+	}
+	PG_RETURN_ARRAYTYPE_P(float8_array(out, 3 * (1 + m)));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_distribution                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct
+{
+	int32		tid;
+	double		c;
+} Term;
+
+typedef struct
+{
+	int32		tid;
+	double		z;				/* the scaled logit */
+	double		e;				/* exp(dz) of the current stage */
+	double		p;
+} Cand;
+
+static int
+term_by_tid(const void *a, const void *b)
+{
+	int32		x = ((const Term *) a)->tid, y = ((const Term *) b)->tid;
+
+	return (x > y) - (x < y);
+}
+
+static int
+int32_cmp(const void *a, const void *b)
+{
+	int32		x = *(const int32 *) a, y = *(const int32 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/* z descending, token id ascending: the sampler's order. */
+static int
+cand_by_z(const void *a, const void *b)
+{
+	const Cand *x = a, *y = b;
+
+	if (x->z != y->z)
+		return x->z > y->z ? -1 : 1;
+	return (x->tid > y->tid) - (x->tid < y->tid);
+}
+
+/* probability descending, token id ascending: the order of next_token's rows. */
+static int
+cand_by_p(const void *a, const void *b)
+{
+	const Cand *x = a, *y = b;
+
+	if (x->p != y->p)
+		return x->p > y->p ? -1 : 1;
+	return (x->tid > y->tid) - (x->tid < y->tid);
+}
+
+static double
+kernel_term(double d, bool gaussian, double bandwidth)
+{
+	return gaussian ? pow(d / bandwidth, 2.0) : d / bandwidth;
+}
+
+/* exp(dz) of stage rows start..end-1 relative to the first one (the largest z); returns the sum. */
+static double
+stage_exp(Cand *c, int count)
+{
+	double		top = c[0].z, sum = 0;
+
+	for (int i = 0; i < count; i++)
+	{
+		double		dz = c[i].z - top;
+
+		c[i].e = dz < SOFTMAX_CUTOFF ? 0.0 : exp(dz);
+		sum += c[i].e;
+	}
+	return sum;
+}
+
+Datum
+htk_distribution(PG_FUNCTION_ARGS)
+{
+	int			n_ctx, n_keys, n_knn, n_w, n_d;
+	int32	   *ctx;
+	double	   *keys;
+	int32	   *knn_ids;
+	double	   *knn_w, *knn_d;
+	bool		gaussian;
+	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
+	bool		has_top_k, has_top_p, has_radius;
+	int			top_k;
+	int			m, after, n_terms = 0, n_cands = 0, kept;
+	Term	   *terms;
+	Cand	   *cands;
+	int32	   *sorted_ctx = NULL;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	for (int a = 0; a <= 8; a++)
+		if (PG_ARGISNULL(a) && a != 7)
+			raise_bad("htk_distribution: only history_weight, top_k, top_p and search_radius may be NULL");
+	if (PG_ARGISNULL(12))
+		raise_bad("htk_distribution: repetition_penalty must not be NULL");
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
+	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
+	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
+	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
+	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
+	if (n_keys < 3 || n_keys % 3 != 0)
+		raise_bad("htk_distribution: keys must hold 3 * (1 + m) numbers");
+	if (n_w != n_knn || n_d != n_knn)
+		raise_bad("htk_distribution: the KNN arrays must be of one length");
+	m = n_keys / 3 - 1;
+	if (m > n_ctx - 1 && m > 0)
+		raise_bad("htk_distribution: more history keys than context elements before the last");
+	gaussian = PG_GETARG_BOOL(5);
+	bandwidth = PG_GETARG_FLOAT8(6);
+	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	temperature = PG_GETARG_FLOAT8(8);
+	has_top_k = !PG_ARGISNULL(9);
+	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
+	has_top_p = !PG_ARGISNULL(10);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(10) : 1.0;
+	has_radius = !PG_ARGISNULL(11);
+	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
+	penalty = PG_GETARG_FLOAT8(12);
+
+	/* Kernel terms: ln(weight) - kernel(distance / h), the KNN rows then the history atoms. */
+	terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
+	for (int i = 0; i < n_knn; i++)
+	{
+		if (has_radius && !(knn_d[i] <= radius))
+			continue;
+		terms[n_terms].tid = knn_ids[i];
+		terms[n_terms].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
+		n_terms++;
+	}
+	after = n_ctx - m;			/* key k (1-based) is the atom of context element after + k */
+	if (history_weight > 0 && m > 0)
+	{
+		double		ln_w = log(history_weight);
+		const double *c = keys;
+
+		for (int k = 1; k <= m; k++)
+		{
+			const double *key = keys + 3 * k;
+			double		dx = key[0] - c[0], dy = key[1] - c[1], dz = key[2] - c[2];
+			double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+			if (has_radius && !(d <= radius))
+				continue;
+			terms[n_terms].tid = ctx[after + k - 1];
+			terms[n_terms].c = ln_w - kernel_term(d, gaussian, bandwidth);
+			n_terms++;
+		}
+	}
+
+	/* Per token: max + ln(sum exp(c - max)), terms below the cutoff counting as 0. */
+	qsort(terms, n_terms, sizeof(Term), term_by_tid);
+	cands = palloc(sizeof(Cand) * (n_terms + 1));
+	for (int i = 0; i < n_terms;)
+	{
+		int			j = i;
+		double		top = terms[i].c, sum = 0;
+
+		while (j < n_terms && terms[j].tid == terms[i].tid)
+		{
+			if (terms[j].c > top)
+				top = terms[j].c;
+			j++;
+		}
+		for (int t = i; t < j; t++)
+			sum += terms[t].c - top < LSE_CUTOFF ? 0.0 : exp(terms[t].c - top);
+		cands[n_cands].tid = terms[i].tid;
+		cands[n_cands].z = top + log(sum);
+		n_cands++;
+		i = j;
+	}
+
+	/* Repetition penalty over the context's distinct ids, then temperature. */
+	if (penalty != 1.0 && n_cands > 0)
+	{
+		sorted_ctx = palloc(sizeof(int32) * n_ctx);
+		memcpy(sorted_ctx, ctx, sizeof(int32) * n_ctx);
+		qsort(sorted_ctx, n_ctx, sizeof(int32), int32_cmp);
+	}
+	for (int i = 0; i < n_cands; i++)
+	{
+		double		x = cands[i].z;
+
+		if (sorted_ctx != NULL &&
+			bsearch(&cands[i].tid, sorted_ctx, n_ctx, sizeof(int32), int32_cmp) != NULL)
+			x = x < 0 ? x * penalty : x / penalty;
+		cands[i].z = temperature > 0 ? x / temperature : x;
+	}
+
+	/* Top-k (rank: ties at the k-th kept) or, at T = 0, the first row alone. */
+	qsort(cands, n_cands, sizeof(Cand), cand_by_z);
+	kept = n_cands;
+	if (temperature <= 0 && kept > 1)
+		kept = 1;
+	else if (has_top_k && top_k > 0 && kept > top_k)
+	{
+		/* rank of row i = 1 + the rows with a larger z: keep while that is <= top_k. */
+		int			i = top_k;
+
+		while (i < kept && cands[i].z == cands[top_k - 1].z)
+			i++;
+		kept = i;
+	}
+
+	/* Top-p over the softmax of the kept rows: keep a row while the mass before it is < p. */
+	if (kept > 0 && has_top_p && top_p < 1.0)
+	{
+		double		sum = stage_exp(cands, kept), before = 0;
+		int			i = 0;
+
+		while (i < kept && before < top_p)
+		{
+			before += cands[i].e / sum;
+			i++;
+		}
+		kept = i;
+	}
+
+	/* Renormalise, order by probability, cumulate. */
+	if (kept > 0)
+	{
+		double		sum = stage_exp(cands, kept), cum = 0;
+		int32	   *ids = palloc(sizeof(int32) * kept);
+		double	   *ps = palloc(sizeof(double) * kept);
+		double	   *cs = palloc(sizeof(double) * kept);
+
+		for (int i = 0; i < kept; i++)
+			cands[i].p = cands[i].e / sum;
+		qsort(cands, kept, sizeof(Cand), cand_by_p);
+		for (int i = 0; i < kept; i++)
+		{
+			ids[i] = cands[i].tid;
+			ps[i] = cands[i].p;
+			cum += cands[i].p;
+			cs[i] = cum;
+		}
+		values[0] = PointerGetDatum(int4_array(ids, kept));
+		values[1] = PointerGetDatum(float8_array(ps, kept));
+		values[2] = PointerGetDatum(float8_array(cs, kept));
+	}
+	else
+	{
+		values[0] = PointerGetDatum(int4_array(NULL, 0));
+		values[1] = PointerGetDatum(float8_array(NULL, 0));
+		values[2] = PointerGetDatum(float8_array(NULL, 0));
+	}
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk_distribution: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_pick                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * The 1-based index of the first row whose cumulative probability is > u; if rounding leaves
+ * none, the last row with probability > 0 (else the last row); NULL for no rows.
+ */
+Datum
+htk_pick(PG_FUNCTION_ARGS)
+{
+	int			n, nc, last_positive = 0;
+	double	   *p, *cum, u;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		PG_RETURN_NULL();
+	p = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n, "probabilities");
+	cum = float8_items(PG_GETARG_ARRAYTYPE_P(1), &nc, "cumulative");
+	u = PG_GETARG_FLOAT8(2);
+	if (nc != n)
+		raise_bad("htk_pick: probabilities and cumulative must be of one length");
+	if (n == 0)
+		PG_RETURN_NULL();
+	for (int i = 0; i < n; i++)
+	{
+		if (cum[i] > u)
+			PG_RETURN_INT32(i + 1);
+		if (p[i] > 0)
+			last_positive = i + 1;
+	}
+	PG_RETURN_INT32(last_positive > 0 ? last_positive : n);
+}

@@ -1,0 +1,103 @@
+-- The native kernel: next_token's hot loop in C where the hartonomous_kernel extension is installed.
+--
+--   ht_kernel() RETURNS text     'native' or 'plpgsql': which implementation next_token,
+--                                next_token_batch, sample_next_token, generate_tokens and
+--                                draft_tokens run in this session.
+--
+-- 'native' when the extension hartonomous_kernel (ext/hartonomous_kernel, built and installed by
+-- `make install`; `hartonomous migrate` creates it where the server has it) is installed in this
+-- database and the session has not SET hartonomous.kernel = 'plpgsql'. Otherwise the PL/pgSQL
+-- functions of sql/010-050 run: they are the reference that defines the semantics, and the
+-- native path is tested against them on the shared vectors (tests/test_kernel_native.py). An
+-- external server, a Docker image or Citus workers without the extension run the PL/pgSQL path.
+--
+-- The native path splits next_token into the parts the database must do and the arithmetic:
+--  1. positions: the context tokens' positions (ht_token_positions, one read per block of ids);
+--  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
+--  3. ht_knn: the GiST KNN at the centroid (unchanged: the index does this part);
+--  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
+-- generate_tokens and draft_tokens carry the positions from step to step (state across steps):
+-- each new token costs one position lookup, and the context is checked once per call.
+-- Results agree with the PL/pgSQL path to rounding (sums may run in another order), not bit for
+-- bit; rows and their order are the same except where two probabilities tie to rounding.
+
+CREATE OR REPLACE FUNCTION ht_kernel()
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+    SELECT CASE WHEN current_setting('hartonomous.kernel', true) = 'plpgsql' THEN 'plpgsql'
+                WHEN EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'hartonomous_kernel')
+                THEN 'native' ELSE 'plpgsql' END
+$$;
+
+COMMENT ON FUNCTION ht_kernel() IS
+    'Which implementation of next_token runs in this session: native (the hartonomous_kernel C extension) or plpgsql (the reference). SET hartonomous.kernel = ''plpgsql'' forces the reference. See docs/sql.md.';
+
+
+CREATE OR REPLACE FUNCTION ht_context_positions(
+    p_set_id integer, p_context integer[],
+    OUT xs double precision[], OUT ys double precision[], OUT zs double precision[])
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- The positions of an already checked context; raises 22023 for a token id not in the set, with
+-- ht_context_centroid's message.
+DECLARE
+    hit integer;
+    bad record;
+BEGIN
+    SELECT p.xs, p.ys, p.zs INTO xs, ys, zs FROM ht_token_positions(p_set_id, p_context) p;
+    hit := array_position(xs, NULL);
+    IF hit IS NOT NULL THEN
+        SELECT hit AS i, p_context[hit] AS tid, s.name INTO bad FROM atom_sets s WHERE s.id = p_set_id;
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
+                             bad.tid, bad.i, bad.name),
+            HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_native_step(
+    p_set_id integer, p_centroid_window integer, p_centroid_decay double precision,
+    p_kernel text, p_bandwidth double precision, p_history_window integer,
+    p_history_weight double precision, p_context integer[],
+    p_xs double precision[], p_ys double precision[], p_zs double precision[],
+    p_temperature double precision, p_top_k integer, p_top_p double precision,
+    p_search_radius double precision, p_max_neighbors integer,
+    p_repetition_penalty double precision,
+    OUT token_ids integer[], OUT probabilities double precision[],
+    OUT cumulative double precision[])
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- One next_token step on the native path for checked arguments and the context's positions
+-- (p_xs[i] is the position of p_context[i]): steps 2-4 at the top of this file. The rows come
+-- back as three arrays in next_token's order (empty: no candidates).
+DECLARE
+    keys double precision[];
+    ids  integer[];
+    ws   double precision[];
+    ds   double precision[];
+BEGIN
+    keys := htk_keys(p_xs, p_ys, p_zs, p_centroid_window, p_centroid_decay,
+                     CASE WHEN p_history_weight > 0 THEN p_history_window ELSE 0 END);
+    SELECT array_agg(k.token_id ORDER BY k.i), array_agg(k.weight ORDER BY k.i),
+           array_agg(k.distance ORDER BY k.i)
+      INTO ids, ws, ds
+      FROM ht_knn(p_set_id, ST_MakePoint(keys[1], keys[2], keys[3]), p_max_neighbors,
+                  p_search_radius) WITH ORDINALITY AS k(token_id, weight, distance, i);
+    SELECT d.token_ids, d.probabilities, d.cumulative
+      INTO token_ids, probabilities, cumulative
+      FROM htk_distribution(p_context, keys, coalesce(ids, '{}'), coalesce(ws, '{}'),
+                            coalesce(ds, '{}'), p_kernel = 'gaussian', p_bandwidth,
+                            p_history_weight, p_temperature, p_top_k, p_top_p, p_search_radius,
+                            p_repetition_penalty) d;
+END
+$$;
