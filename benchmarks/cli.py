@@ -33,7 +33,11 @@ HELP = (
     "3 short prompts and 2 documents (a few minutes); without: 8 and 6.\n\n"
     "--layouts instead compares the atom sets' storage layouts (rows, tiles; issue 18) on synthetic sets "
     "built in both: next_token p50/p95 and shared buffers per call with K = 100 on 512- and 8-token contexts "
-    "with history atoms, at 10^5 and 10^6 atoms (--full: also 10^7; --sizes to choose)."
+    "with history atoms, at 10^5 and 10^6 atoms (--full: also 10^7; --sizes to choose).\n\n"
+    "--kernel instead measures next_token on the native kernel (the hartonomous_kernel C extension) and on "
+    "its PL/pgSQL reference next to the bare KNN-100 at the same centroids: 8-, 64- and 512-token contexts, "
+    "history atoms on and off, warm and cold sessions, and generate_tokens from a 512-token prompt, at 10^5 "
+    "and 10^6 synthetic atoms (--full: also 10^7) and on smollm2-context when it exists."
 )
 
 
@@ -75,6 +79,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
         threads: int = typer.Option(None, "--threads", help="Speculative: torch threads (default: min(cores, 4))."),
         draft_tokens: int = typer.Option(4, "--draft-tokens", help="Speculative: first draft length (1..64)."),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Speculative: new tokens per prompt."),
+        kernel: bool = typer.Option(False, "--kernel", help="next_token on the native and PL/pgSQL kernels next to the "
+                                    "bare KNN-100 instead: 8-, 64- and 512-token contexts, history on and off, warm and "
+                                    "cold, generate_tokens from a 512-token prompt; 10^5 and 10^6 atoms (--full adds "
+                                    "10^7) and smollm2-context when it exists; writes <out>/bench-kernel.json and .md."),
         layouts: bool = typer.Option(False, "--layouts", help="Compare the storage layouts (rows, tiles) instead: "
                                      "10^5 and 10^6 atoms (--full adds 10^7), 512- and 8-token contexts with "
                                      "history atoms; writes <out>/bench-layouts.json and .md."),
@@ -90,6 +98,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
             raise UserError(f"--calls must be at least 20 (percentiles need them), got {calls}")
         if layouts:
             return _layouts(full, out, calls, rebuild, _sizes(sizes))
+        if kernel:
+            return _kernel(full, out, calls, rebuild, _sizes(sizes))
         if brute_calls < 1:
             raise UserError(f"--brute-calls must be at least 1, got {brute_calls}")
         if not seconds >= 1:
@@ -118,6 +128,20 @@ def _layouts(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int,
     command = "hartonomous bench " + " ".join(sys.argv[2:])
     results = layouts.run(url, chosen, calls=calls, rebuild=rebuild)
     _write_report(out, results, layouts.markdown(results, command), command)
+
+
+def _kernel(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int, ...] | None) -> None:
+    """`hartonomous bench --kernel`: see benchmarks.kernel."""
+    from benchmarks import kernel, run
+    from hartonomous.db.connection import owner_url
+
+    url = owner_url()
+    run.check_ready(url)
+    chosen = sizes or (kernel.FULL_SIZES if full else kernel.SIZES)
+    run.check_disk(url, chosen)
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    results = kernel.run(url, chosen, calls=calls, rebuild=rebuild)
+    _write_report(out, results, kernel.markdown(results, command), command)
 
 
 def _write_report(out: Path, results: dict, text: str, command: str) -> None:

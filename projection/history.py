@@ -20,7 +20,7 @@ Two criteria pick the (weight, h) pair (`--calibrate-by`):
   ranked by log-likelihood (then the smaller weight, the smaller h). Top-1 is the report's
   headline metric; the tolerance (5 positions in 1,000) keeps the choice from chasing single
   positions of noise and prefers the better-calibrated distribution among near-equals.
-- `loglik` (sessions 1-2): each weight's h and then the weight by the bandwidth objective
+- `loglik` (the default before commit 8cc461e): each weight's h and then the weight by the bandwidth objective
   (log-likelihood of the exact argmax by default). It favours spreading mass: at 20K tokens it
   chose weight 0.3 with a 12x wider h, which lowered calibration and test top-1 (docs/fidelity.md).
 """

@@ -271,7 +271,7 @@ BEGIN
         SELECT * INTO p FROM ht_context_positions(s.id, context);
         SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                             s.bandwidth, s.history_window, s.history_weight, context,
-                                            p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                            p.xyz, temperature, top_k, top_p,
                                             search_radius, max_neighbors, repetition_penalty);
         RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
     ELSE
@@ -361,7 +361,7 @@ BEGIN
             SELECT * INTO p FROM ht_context_positions(s.id, ctx);
             SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                                 s.bandwidth, s.history_window, s.history_weight, ctx,
-                                                p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                                p.xyz, temperature, top_k, top_p,
                                                 search_radius, max_neighbors, repetition_penalty);
             RETURN QUERY SELECT j - 1, n.* FROM unnest(d.token_ids, d.probabilities, d.cumulative) AS n;
         ELSE

@@ -152,7 +152,7 @@ BEGIN
         SELECT * INTO p FROM ht_context_positions(s.id, context);
         SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                             s.bandwidth, s.history_window, s.history_weight, context,
-                                            p.xs, p.ys, p.zs, temperature, top_k, top_p,
+                                            p.xyz, temperature, top_k, top_p,
                                             search_radius, max_neighbors, repetition_penalty);
         picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
     ELSE
@@ -203,9 +203,7 @@ DECLARE
     c         record;
     p         record;
     d         record;
-    xs        double precision[];
-    ys        double precision[];
-    zs        double precision[];
+    xyz        double precision[];
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
@@ -217,13 +215,11 @@ BEGIN
         -- The native loop (sql/060_kernel.sql) carries the context's positions from step to
         -- step: every prompt id is looked up and checked once, each new token costs one lookup.
         SELECT * INTO p FROM ht_context_positions(s.id, ctx);
-        xs := p.xs;
-        ys := p.ys;
-        zs := p.zs;
+        xyz := p.xyz;
         FOR step IN 0 .. max_new_tokens - 1 LOOP
             SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                                 s.bandwidth, s.history_window, s.history_weight, ctx,
-                                                xs, ys, zs, temperature, top_k, top_p,
+                                                xyz, temperature, top_k, top_p,
                                                 search_radius, max_neighbors, repetition_penalty);
             picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
             IF picked IS NULL THEN
@@ -235,9 +231,7 @@ BEGIN
             EXIT WHEN picked = ANY (stop_tokens) OR step = max_new_tokens - 1;
             ctx := ctx || picked;
             SELECT * INTO p FROM ht_context_positions(s.id, ARRAY[picked]);
-            xs := xs || p.xs;
-            ys := ys || p.ys;
-            zs := zs || p.zs;
+            xyz := xyz || p.xyz;
         END LOOP;
         RETURN generated;
     END IF;

@@ -65,9 +65,7 @@ DECLARE
     st     record;
     p      record;
     d      record;
-    xs     double precision[];
-    ys     double precision[];
-    zs     double precision[];
+    xyz     double precision[];
 BEGIN
     PERFORM ht_check_between('n', draft_tokens.n, 1, 64,
                              'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).');
@@ -90,13 +88,11 @@ BEGIN
         SELECT * INTO st FROM ht_atom_set(draft_tokens.atom_set, draft_tokens.history_weight,
                                          draft_tokens.history_window);
         SELECT * INTO p FROM ht_context_positions(st.id, ctx);
-        xs := p.xs;
-        ys := p.ys;
-        zs := p.zs;
+        xyz := p.xyz;
         FOR i IN 0 .. draft_tokens.n - 1 LOOP
             SELECT * INTO d FROM ht_native_step(st.id, st.centroid_window, st.centroid_decay, st.kernel,
                                                 st.bandwidth, st.history_window, st.history_weight, ctx,
-                                                xs, ys, zs, draft_tokens.temperature, draft_tokens.top_k,
+                                                xyz, draft_tokens.temperature, draft_tokens.top_k,
                                                 draft_tokens.top_p, draft_tokens.search_radius,
                                                 draft_tokens.max_neighbors, draft_tokens.repetition_penalty);
             picked := d.token_ids[htk_pick(d.probabilities, d.cumulative,
@@ -113,9 +109,7 @@ BEGIN
             EXIT WHEN picked = ANY (draft_tokens.stop_tokens) OR i = draft_tokens.n - 1;
             ctx := ctx || picked;
             SELECT * INTO p FROM ht_context_positions(st.id, ARRAY[picked]);
-            xs := xs || p.xs;
-            ys := ys || p.ys;
-            zs := zs || p.zs;
+            xyz := xyz || p.xyz;
         END LOOP;
         RETURN;
     END IF;

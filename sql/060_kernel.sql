@@ -12,7 +12,8 @@
 -- external server, a Docker image or Citus workers without the extension run the PL/pgSQL path.
 --
 -- The native path splits next_token into the parts the database must do and the arithmetic:
---  1. positions: the context tokens' positions (ht_token_positions, one read per block of ids);
+--  1. positions: the context tokens' positions (htk_positions (C) over the token_blocks rows
+--     it touches, one read per block of ids; ht_context_positions);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
 --  3. ht_knn: the GiST KNN at the centroid (unchanged: the index does this part);
 --  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
@@ -35,22 +36,38 @@ COMMENT ON FUNCTION ht_kernel() IS
     'Which implementation of next_token runs in this session: native (the hartonomous_kernel C extension) or plpgsql (the reference). SET hartonomous.kernel = ''plpgsql'' forces the reference. See docs/sql.md.';
 
 
-CREATE OR REPLACE FUNCTION ht_context_positions(
-    p_set_id integer, p_context integer[],
-    OUT xs double precision[], OUT ys double precision[], OUT zs double precision[])
+CREATE OR REPLACE FUNCTION ht_context_positions(p_set_id integer, p_context integer[],
+                                                OUT xyz double precision[])
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- The positions of an already checked context; raises 22023 for a token id not in the set, with
--- ht_context_centroid's message.
+-- The positions of an already checked context, x, y, z per element (htk_positions over the
+-- token_blocks rows it touches, sql/012_token_positions.sql); raises 22023 for a token id not in
+-- the set, with ht_context_centroid's message (found by the reference lookup, which also serves
+-- a set written before token_blocks existed).
 DECLARE
-    hit integer;
-    bad record;
+    blocks integer[];
+    px     double precision[];
+    py     double precision[];
+    pz     double precision[];
+    p      record;
+    hit    integer;
+    bad    record;
 BEGIN
-    SELECT p.xs, p.ys, p.zs INTO xs, ys, zs FROM ht_token_positions(p_set_id, p_context) p;
-    hit := array_position(xs, NULL);
+    SELECT array_agg(k.block ORDER BY k.block), array_agg(k.xs ORDER BY k.block),
+           array_agg(k.ys ORDER BY k.block), array_agg(k.zs ORDER BY k.block)
+      INTO blocks, px, py, pz
+      FROM token_blocks k
+     WHERE k.atom_set_id = p_set_id
+       AND k.block = ANY (ARRAY(SELECT DISTINCT u.t >> 8 FROM unnest(p_context) AS u(t)));
+    xyz := htk_positions(p_context, blocks, px, py, pz);
+    IF xyz IS NOT NULL THEN
+        RETURN;
+    END IF;
+    SELECT * INTO p FROM ht_token_positions(p_set_id, p_context);
+    hit := array_position(p.xs, NULL);
     IF hit IS NOT NULL THEN
         SELECT hit AS i, p_context[hit] AS tid, s.name INTO bad FROM atom_sets s WHERE s.id = p_set_id;
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -58,6 +75,9 @@ BEGIN
                              bad.tid, bad.i, bad.name),
             HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
     END IF;
+    xyz := ARRAY(SELECT v FROM unnest(p.xs, p.ys, p.zs) WITH ORDINALITY AS u(x, y, z, i),
+                              LATERAL (VALUES (1, u.x), (2, u.y), (3, u.z)) AS c(j, v)
+                  ORDER BY u.i, c.j);
 END
 $$;
 
@@ -65,8 +85,7 @@ $$;
 CREATE OR REPLACE FUNCTION ht_native_step(
     p_set_id integer, p_centroid_window integer, p_centroid_decay double precision,
     p_kernel text, p_bandwidth double precision, p_history_window integer,
-    p_history_weight double precision, p_context integer[],
-    p_xs double precision[], p_ys double precision[], p_zs double precision[],
+    p_history_weight double precision, p_context integer[], p_xyz double precision[],
     p_temperature double precision, p_top_k integer, p_top_p double precision,
     p_search_radius double precision, p_max_neighbors integer,
     p_repetition_penalty double precision,
@@ -78,7 +97,7 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 -- One next_token step on the native path for checked arguments and the context's positions
--- (p_xs[i] is the position of p_context[i]): steps 2-4 at the top of this file. The rows come
+-- (p_xyz[3i-2 .. 3i] is the position of p_context[i]): steps 2-4 at the top of this file. The rows come
 -- back as three arrays in next_token's order (empty: no candidates).
 DECLARE
     keys double precision[];
@@ -86,7 +105,7 @@ DECLARE
     ws   double precision[];
     ds   double precision[];
 BEGIN
-    keys := htk_keys(p_xs, p_ys, p_zs, p_centroid_window, p_centroid_decay,
+    keys := htk_keys(p_xyz, p_centroid_window, p_centroid_decay,
                      CASE WHEN p_history_weight > 0 THEN p_history_window ELSE 0 END);
     SELECT array_agg(k.token_id ORDER BY k.i), array_agg(k.weight ORDER BY k.i),
            array_agg(k.distance ORDER BY k.i)

@@ -151,7 +151,8 @@ def test_next_token_batch_rows_are_identical_in_both_layouts(reader, pairs, kind
     pair = pairs[kind]
     query = {**args, "contexts": json.dumps(batch)}
     rows = reader.execute(BATCH, {**query, "atom_set": pair.rows}).fetchall()
-    assert rows and reader.execute(BATCH, {**query, "atom_set": pair.tiles}).fetchall() == rows
+    # No rows is a valid answer too: a search_radius may hold no atom (then neither layout has any).
+    assert reader.execute(BATCH, {**query, "atom_set": pair.tiles}).fetchall() == rows
 
 
 def test_the_set_records_its_layout_and_its_tiles_hold_every_atom_once(server_url, pairs) -> None:

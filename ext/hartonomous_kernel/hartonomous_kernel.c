@@ -4,7 +4,10 @@
  * Three pure functions over arrays (no table access, no SPI), each the C form of a PL/pgSQL
  * reference in sql/ that defines its semantics:
  *
- *   htk_keys(xs, ys, zs, window, decay, history_window) -> float8[]
+ *   htk_positions(context, blocks, px, py, pz) -> float8[]
+ *       the context tokens' positions, x y z per element, from the token_blocks rows it touches
+ *       (ht_token_positions, sql/012_token_positions.sql); NULL when a token is missing.
+ *   htk_keys(positions, window, decay, history_window) -> float8[]
  *       the context centroid and next_token's history keys from the context tokens' positions
  *       (ht_context_centroid, sql/010_context_centroid.sql): 3 * (1 + m) numbers, the centre
  *       first, then key k = the centroid of elements 1 .. n - m + k - 1, m = min(H, n - 1).
@@ -33,6 +36,7 @@
 
 PG_MODULE_MAGIC;
 
+PG_FUNCTION_INFO_V1(htk_positions);
 PG_FUNCTION_INFO_V1(htk_keys);
 PG_FUNCTION_INFO_V1(htk_distribution);
 PG_FUNCTION_INFO_V1(htk_pick);
@@ -101,6 +105,77 @@ int4_array(const int32 *v, int n)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* htk_positions                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * The context tokens' positions, x y z per element, from the token_blocks rows the context
+ * touches (blocks ascending; px, py, pz: one row of 256 per block, NaN where the set has no
+ * token): ht_token_positions' lookup. NULL when an element's token is not among them (the caller
+ * then reports which one) or when there are no blocks.
+ */
+Datum
+htk_positions(PG_FUNCTION_ARGS)
+{
+	int			n, nb;
+	int32	   *ctx, *blocks;
+	ArrayType  *ax, *ay, *az;
+	double	   *px, *py, *pz;
+	double	   *out;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3) || PG_ARGISNULL(4))
+		PG_RETURN_NULL();
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n, "context");
+	blocks = int4_items(PG_GETARG_ARRAYTYPE_P(1), &nb, "blocks");
+	ax = PG_GETARG_ARRAYTYPE_P(2);
+	ay = PG_GETARG_ARRAYTYPE_P(3);
+	az = PG_GETARG_ARRAYTYPE_P(4);
+	for (int a = 0; a < 3; a++)
+	{
+		ArrayType  *arr = a == 0 ? ax : a == 1 ? ay : az;
+
+		if (ARR_ELEMTYPE(arr) != FLOAT8OID || ARR_NDIM(arr) != 2 || ARR_DIMS(arr)[0] != nb
+			|| ARR_DIMS(arr)[1] != 256 || (ARR_HASNULL(arr) && array_contains_nulls(arr)))
+			raise_bad("htk_positions: px, py, pz must be one row of 256 numbers per block");
+	}
+	px = (double *) ARR_DATA_PTR(ax);
+	py = (double *) ARR_DATA_PTR(ay);
+	pz = (double *) ARR_DATA_PTR(az);
+	out = palloc(sizeof(double) * 3 * (n > 0 ? n : 1));
+	for (int i = 0; i < n; i++)
+	{
+		int32		t = ctx[i];
+		int32		b = t >> 8;
+		int			lo = 0, hi = nb - 1, row = -1;
+		int			slot;
+
+		while (lo <= hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if (blocks[mid] == b)
+			{
+				row = mid;
+				break;
+			}
+			if (blocks[mid] < b)
+				lo = mid + 1;
+			else
+				hi = mid - 1;
+		}
+		if (t < 0 || row < 0)
+			PG_RETURN_NULL();
+		slot = row * 256 + (t & 255);
+		if (isnan(px[slot]))
+			PG_RETURN_NULL();
+		out[3 * i] = px[slot];
+		out[3 * i + 1] = py[slot];
+		out[3 * i + 2] = pz[slot];
+	}
+	PG_RETURN_ARRAYTYPE_P(float8_array(out, 3 * n));
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* htk_keys                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -145,24 +220,33 @@ centroid_direct(const double *xs, const double *ys, const double *zs, int e, int
 Datum
 htk_keys(PG_FUNCTION_ARGS)
 {
-	int			n, ny, nz;
+	int			n3, n;
+	double	   *xyz;
 	double	   *xs, *ys, *zs;
-	bool		has_window = !PG_ARGISNULL(3);
-	int			window = has_window ? PG_GETARG_INT32(3) : 0;
+	bool		has_window = !PG_ARGISNULL(1);
+	int			window = has_window ? PG_GETARG_INT32(1) : 0;
 	double		decay, ln_decay;
-	int			history = PG_ARGISNULL(5) ? 0 : PG_GETARG_INT32(5);
+	int			history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
 	int			m = 0;
 	int			reach;			/* elements with a non-zero weight; 0 = all of them */
 	double	   *out;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(4))
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
 		raise_bad("htk_keys: positions and centroid_decay must not be NULL");
-	xs = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n, "xs");
-	ys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &ny, "ys");
-	zs = float8_items(PG_GETARG_ARRAYTYPE_P(2), &nz, "zs");
-	if (n == 0 || ny != n || nz != n)
-		raise_bad("htk_keys: xs, ys and zs must be non-empty and of one length");
-	decay = PG_GETARG_FLOAT8(4);
+	xyz = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n3, "positions");
+	if (n3 == 0 || n3 % 3 != 0)
+		raise_bad("htk_keys: positions must hold x, y, z of one or more tokens");
+	n = n3 / 3;
+	xs = palloc(sizeof(double) * n);
+	ys = palloc(sizeof(double) * n);
+	zs = palloc(sizeof(double) * n);
+	for (int i = 0; i < n; i++)
+	{
+		xs[i] = xyz[3 * i];
+		ys[i] = xyz[3 * i + 1];
+		zs[i] = xyz[3 * i + 2];
+	}
+	decay = PG_GETARG_FLOAT8(2);
 	if (!(decay > 0.0 && decay <= 1.0))
 		raise_bad("htk_keys: centroid_decay must be in (0, 1]");
 	if (has_window && window < 1)

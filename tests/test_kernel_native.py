@@ -1,0 +1,154 @@
+"""The native kernel (ext/hartonomous_kernel) against its PL/pgSQL reference, and how it is chosen.
+
+tests/test_sql_next_token.py runs its whole specification on both kernels; here the two answer the
+same random calls side by side (next_token, draft_tokens, generate_tokens, where the native loops
+carry the context's positions from step to step), and the migration, the session setting and
+`db status` decide and say which one runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hartonomous.db import migrate
+from hand_sets import add_set, reference_sets
+from native_kernel import require_native_kernel
+
+TOL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def db(server_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")
+        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+            require_native_kernel()
+        yield conn
+        conn.rollback()
+
+
+@pytest.fixture(scope="module")
+def sets(db: psycopg.Connection) -> dict:
+    found = reference_sets()
+    for s in found.values():
+        add_set(db, s)
+    return found
+
+
+def use(db: psycopg.Connection, kernel: str) -> None:
+    """This transaction's kernel: '' lets ht_kernel() choose (native here), 'plpgsql' forces the reference."""
+    db.execute("SELECT set_config('hartonomous.kernel', %s, true)", (kernel,))
+    assert db.execute("SELECT ht_kernel()").fetchone()[0] == (kernel or "native")
+
+
+def both(db: psycopg.Connection, sql: str, params) -> tuple[list, list]:
+    """The rows of `sql` on the native kernel, then on the PL/pgSQL reference (same transaction)."""
+    use(db, "")
+    native = db.execute(sql, params).fetchall()
+    use(db, "plpgsql")
+    reference = db.execute(sql, params).fetchall()
+    use(db, "")
+    return native, reference
+
+
+def assert_same_rows(native: list, reference: list) -> None:
+    assert [r[0] for r in native] == [r[0] for r in reference]
+    for got, want in zip(native, reference):
+        assert got[1:] == pytest.approx(want[1:], abs=TOL)
+
+
+calls = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.0, 0.7, 1.0, 2.5]), "top_k": st.sampled_from([None, 0, 1, 5, 40]),
+    "top_p": st.sampled_from([None, 0.5, 0.9, 1.0]), "search_radius": st.none() | st.floats(0.05, 0.6),
+    "max_neighbors": st.integers(1, 300), "repetition_penalty": st.sampled_from([1.0, 1.3, 0.8]),
+    "history_weight": st.none() | st.sampled_from([0.0, 0.5, 3.0]),
+    "history_window": st.none() | st.integers(0, 80)})
+NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
+              "%(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, %(history_weight)s, %(history_window)s)")
+
+
+@settings(max_examples=150, deadline=None)
+@given(which=st.sampled_from(["gauss", "expo", "steep", "slow", "long"]),
+       context=st.lists(st.integers(0, 49), min_size=1, max_size=120), args=calls)
+def test_next_token_rows_are_the_references_to_1e12(db, sets, which, context, args) -> None:
+    native, reference = both(db, NEXT_TOKEN, {**args, "context": context, "atom_set": sets[which].name})
+    assert_same_rows(native, reference)
+
+
+@settings(max_examples=40, deadline=None)
+@given(which=st.sampled_from(["gauss", "expo", "long"]), context=st.lists(st.integers(0, 49), min_size=1, max_size=60),
+       n=st.integers(1, 12), seed=st.integers(0, 2**31), args=calls)
+def test_draft_tokens_carries_its_state_to_the_same_drafts(db, sets, which, context, n, seed, args) -> None:
+    sql = ("SELECT step, token_id, token_ids, probabilities FROM draft_tokens(%(context)s, %(n)s, %(temperature)s, "
+           "%(top_k)s, %(top_p)s, %(search_radius)s, %(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, "
+           "%(seed)s, 0, NULL, %(history_weight)s, %(history_window)s)")
+    native, reference = both(db, sql, {**args, "context": context, "atom_set": sets[which].name, "n": n,
+                                       "seed": seed})
+    assert [(r[0], r[1], r[2]) for r in native] == [(r[0], r[1], r[2]) for r in reference]
+    for got, want in zip(native, reference):
+        assert got[3] == pytest.approx(want[3], abs=TOL)
+
+
+@settings(max_examples=30, deadline=None)
+@given(which=st.sampled_from(["gauss", "expo", "slow", "long"]),
+       context=st.lists(st.integers(0, 49), min_size=1, max_size=60), seed=st.integers(0, 2**31), args=calls)
+def test_generate_tokens_gives_the_references_ids(db, sets, which, context, seed, args) -> None:
+    sql = ("SELECT generate_tokens(%(context)s, 24, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
+           "%(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, %(seed)s, NULL, %(history_weight)s, "
+           "%(history_window)s)")
+    native, reference = both(db, sql, {**args, "context": context, "atom_set": sets[which].name, "seed": seed})
+    assert native == reference
+
+
+def test_next_token_batch_is_the_reference(db, sets) -> None:
+    contexts = [[1, 2, 3], [4] * 30, list(range(50))]
+    sql = "SELECT * FROM next_token_batch(%s::jsonb, 0.9, 10, 0.95, NULL, 50, %s, 1.2, 2.0, 40)"
+    native, reference = both(db, sql, (json.dumps(contexts), sets["expo"].name))
+    assert [r[:2] for r in native] == [r[:2] for r in reference]
+    for got, want in zip(native, reference):
+        assert got[2:] == pytest.approx(want[2:], abs=TOL)
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT * FROM next_token(ARRAY[1, 999], atom_set => %s)",
+    "SELECT generate_tokens(ARRAY[1, 999], 3, atom_set => %s)",
+    "SELECT * FROM draft_tokens(ARRAY[999, 1], 2, atom_set => %s)",
+])
+def test_a_token_the_set_lacks_is_named_on_the_native_path(db, sets, call: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"context: token id 999 \(element \d\) is not in"):
+        with db.transaction():
+            db.execute(call, (sets["gauss"].name,))
+
+
+def test_the_session_setting_forces_the_reference(server_url: str) -> None:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+            require_native_kernel()
+        conn.execute("SET hartonomous.kernel = 'plpgsql'")
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
+        conn.execute("RESET hartonomous.kernel")
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
+
+
+def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_database: str) -> None:
+    def kernel() -> tuple[str, bool]:
+        with psycopg.connect(scratch_database) as conn:
+            installed = conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'hartonomous_kernel'")
+            return conn.execute("SELECT ht_kernel()").fetchone()[0], bool(installed.fetchone()[0])
+
+    migrate.upgrade(scratch_database, "0008")
+    assert kernel() == ("plpgsql", False)          # the PL/pgSQL path runs without the extension
+    migrate.upgrade(scratch_database)
+    if kernel()[1] is False:
+        require_native_kernel()
+    assert kernel() == ("native", True)
+    assert migrate.active_kernel(scratch_database) == {"kernel": "native", "kernel_available": True,
+                                                       "kernel_installed": True}
+    migrate.downgrade(scratch_database, "0008")
+    assert kernel() == ("plpgsql", False)
