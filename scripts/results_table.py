@@ -327,6 +327,9 @@ def _render_run(source: str, prov: Mapping[str, Any]) -> str:
     if not isinstance(date, str) or not re.match(r"\d{4}-\d{2}-\d{2}", date):
         raise Missing(f"date: not an ISO date ({date!r})")
     shown = commit[:7] + commit[hexdigits.end():]          # a suffix such as "-dirty" is kept
+    machine = prov["machine"]
+    if isinstance(machine, Mapping) and machine.get("dirty") is True and shown == commit[:7]:
+        shown += " + uncommitted changes"                   # the run's tree differed from its commit
     return (f"[{source}]({RESULTS_LINK}/{source}) · `{shown}` · {date[:10]} · "
             f"{_render_machine(prov['machine'])} · load {_render_load(prov['load'])}")
 

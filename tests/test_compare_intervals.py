@@ -141,3 +141,19 @@ def test_a_single_block_gives_no_interval_and_no_verdict() -> None:
 def test_a_p_value_no_resample_reached_is_worded_as_a_bound() -> None:
     test = paired_test(np.ones(100), np.zeros(100), metric="top1")
     assert test.p_value == 0.0 and "p < 0.0005" in test.wording and "p = 0" not in test.wording
+
+
+def test_a_timing_median_gets_a_bootstrap_interval_over_whole_generations() -> None:
+    from hartonomous.compare.generation import median_ci95
+
+    rng = np.random.default_rng(5)
+    runs = [rng.lognormal(mean=0.0 + 0.2 * r, sigma=0.3, size=30) for r in range(6)]    # six generations
+    values = np.concatenate(runs).tolist()
+    groups = [r for r, run in enumerate(runs) for _ in run]
+    low, high = median_ci95(values, groups)
+    assert low <= float(np.median(values)) <= high
+    # Resampling generations sees the spread between runs; resampling steps alone is narrower.
+    step_low, step_high = median_ci95(values)
+    assert high - low > step_high - step_low
+    assert median_ci95(values[:30], groups[:30]) is None      # one generation: no interval
+    assert median_ci95([]) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
+from hartonomous.compare.generation import median_ci95
 from hartonomous import sqlcalls
 from hartonomous.measure import explain, load_warning, percentile
 from hartonomous.sqlcalls import SpatialArgs
@@ -41,7 +42,8 @@ def measure_queries(conn: psycopg.Connection, atom_set: str, set_id: int, contex
     return {"calls": len(contexts), "max_neighbors": max_neighbors,
             "next_token_buffers_p50": percentile(full_buf, 50), "next_token_buffers_max": max(full_buf, default=None),
             "next_token_exec_ms_p50": percentile(full_ms, 50), "next_token_exec_ms_p95": percentile(full_ms, 95),
-            "knn_buffers_p50": percentile(knn_buf, 50), "knn_buffers_max": max(knn_buf, default=None)}
+            "knn_buffers_p50": percentile(knn_buf, 50), "knn_buffers_max": max(knn_buf, default=None),
+            "knn_buffers_p50_ci95": median_ci95(knn_buf)}
 
 
 def _sql(query: sqlcalls.Query) -> tuple[str, dict]:

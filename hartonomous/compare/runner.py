@@ -24,7 +24,7 @@ from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 class Progress(Protocol):
@@ -418,7 +418,10 @@ def headline(report: dict) -> list[dict]:
         row(f"perplexity (spatial smoothed, eps={metrics.SMOOTHING_EPSILON:g})", "perplexity",
             fid["exact"]["perplexity"], exact_ci95=fid["exact"].get("perplexity_ci95")),
         {"metric": "ms/token p50 (free generation)", "spatial": (gen.get("spatial") or {}).get("p50_ms"),
-         "exact": (gen.get("exact") or {}).get("p50_ms"), "baseline": None, "baseline_name": None, "claimed": 15.0},
+         "spatial_ci95": (gen.get("spatial") or {}).get("p50_ms_ci95"),
+         "exact": (gen.get("exact") or {}).get("p50_ms"), "exact_ci95": (gen.get("exact") or {}).get("p50_ms_ci95"),
+         "baseline": None, "baseline_name": None, "claimed": 15.0},
         {"metric": "shared buffers per KNN (p50)", "spatial": report["queries"].get("knn_buffers_p50"),
+         "spatial_ci95": report["queries"].get("knn_buffers_p50_ci95"),
          "exact": None, "baseline": None, "baseline_name": None, "claimed": 6},
     ]
