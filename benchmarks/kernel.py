@@ -192,8 +192,30 @@ def run(url: str, sizes: tuple[int, ...] = SIZES, calls: int = 100, rebuild: boo
             results["generation"].append({"atom_set": name, "atoms": n, "kernel": kernel, "prompt_tokens": 512,
                                           **generation(url, name, kernel, by_length[512][0])})
     results["load_1m"]["end"] = load_average()
+    results["summary"] = summary(results)
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return results
+
+
+def _cell(results: dict, name: str, kernel: str, length: int, history: bool) -> dict:
+    return next(r for r in results["rows"] if (r["atom_set"], r["kernel"], r["context_length"], r["history"])
+                == (name, kernel, length, history))
+
+
+def summary(results: dict) -> list[dict]:
+    """Per atom set and kernel, the issue's targets side by side: the overhead over the bare KNN
+    (8 tokens; 512 tokens with history atoms), the 512/8 cost ratio, generate_tokens tokens/s."""
+    out = []
+    for g in results["generation"]:
+        name, kernel = g["atom_set"], g["kernel"]
+        short, long = _cell(results, name, kernel, 8, True), _cell(results, name, kernel, 512, True)
+        out.append({"atom_set": name, "atoms": g["atoms"], "kernel": kernel,
+                    "p50_ms_8": short["next_token_p50_ms"], "p50_ms_512_history": long["next_token_p50_ms"],
+                    "knn_p50_ms_512": long["knn_p50_ms"],
+                    "overhead_ms_8": short["overhead_p50_ms"], "overhead_ms_512_history": long["overhead_p50_ms"],
+                    "ratio_512_over_8": long["next_token_p50_ms"] / short["next_token_p50_ms"],
+                    "generate_tokens_per_s": g["tokens_per_s"]})
+    return out
 
 
 def markdown(results: dict, command: str) -> str:
@@ -209,6 +231,11 @@ def markdown(results: dict, command: str) -> str:
         lines.append(f"| {r['atom_set']} | {r['kernel']} | {r['context_length']} | {'on' if r['history'] else 'off'} | "
                      f"{r['next_token_p50_ms']:.3f} | {r['next_token_p95_ms']:.3f} | {r['knn_p50_ms']:.3f} | "
                      f"{r['overhead_p50_ms']:.3f} | {r['cold_first_call_ms']:.2f} |")
+    lines += ["", "| atom set | kernel | overhead, 8 tokens (ms) | overhead, 512 + history (ms) | 512 / 8 cost |",
+              "|---|---|---:|---:|---:|"]
+    for s in results.get("summary", []):
+        lines.append(f"| {s['atom_set']} | {s['kernel']} | {s['overhead_ms_8']:.3f} | {s['overhead_ms_512_history']:.3f} "
+                     f"| {s['ratio_512_over_8']:.2f}× |")
     lines += ["", "| atom set | kernel | generate_tokens from a 512-token prompt (tokens/s) |", "|---|---|---:|"]
     for g in results["generation"]:
         lines.append(f"| {g['atom_set']} | {g['kernel']} | {g['tokens_per_s']:.0f} ({g['new_tokens']} tokens in "

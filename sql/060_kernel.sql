@@ -15,7 +15,7 @@
 --  1. positions: the context tokens' positions (htk_positions (C) over the token_blocks rows
 --     it touches, one read per block of ids; ht_context_positions);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
---  3. ht_knn: the GiST KNN at the centroid (unchanged: the index does this part);
+--  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
 --  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
 -- generate_tokens and draft_tokens carry the positions from step to step (state across steps):
 -- each new token costs one position lookup, and the context is checked once per call.
@@ -24,12 +24,18 @@
 
 CREATE OR REPLACE FUNCTION ht_kernel()
 RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE SECURITY INVOKER
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
-    SELECT CASE WHEN current_setting('hartonomous.kernel', true) = 'plpgsql' THEN 'plpgsql'
-                WHEN EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'hartonomous_kernel')
-                THEN 'native' ELSE 'plpgsql' END
+-- PL/pgSQL rather than SQL: its plan is cached per session (a SQL function's is not), so the
+-- check costs a few microseconds per call.
+BEGIN
+    IF current_setting('hartonomous.kernel', true) = 'plpgsql' THEN
+        RETURN 'plpgsql';
+    END IF;
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'hartonomous_kernel')
+                THEN 'native' ELSE 'plpgsql' END;
+END
 $$;
 
 COMMENT ON FUNCTION ht_kernel() IS
@@ -107,15 +113,12 @@ DECLARE
 BEGIN
     keys := htk_keys(p_xyz, p_centroid_window, p_centroid_decay,
                      CASE WHEN p_history_weight > 0 THEN p_history_window ELSE 0 END);
-    SELECT array_agg(k.token_id ORDER BY k.i), array_agg(k.weight ORDER BY k.i),
-           array_agg(k.distance ORDER BY k.i)
-      INTO ids, ws, ds
-      FROM ht_knn(p_set_id, ST_MakePoint(keys[1], keys[2], keys[3]), p_max_neighbors,
-                  p_search_radius) WITH ORDINALITY AS k(token_id, weight, distance, i);
+    SELECT k.token_ids, k.weights, k.distances INTO ids, ws, ds
+      FROM ht_knn_arrays(p_set_id, ST_MakePoint(keys[1], keys[2], keys[3]), p_max_neighbors,
+                         p_search_radius) k;
     SELECT d.token_ids, d.probabilities, d.cumulative
       INTO token_ids, probabilities, cumulative
-      FROM htk_distribution(p_context, keys, coalesce(ids, '{}'), coalesce(ws, '{}'),
-                            coalesce(ds, '{}'), p_kernel = 'gaussian', p_bandwidth,
+      FROM htk_distribution(p_context, keys, ids, ws, ds, p_kernel = 'gaussian', p_bandwidth,
                             p_history_weight, p_temperature, p_top_k, p_top_p, p_search_radius,
                             p_repetition_penalty) d;
 END

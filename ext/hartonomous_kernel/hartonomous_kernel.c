@@ -371,10 +371,13 @@ cand_by_p(const void *a, const void *b)
 	return (x->tid > y->tid) - (x->tid < y->tid);
 }
 
+/* (d / h)^2 or d / h; x * x is pow(x, 2) exactly (both correctly rounded), and cheaper. */
 static double
 kernel_term(double d, bool gaussian, double bandwidth)
 {
-	return gaussian ? pow(d / bandwidth, 2.0) : d / bandwidth;
+	double		x = d / bandwidth;
+
+	return gaussian ? x * x : x;
 }
 
 /* exp(dz) of stage rows start..end-1 relative to the first one (the largest z); returns the sum. */
