@@ -1,7 +1,7 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`,
-`next_token_signals` and `context_centroid`
+`next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel` and `context_centroid`
 are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
@@ -87,6 +87,11 @@ NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest
                           "distinct_tokens, ln_top_nearest_bandwidths, ln_top_stored_votes, ln_top_history_nearest_bandwidths, "
                           "risk, predicted_gap FROM "
                           f"next_token_signals(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
+STEP_LOGITS_SQL = ("SELECT token_ids, logits, h, h2, varentropy, r, top_probability, nearest_bandwidths, "
+                   "history_share, distinct_tokens, ln_top_nearest_bandwidths, ln_top_stored_votes, "
+                   "ln_top_history_nearest_bandwidths, risk, predicted_gap FROM "
+                   f"ht_step_logits(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
+KERNEL_SQL = "SELECT ht_kernel()"
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
 
@@ -216,8 +221,29 @@ def next_token_signals(conn: psycopg.Connection, context: Sequence[int], spatial
                        atom_set: str | None = None, prepare: bool | None = True) -> StepSignals:
     """The spatial path's signals for this context and the atom set's predicted risk and calibration gap
     (None without a predictor)."""
-    row = run(conn, next_token_signals_query(context, spatial, atom_set), prepare=prepare).fetchone()
-    return StepSignals(*[None if v is None else (int(v) if i == 7 else float(v)) for i, v in enumerate(row)])
+    return _signals(run(conn, next_token_signals_query(context, spatial, atom_set), prepare=prepare).fetchone())
+
+
+def _signals(values: Sequence) -> StepSignals:
+    return StepSignals(*[None if v is None else (int(v) if i == 7 else float(v)) for i, v in enumerate(values)])
+
+
+def kernel(conn: psycopg.Connection) -> str:
+    """Which next_token implementation this session runs: 'native' or 'plpgsql' (SQL ht_kernel())."""
+    return run(conn, Query(KERNEL_SQL, {})).fetchone()[0]
+
+
+def step_logits(conn: psycopg.Connection, context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),
+                atom_set: str | None = None, prepare: bool | None = True
+                ) -> tuple[list[int], list[float], StepSignals]:
+    """One step's raw token logits (ascending ids; before the sampler) and its signals, in one call
+    (SQL ht_step_logits; the native kernel only): what next_token_signals and next_token would
+    find twice."""
+    params = _knn_params(None, spatial, atom_set)
+    row = run(conn, Query(STEP_LOGITS_SQL, {"context": [int(t) for t in context],
+                                            **{name: params[name] for name in _SIGNAL_ARGS}}),
+              prepare=prepare).fetchone()
+    return list(row[0]), list(row[1]), _signals(row[2:])
 
 
 def context_centroid(conn: psycopg.Connection, context: Sequence[int],

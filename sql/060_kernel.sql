@@ -123,3 +123,81 @@ BEGIN
                             p_repetition_penalty) d;
 END
 $$;
+
+
+CREATE OR REPLACE FUNCTION ht_step_logits(
+    context integer[],
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL)
+RETURNS TABLE(token_ids integer[], logits double precision[], h double precision,
+              h2 double precision, varentropy double precision, r double precision,
+              top_probability double precision, nearest_bandwidths double precision,
+              history_share double precision, distinct_tokens integer,
+              ln_top_nearest_bandwidths double precision, ln_top_stored_votes double precision,
+              ln_top_history_nearest_bandwidths double precision, risk double precision,
+              predicted_gap double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+-- One step's raw token logits and its signals in one call, on the native kernel (htk_logits): the
+-- hybrid path and adaptive sampling need both per step, and apply the shared sampler to the
+-- logits themselves (hartonomous/backends/spatial.py), instead of calling next_token_signals and
+-- next_token, which would find the same candidates twice. logits[i] is token_ids[i]'s (ascending
+-- ids; before the repetition penalty and temperature); the rest are next_token_signals' columns,
+-- risk and predicted_gap included, for the same arguments. Raises 0A000 on the PL/pgSQL path.
+DECLARE
+    s       record;
+    pos     record;
+    knn     record;
+    v       record;
+    keys    double precision[];
+    v_model jsonb;
+    v_signals jsonb;
+BEGIN
+    IF ht_kernel() <> 'native' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = 'ht_step_logits needs the native kernel (the hartonomous_kernel extension)',
+            HINT = 'Call next_token and next_token_signals instead, or install it: make install-kernel, then hartonomous migrate.';
+    END IF;
+    PERFORM ht_check_context(context);
+    PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
+                                  history_weight, history_window);
+    SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
+    SELECT * INTO pos FROM ht_context_positions(s.id, context);
+    keys := htk_keys(pos.xyz, s.centroid_window, s.centroid_decay,
+                     CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+    -- Without search_radius: the nearest stored atom is measured before it (next_token_signals).
+    SELECT * INTO knn FROM ht_knn_arrays(s.id, ST_MakePoint(keys[1], keys[2], keys[3]), max_neighbors, NULL);
+    SELECT * INTO v FROM htk_logits(context, keys, knn.token_ids, knn.weights, knn.distances,
+                                    s.kernel = 'gaussian', s.bandwidth, s.history_weight, search_radius);
+    SELECT a.risk_model INTO v_model FROM atom_sets a WHERE a.id = s.id;
+    token_ids := v.token_ids;
+    logits := v.logits;
+    h := v.h;
+    h2 := v.h2;
+    varentropy := v.varentropy;
+    r := v.r;
+    top_probability := v.top_probability;
+    nearest_bandwidths := v.nearest_bandwidths;
+    history_share := v.history_share;
+    distinct_tokens := v.distinct_tokens;
+    ln_top_nearest_bandwidths := v.ln_top_nearest_bandwidths;
+    ln_top_stored_votes := v.ln_top_stored_votes;
+    ln_top_history_nearest_bandwidths := v.ln_top_history_nearest_bandwidths;
+    v_signals := jsonb_build_object(
+        'h', h, 'h2', h2, 'varentropy', varentropy, 'r', r, 'top_probability', top_probability,
+        'nearest_bandwidths', nearest_bandwidths, 'history_share', history_share,
+        'distinct_tokens', distinct_tokens, 'ln_top_nearest_bandwidths', ln_top_nearest_bandwidths,
+        'ln_top_stored_votes', ln_top_stored_votes,
+        'ln_top_history_nearest_bandwidths', ln_top_history_nearest_bandwidths);
+    risk := ht_risk(v_model, v_signals);
+    predicted_gap := ht_linear(v_model->'gap', v_signals);
+    RETURN NEXT;
+END
+$$;

@@ -152,3 +152,78 @@ def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_
                                                        "kernel_installed": True}
     migrate.downgrade(scratch_database, "0008")
     assert kernel() == ("plpgsql", False)
+
+
+# --- one call per step: the raw logits and the signals together ---------------------------------
+
+SIGNALS = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, distinct_tokens, "
+           "ln_top_nearest_bandwidths, ln_top_stored_votes, ln_top_history_nearest_bandwidths, risk, predicted_gap "
+           "FROM {}(%(context)s, %(search_radius)s, %(max_neighbors)s, %(atom_set)s, %(history_weight)s, "
+           "%(history_window)s)")
+
+
+@settings(max_examples=120, deadline=None)
+@given(which=st.sampled_from(["gauss", "expo", "steep", "slow", "long"]),
+       context=st.lists(st.integers(0, 49), min_size=1, max_size=80), args=calls)
+def test_step_logits_carry_next_token_signals_and_next_tokens_rows(db, sets, which, context, args) -> None:
+    from hartonomous.backends.spatial import sample_logits
+    from hartonomous.generation_config import SamplerArgs
+
+    use(db, "")
+    params = {**args, "context": context, "atom_set": sets[which].name}
+    (got,) = db.execute(SIGNALS.format("ht_step_logits"), params).fetchall()
+    (want,) = db.execute(SIGNALS.format("next_token_signals"), params).fetchall()
+    assert [v is None for v in got] == [v is None for v in want]
+    assert [v for v in got if v is not None] == pytest.approx([v for v in want if v is not None], abs=TOL)
+    ids, logits = db.execute("SELECT token_ids, logits FROM ht_step_logits(%(context)s, %(search_radius)s, "
+                             "%(max_neighbors)s, %(atom_set)s, %(history_weight)s, %(history_window)s)",
+                             params).fetchone()
+    assert ids == sorted(ids)
+    sampler = SamplerArgs(args["temperature"], args["top_k"], 1.0 if args["top_p"] is None else args["top_p"],
+                          args["repetition_penalty"])
+    dist = sample_logits(ids, logits, context, sampler)
+    rows = db.execute(NEXT_TOKEN, params).fetchall()
+    assert dist.token_ids == [r[0] for r in rows]
+    assert dist.probabilities == pytest.approx([r[1] for r in rows], abs=TOL)
+
+
+def test_step_logits_refuse_the_plpgsql_path(db, sets) -> None:
+    use(db, "plpgsql")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="needs the native kernel"):
+        with db.transaction():
+            db.execute("SELECT * FROM ht_step_logits(ARRAY[1, 2], atom_set => %s)", (sets["expo"].name,))
+    use(db, "")
+
+
+def test_the_spatial_backend_makes_one_call_per_step_when_it_needs_signals_too(db, sets, monkeypatch) -> None:
+    from hartonomous import sqlcalls
+    from hartonomous.backends.spatial import SpatialBackend
+    from hartonomous.generation_config import SamplerArgs
+
+    use(db, "")
+    backend = SpatialBackend(db, sets["expo"].name, tokenizer=object())
+    assert backend.native
+    calls = []
+    real_run = sqlcalls.run
+    monkeypatch.setattr(sqlcalls, "run", lambda conn, query, **kw: calls.append(query.sql) or real_run(conn, query, **kw))
+    sampler = SamplerArgs(0.8, 5, 0.9, 1.2)
+    state = backend.start([3, 1, 4, 1, 5, 9, 2, 6])
+    for token in (5, 3, 5):
+        signals = backend.signals(state)
+        dist = backend.distribution(state, sampler)
+        assert len(calls) == 1 and "ht_step_logits" in calls[0]
+        calls.clear()
+        # the same as the two calls of the PL/pgSQL path
+        use(db, "plpgsql")
+        want_signals = sqlcalls.next_token_signals(db, state.ids, backend.spatial, backend.atom_set.name)
+        want = sqlcalls.next_token(db, state.ids, sampler, backend.spatial, backend.atom_set.name)
+        use(db, "")
+        calls.clear()
+        assert dist.token_ids == [r[0] for r in want]
+        assert dist.probabilities == pytest.approx([r[1] for r in want], abs=TOL)
+        assert signals.h == pytest.approx(want_signals.h, abs=TOL)
+        assert signals.distinct_tokens == want_signals.distinct_tokens
+        backend.advance(state, token)
+    # without signals, distribution is next_token itself
+    backend.distribution(state, sampler)
+    assert len(calls) == 1 and "next_token(" in calls[0]

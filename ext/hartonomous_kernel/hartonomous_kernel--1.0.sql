@@ -37,6 +37,25 @@ COMMENT ON FUNCTION htk_distribution(integer[], double precision[], integer[], d
                                      double precision) IS
     'next_token''s steps 3-8 for checked arguments: kernel over the KNN rows and the history atoms, per-token log-sum-exp, the shared sampler (sql/060_kernel.sql).';
 
+CREATE FUNCTION htk_logits(
+    context integer[], keys double precision[],
+    knn_token_ids integer[], knn_weights double precision[], knn_distances double precision[],
+    gaussian boolean, bandwidth double precision, history_weight double precision,
+    search_radius double precision,
+    OUT token_ids integer[], OUT logits double precision[],
+    OUT h double precision, OUT h2 double precision, OUT varentropy double precision,
+    OUT r double precision, OUT top_probability double precision,
+    OUT nearest_bandwidths double precision, OUT history_share double precision,
+    OUT distinct_tokens integer, OUT ln_top_nearest_bandwidths double precision,
+    OUT ln_top_stored_votes double precision, OUT ln_top_history_nearest_bandwidths double precision)
+AS 'MODULE_PATHNAME', 'htk_logits'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+COMMENT ON FUNCTION htk_logits(integer[], double precision[], integer[], double precision[],
+                               double precision[], boolean, double precision, double precision,
+                               double precision) IS
+    'One step''s raw token logits (before the sampler) and next_token_signals'' signals from the same candidates (sql/060_kernel.sql).';
+
 CREATE FUNCTION htk_pick(probabilities double precision[], cumulative double precision[],
                          u double precision)
 RETURNS integer

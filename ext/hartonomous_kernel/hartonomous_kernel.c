@@ -17,6 +17,10 @@
  *       next_token's steps 3-8 (ht_next_token, sql/020_next_token.sql): kernel terms of the KNN
  *       rows and of the history atoms, per-token log-sum-exp, repetition penalty, temperature,
  *       top-k, top-p, renormalisation; rows by probability desc, token id asc.
+ *   htk_logits(context, keys, knn ids, weights, distances, gaussian, bandwidth, history_weight,
+ *              search_radius) -> (token_ids, logits, next_token_signals' eleven signals)
+ *       the raw token logits (before the sampler) and the step's signals from the same
+ *       candidates (next_token_signals, sql/050_signals.sql): one pass for callers needing both.
  *   htk_pick(probabilities, cumulative, u) -> 1-based row index (ht_pick, sql/030_sampling.sql).
  *
  * The arguments are checked by the SQL callers (sql/060_kernel.sql); here only what would make
@@ -39,6 +43,7 @@ PG_MODULE_MAGIC;
 PG_FUNCTION_INFO_V1(htk_positions);
 PG_FUNCTION_INFO_V1(htk_keys);
 PG_FUNCTION_INFO_V1(htk_distribution);
+PG_FUNCTION_INFO_V1(htk_logits);
 PG_FUNCTION_INFO_V1(htk_pick);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
@@ -322,7 +327,9 @@ htk_keys(PG_FUNCTION_ARGS)
 typedef struct
 {
 	int32		tid;
-	double		c;
+	double		c;				/* ln(weight) - kernel(distance / bandwidth) */
+	double		d;				/* the distance to the centroid */
+	bool		hist;			/* a history atom (else a stored KNN row) */
 } Term;
 
 typedef struct
@@ -396,6 +403,83 @@ stage_exp(Cand *c, int count)
 	return sum;
 }
 
+/*
+ * Kernel terms, ln(weight) - kernel(distance / h): the KNN rows within search_radius, then (with
+ * history_weight > 0) the m history atoms within it; key k (1-based) is the atom of context
+ * element n - m + k. Sorted by token id.
+ */
+static Term *
+collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int32 *knn_ids,
+			  const double *knn_w, const double *knn_d, int n_knn, bool gaussian, double bandwidth,
+			  double history_weight, bool has_radius, double radius, int *n_out)
+{
+	Term	   *terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
+	int			n = 0;
+	int			after = n_ctx - m;
+
+	for (int i = 0; i < n_knn; i++)
+	{
+		if (has_radius && !(knn_d[i] <= radius))
+			continue;
+		terms[n].tid = knn_ids[i];
+		terms[n].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
+		terms[n].d = knn_d[i];
+		terms[n].hist = false;
+		n++;
+	}
+	if (history_weight > 0 && m > 0)
+	{
+		double		ln_w = log(history_weight);
+
+		for (int k = 1; k <= m; k++)
+		{
+			const double *key = keys + 3 * k;
+			double		dx = key[0] - keys[0], dy = key[1] - keys[1], dz = key[2] - keys[2];
+			double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+			if (has_radius && !(d <= radius))
+				continue;
+			terms[n].tid = ctx[after + k - 1];
+			terms[n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+			terms[n].d = d;
+			terms[n].hist = true;
+			n++;
+		}
+	}
+	qsort(terms, n, sizeof(Term), term_by_tid);
+	*n_out = n;
+	return terms;
+}
+
+/* Per token (terms sorted by id): max + ln(sum exp(c - max)), terms below the cutoff counting as 0. */
+static Cand *
+token_logits(const Term *terms, int n_terms, int *n_out)
+{
+	Cand	   *cands = palloc(sizeof(Cand) * (n_terms + 1));
+	int			n = 0;
+
+	for (int i = 0; i < n_terms;)
+	{
+		int			j = i;
+		double		top = terms[i].c, sum = 0;
+
+		while (j < n_terms && terms[j].tid == terms[i].tid)
+		{
+			if (terms[j].c > top)
+				top = terms[j].c;
+			j++;
+		}
+		for (int t = i; t < j; t++)
+			sum += terms[t].c - top < LSE_CUTOFF ? 0.0 : exp(terms[t].c - top);
+		cands[n].tid = terms[i].tid;
+		cands[n].z = top + log(sum);
+		n++;
+		i = j;
+	}
+	*n_out = n;
+	return cands;
+}
+
 Datum
 htk_distribution(PG_FUNCTION_ARGS)
 {
@@ -408,7 +492,7 @@ htk_distribution(PG_FUNCTION_ARGS)
 	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		has_top_k, has_top_p, has_radius;
 	int			top_k;
-	int			m, after, n_terms = 0, n_cands = 0, kept;
+	int			m, n_terms = 0, n_cands = 0, kept;
 	Term	   *terms;
 	Cand	   *cands;
 	int32	   *sorted_ctx = NULL;
@@ -445,57 +529,9 @@ htk_distribution(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	penalty = PG_GETARG_FLOAT8(12);
 
-	/* Kernel terms: ln(weight) - kernel(distance / h), the KNN rows then the history atoms. */
-	terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
-	for (int i = 0; i < n_knn; i++)
-	{
-		if (has_radius && !(knn_d[i] <= radius))
-			continue;
-		terms[n_terms].tid = knn_ids[i];
-		terms[n_terms].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
-		n_terms++;
-	}
-	after = n_ctx - m;			/* key k (1-based) is the atom of context element after + k */
-	if (history_weight > 0 && m > 0)
-	{
-		double		ln_w = log(history_weight);
-		const double *c = keys;
-
-		for (int k = 1; k <= m; k++)
-		{
-			const double *key = keys + 3 * k;
-			double		dx = key[0] - c[0], dy = key[1] - c[1], dz = key[2] - c[2];
-			double		d = sqrt(dx * dx + dy * dy + dz * dz);
-
-			if (has_radius && !(d <= radius))
-				continue;
-			terms[n_terms].tid = ctx[after + k - 1];
-			terms[n_terms].c = ln_w - kernel_term(d, gaussian, bandwidth);
-			n_terms++;
-		}
-	}
-
-	/* Per token: max + ln(sum exp(c - max)), terms below the cutoff counting as 0. */
-	qsort(terms, n_terms, sizeof(Term), term_by_tid);
-	cands = palloc(sizeof(Cand) * (n_terms + 1));
-	for (int i = 0; i < n_terms;)
-	{
-		int			j = i;
-		double		top = terms[i].c, sum = 0;
-
-		while (j < n_terms && terms[j].tid == terms[i].tid)
-		{
-			if (terms[j].c > top)
-				top = terms[j].c;
-			j++;
-		}
-		for (int t = i; t < j; t++)
-			sum += terms[t].c - top < LSE_CUTOFF ? 0.0 : exp(terms[t].c - top);
-		cands[n_cands].tid = terms[i].tid;
-		cands[n_cands].z = top + log(sum);
-		n_cands++;
-		i = j;
-	}
+	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+						  history_weight, has_radius, radius, &n_terms);
+	cands = token_logits(terms, n_terms, &n_cands);
 
 	/* Repetition penalty over the context's distinct ids, then temperature. */
 	if (penalty != 1.0 && n_cands > 0)
@@ -573,6 +609,163 @@ htk_distribution(PG_FUNCTION_ARGS)
 	}
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_distribution: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_logits                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * One step's raw token logits (per-token log-sum-exp of the kernel terms: before the repetition
+ * penalty, temperature, top-k and top-p, which the caller applies with the shared sampler) and the
+ * step's signals, from the same candidates (next_token_signals, sql/050_signals.sql): so a caller
+ * that needs both pays for one KNN and one pass. The KNN rows come without search_radius (the
+ * nearest stored atom is measured before it); the radius is applied here, as next_token does.
+ * Columns: token_ids (ascending), logits, then next_token_signals' first eleven.
+ */
+Datum
+htk_logits(PG_FUNCTION_ARGS)
+{
+	int			n_ctx, n_keys, n_knn, n_w, n_d, m, n_terms = 0, n_cands = 0;
+	int32	   *ctx, *knn_ids;
+	double	   *keys, *knn_w, *knn_d;
+	bool		gaussian, has_radius;
+	double		bandwidth, history_weight, radius;
+	Term	   *terms;
+	Cand	   *cands;
+	TupleDesc	tupdesc;
+	Datum		values[13];
+	bool		nulls[13];
+
+	for (int a = 0; a <= 6; a++)
+		if (PG_ARGISNULL(a) && a != 6)
+			raise_bad("htk_logits: only history_weight and search_radius may be NULL");
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
+	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
+	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
+	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
+	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
+	if (n_keys < 3 || n_keys % 3 != 0)
+		raise_bad("htk_logits: keys must hold 3 * (1 + m) numbers");
+	if (n_w != n_knn || n_d != n_knn)
+		raise_bad("htk_logits: the KNN arrays must be of one length");
+	m = n_keys / 3 - 1;
+	if (m > n_ctx - 1 && m > 0)
+		raise_bad("htk_logits: more history keys than context elements before the last");
+	gaussian = PG_GETARG_BOOL(5);
+	if (PG_ARGISNULL(6))
+		raise_bad("htk_logits: bandwidth must not be NULL");
+	bandwidth = PG_GETARG_FLOAT8(6);
+	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	has_radius = !PG_ARGISNULL(8);
+	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
+
+	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+						  history_weight, has_radius, radius, &n_terms);
+	cands = token_logits(terms, n_terms, &n_cands);
+	memset(nulls, true, sizeof(nulls));
+	{
+		int32	   *ids = palloc(sizeof(int32) * (n_cands + 1));
+		double	   *zs = palloc(sizeof(double) * (n_cands + 1));
+
+		for (int i = 0; i < n_cands; i++)
+		{
+			ids[i] = cands[i].tid;
+			zs[i] = cands[i].z;
+		}
+		values[0] = PointerGetDatum(int4_array(ids, n_cands));
+		values[1] = PointerGetDatum(float8_array(zs, n_cands));
+		nulls[0] = nulls[1] = false;
+	}
+	values[9] = Int32GetDatum(n_cands);			/* distinct_tokens */
+	nulls[9] = false;
+	if (n_knn > 0)
+	{
+		double		nearest = knn_d[0];
+
+		for (int i = 1; i < n_knn; i++)
+			if (knn_d[i] < nearest)
+				nearest = knn_d[i];
+		values[7] = Float8GetDatum(nearest / bandwidth);		/* nearest_bandwidths */
+		nulls[7] = false;
+	}
+	if (n_cands > 0)
+	{
+		/* The kernel's own distribution: e = exp(c - max c) over every term (0 below -700), summed per token. */
+		double		top_c = terms[0].c, total = 0, hist_total = 0;
+		double	   *e = palloc(sizeof(double) * n_cands), *dmin = palloc(sizeof(double) * n_cands);
+		double	   *dhist = palloc(sizeof(double) * n_cands);
+		int		   *votes = palloc(sizeof(int) * n_cands);
+		int			k = -1, best = 0;
+		double		h = 0, s2 = 0, v = 0, pmax = 0;
+
+		for (int i = 1; i < n_terms; i++)
+			if (terms[i].c > top_c)
+				top_c = terms[i].c;
+		for (int i = 0; i < n_terms; i++)
+		{
+			double		x = terms[i].c - top_c < -700.0 ? 0.0 : exp(terms[i].c - top_c);
+
+			if (i == 0 || terms[i].tid != terms[i - 1].tid)
+			{
+				k++;
+				e[k] = 0;
+				dmin[k] = terms[i].d;
+				dhist[k] = -1;
+				votes[k] = 0;
+			}
+			e[k] += x;
+			if (terms[i].d < dmin[k])
+				dmin[k] = terms[i].d;
+			if (terms[i].hist)
+			{
+				if (dhist[k] < 0 || terms[i].d < dhist[k])
+					dhist[k] = terms[i].d;
+				hist_total += x;
+			}
+			else
+				votes[k]++;
+			total += x;
+		}
+		for (int i = 1; i < n_cands; i++)	/* the largest mass; ties: the lowest id (ids ascend) */
+			if (e[i] > e[best])
+				best = i;
+		for (int i = 0; i < n_cands; i++)
+		{
+			double		p = e[i] / total;
+
+			if (p > pmax)
+				pmax = p;
+			if (p > 1e-150)
+			{
+				h -= p * log(p);
+				s2 += p * p;
+			}
+		}
+		for (int i = 0; i < n_cands; i++)
+		{
+			double		p = e[i] / total;
+
+			if (p > 1e-150)
+				v += p * (log(p) + h) * (log(p) + h);
+		}
+		values[2] = Float8GetDatum(h);
+		values[3] = Float8GetDatum(-log(s2));
+		values[4] = Float8GetDatum(v);
+		values[5] = Float8GetDatum(-log(s2) - (h - 0.5 * v));
+		values[6] = Float8GetDatum(pmax);
+		values[8] = Float8GetDatum(hist_total / total);
+		values[10] = Float8GetDatum(log(dmin[best] / bandwidth + 0.01));
+		values[11] = Float8GetDatum(log(1.0 + votes[best]));
+		values[12] = Float8GetDatum(log((dhist[best] < 0 ? 10.0 : fmin(10.0, dhist[best] / bandwidth)) + 0.01));
+		for (int i = 2; i <= 12; i++)
+			if (i != 7 && i != 9)
+				nulls[i] = false;
+	}
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk_logits: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }

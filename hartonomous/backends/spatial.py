@@ -8,19 +8,27 @@ each step is cut to what the centroid and the history atoms read (the centroid w
 history window) when no repetition penalty needs the rest: the work per step then stays bounded
 as the text grows, with identical results.
 The whole loop in one `generate_tokens` call is `hartonomous.backends.in_database.InDatabaseBackend`.
+
+One call per step when the step's signals are wanted too (the hybrid path, adaptive sampling,
+`signals=True`): on the native kernel `signals` fetches the step's raw token logits with its
+signals (SQL ht_step_logits) and `distribution` applies the shared sampler to those logits here
+(hartonomous.sampling, the rules the SQL port is tested against), instead of a second database
+call that would find the same candidates again. On the PL/pgSQL path the two calls remain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
+import torch
 
 from hartonomous import sqlcalls
 from hartonomous.atomset import AtomSet, load_atom_set, tokenizer_for
 from hartonomous.backends.base import Distribution
 from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
+from hartonomous.sampling import next_token_rows
 from hartonomous.signals import StepSignals
 from hartonomous.sqlcalls import SpatialArgs
 
@@ -28,6 +36,20 @@ from hartonomous.sqlcalls import SpatialArgs
 @dataclass
 class SpatialState:
     ids: list[int]
+    # The current step's raw logits (token ids ascending, logits) when `signals` fetched them.
+    logits: tuple[list[int], list[float]] | None = field(default=None, repr=False)
+
+
+def sample_logits(token_ids: list[int], logits: list[float], context: list[int], sampler: SamplerArgs) -> Distribution:
+    """next_token's rows from a step's raw logits, by the shared sampler, over the candidates only
+    (token ids ascend, so index order is id order and every tie breaks as in SQL)."""
+    if not token_ids:
+        return Distribution([], [])
+    index = {t: i for i, t in enumerate(token_ids)}
+    rows = next_token_rows(torch.tensor(logits, dtype=torch.float64), [index[t] for t in set(context) if t in index],
+                           temperature=sampler.temperature, top_k=sampler.top_k, top_p=sampler.top_p,
+                           repetition_penalty=sampler.repetition_penalty)
+    return Distribution([token_ids[i] for i, _, _ in rows], [p for _, p, _ in rows])
 
 
 class SpatialBackend:
@@ -44,6 +66,7 @@ class SpatialBackend:
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(self.atom_set)
+        self.native = sqlcalls.kernel(conn) == "native"   # ht_step_logits is there: one call per step
 
     @classmethod
     def connect(cls, url: str, atom_set: str | None = None, **kwargs) -> "SpatialBackend":
@@ -71,15 +94,24 @@ class SpatialBackend:
         return SpatialState([int(i) for i in prompt_ids])
 
     def distribution(self, state: SpatialState, sampler: SamplerArgs) -> Distribution:
+        if state.logits is not None:                     # fetched with this step's signals
+            return sample_logits(*state.logits, state.ids, sampler)
         rows = sqlcalls.next_token(self.conn, self.context_for(state, sampler), sampler, self.spatial, self.atom_set.name)
         return Distribution([r[0] for r in rows], [r[1] for r in rows])
 
     def signals(self, state: SpatialState) -> StepSignals:
-        """The step's signals and predicted risk (SQL next_token_signals; sampler-independent)."""
+        """The step's signals and predicted risk (sampler-independent); on the native kernel the
+        step's raw logits come with them and are kept for `distribution` (one call per step)."""
+        if self.native:
+            ids, logits, signals = sqlcalls.step_logits(self.conn, self.context_for(state, None), self.spatial,
+                                                        self.atom_set.name)
+            state.logits = (ids, logits)
+            return signals
         return sqlcalls.next_token_signals(self.conn, self.context_for(state, None), self.spatial, self.atom_set.name)
 
     def advance(self, state: SpatialState, token_id: int) -> None:
         state.ids.append(int(token_id))
+        state.logits = None
 
     def close(self) -> None:
         if self.owns_connection:
