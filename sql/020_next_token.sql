@@ -259,7 +259,6 @@ AS $$
 DECLARE
     s record;
     c record;
-    p record;
     d record;
 BEGIN
     PERFORM ht_check_context(context);
@@ -268,10 +267,9 @@ BEGIN
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     IF ht_kernel() = 'native' THEN
         -- The same rows from the C kernel (sql/060_kernel.sql).
-        SELECT * INTO p FROM ht_context_positions(s.id, context);
         SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                             s.bandwidth, s.history_window, s.history_weight, context,
-                                            p.xyz, temperature, top_k, top_p,
+                                            NULL, temperature, top_k, top_p,
                                             search_radius, max_neighbors, repetition_penalty);
         RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
     ELSE
@@ -320,7 +318,6 @@ DECLARE
     offs    integer := 0;
     bad     boolean;
     native  boolean := ht_kernel() = 'native';
-    p       record;
     d       record;
 BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
@@ -358,10 +355,9 @@ BEGIN
         ctx := ctxs[offs + 1 : offs + lens[j]];
         offs := offs + lens[j];
         IF native THEN
-            SELECT * INTO p FROM ht_context_positions(s.id, ctx);
             SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                                 s.bandwidth, s.history_window, s.history_weight, ctx,
-                                                p.xyz, temperature, top_k, top_p,
+                                                NULL, temperature, top_k, top_p,
                                                 search_radius, max_neighbors, repetition_penalty);
             RETURN QUERY SELECT j - 1, n.* FROM unnest(d.token_ids, d.probabilities, d.cumulative) AS n;
         ELSE

@@ -139,7 +139,6 @@ AS $$
 DECLARE
     s      record;
     c      record;
-    p      record;
     d      record;
     picked integer;
 BEGIN
@@ -149,10 +148,9 @@ BEGIN
     PERFORM ht_check_seed_step(seed, step, 'step', 'Use 0 for the first draw of a seed, 1 for the next, ...');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     IF ht_kernel() = 'native' THEN
-        SELECT * INTO p FROM ht_context_positions(s.id, context);
         SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                             s.bandwidth, s.history_window, s.history_weight, context,
-                                            p.xyz, temperature, top_k, top_p,
+                                            NULL, temperature, top_k, top_p,
                                             search_radius, max_neighbors, repetition_penalty);
         picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
     ELSE
@@ -201,9 +199,9 @@ DECLARE
     keys      integer;
     keep      integer;
     c         record;
-    p         record;
     d         record;
     xyz        double precision[];
+    fast       boolean;
 BEGIN
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
@@ -212,14 +210,17 @@ BEGIN
                              'Generate at most 4096 tokens per call; continue from the result for more.');
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     IF ht_kernel() = 'native' THEN
-        -- The native loop (sql/060_kernel.sql) carries the context's positions from step to
-        -- step: every prompt id is looked up and checked once, each new token costs one lookup.
-        SELECT * INTO p FROM ht_context_positions(s.id, ctx);
-        xyz := p.xyz;
+        -- The native loop (sql/060_kernel.sql): each step whole in C where htk_next_token serves
+        -- the set (its positions cached for the session); else the context's positions are
+        -- looked up and checked once and carried from step to step (one lookup per new token).
+        fast := htk_serves(s.id);
+        IF NOT fast OR max_new_tokens = 0 THEN
+            xyz := ht_context_positions(s.id, ctx);      -- checks every id (22023 naming a foreign one)
+        END IF;
         FOR step IN 0 .. max_new_tokens - 1 LOOP
             SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                                 s.bandwidth, s.history_window, s.history_weight, ctx,
-                                                xyz, temperature, top_k, top_p,
+                                                CASE WHEN fast THEN NULL ELSE xyz END, temperature, top_k, top_p,
                                                 search_radius, max_neighbors, repetition_penalty);
             picked := d.token_ids[htk_pick(d.probabilities, d.cumulative, ht_uniform(seed, step))];
             IF picked IS NULL THEN
@@ -230,8 +231,9 @@ BEGIN
             generated := generated || picked;
             EXIT WHEN picked = ANY (stop_tokens) OR step = max_new_tokens - 1;
             ctx := ctx || picked;
-            SELECT * INTO p FROM ht_context_positions(s.id, ARRAY[picked]);
-            xyz := xyz || p.xyz;
+            IF NOT fast THEN
+                xyz := xyz || ht_context_positions(s.id, ARRAY[picked]);
+            END IF;
         END LOOP;
         RETURN generated;
     END IF;

@@ -63,9 +63,9 @@ DECLARE
     cums   double precision[];
     picked integer;
     st     record;
-    p      record;
     d      record;
     xyz     double precision[];
+    fast    boolean;
 BEGIN
     PERFORM ht_check_between('n', draft_tokens.n, 1, 64,
                              'n is the number of tokens to draft; speculative decoding drafts a few (e.g. 4).');
@@ -87,12 +87,14 @@ BEGIN
                                       draft_tokens.history_window);
         SELECT * INTO st FROM ht_atom_set(draft_tokens.atom_set, draft_tokens.history_weight,
                                          draft_tokens.history_window);
-        SELECT * INTO p FROM ht_context_positions(st.id, ctx);
-        xyz := p.xyz;
+        fast := htk_serves(st.id);                      -- the whole step in C (sql/060_kernel.sql)
+        IF NOT fast THEN
+            xyz := ht_context_positions(st.id, ctx);
+        END IF;
         FOR i IN 0 .. draft_tokens.n - 1 LOOP
             SELECT * INTO d FROM ht_native_step(st.id, st.centroid_window, st.centroid_decay, st.kernel,
                                                 st.bandwidth, st.history_window, st.history_weight, ctx,
-                                                xyz, draft_tokens.temperature, draft_tokens.top_k,
+                                                CASE WHEN fast THEN NULL ELSE xyz END, draft_tokens.temperature, draft_tokens.top_k,
                                                 draft_tokens.top_p, draft_tokens.search_radius,
                                                 draft_tokens.max_neighbors, draft_tokens.repetition_penalty);
             picked := d.token_ids[htk_pick(d.probabilities, d.cumulative,
@@ -108,8 +110,9 @@ BEGIN
             RETURN NEXT;
             EXIT WHEN picked = ANY (draft_tokens.stop_tokens) OR i = draft_tokens.n - 1;
             ctx := ctx || picked;
-            SELECT * INTO p FROM ht_context_positions(st.id, ARRAY[picked]);
-            xyz := xyz || p.xyz;
+            IF NOT fast THEN
+                xyz := xyz || ht_context_positions(st.id, ARRAY[picked]);
+            END IF;
         END LOOP;
         RETURN;
     END IF;

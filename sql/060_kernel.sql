@@ -12,13 +12,17 @@
 -- external server, a Docker image or Citus workers without the extension run the PL/pgSQL path.
 --
 -- The native path splits next_token into the parts the database must do and the arithmetic:
+--  0. for a set of the rows layout, the whole step in C (htk_next_token): the positions from a
+--     per-session cache of the set's token_blocks (read once per session), the keys, the KNN
+--     through SPI (ht_knn's query, prepared once) and the kernel and sampler; otherwise:
 --  1. positions: the context tokens' positions (htk_positions (C) over the token_blocks rows
 --     it touches, one read per block of ids; ht_context_positions);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
 --  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
 --  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
--- generate_tokens and draft_tokens carry the positions from step to step (state across steps):
--- each new token costs one position lookup, and the context is checked once per call.
+-- generate_tokens and draft_tokens check the context once per call; on the SQL path (1-4) they
+-- carry its positions from step to step (one lookup per new token), and in C (0) the cache is the
+-- state: every lookup is an array subscript.
 -- Results agree with the PL/pgSQL path to rounding (sums may run in another order), not bit for
 -- bit; rows and their order are the same except where two probabilities tie to rounding.
 
@@ -102,15 +106,29 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- One next_token step on the native path for checked arguments and the context's positions
--- (p_xyz[3i-2 .. 3i] is the position of p_context[i]): steps 2-4 at the top of this file. The rows come
--- back as three arrays in next_token's order (empty: no candidates).
+-- One next_token step on the native path for checked arguments. With p_xyz NULL, the whole step
+-- in C where htk_next_token serves the set (the rows layout; positions from the session's cache);
+-- else, or when a context token is not in the set, the context's positions (ht_context_positions,
+-- which names a foreign token) and steps 2-4 at the top of this file. p_xyz, when given, is the
+-- context's positions (p_xyz[3i-2 .. 3i] of p_context[i]), carried by a loop. The rows come back
+-- as three arrays in next_token's order (empty: no candidates).
 DECLARE
     keys double precision[];
     ids  integer[];
     ws   double precision[];
     ds   double precision[];
 BEGIN
+    IF p_xyz IS NULL THEN
+        SELECT n.token_ids, n.probabilities, n.cumulative INTO token_ids, probabilities, cumulative
+          FROM htk_next_token(p_set_id, p_centroid_window, p_centroid_decay, p_history_window,
+                              p_kernel = 'gaussian', p_bandwidth, p_history_weight, p_context,
+                              p_temperature, p_top_k, p_top_p, p_search_radius, p_max_neighbors,
+                              p_repetition_penalty) n;
+        IF token_ids IS NOT NULL THEN
+            RETURN;
+        END IF;
+        p_xyz := ht_context_positions(p_set_id, p_context);
+    END IF;
     keys := htk_keys(p_xyz, p_centroid_window, p_centroid_decay,
                      CASE WHEN p_history_weight > 0 THEN p_history_window ELSE 0 END);
     SELECT k.token_ids, k.weights, k.distances INTO ids, ws, ds

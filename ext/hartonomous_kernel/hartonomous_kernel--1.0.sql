@@ -61,3 +61,32 @@ CREATE FUNCTION htk_pick(probabilities double precision[], cumulative double pre
 RETURNS integer
 AS 'MODULE_PATHNAME', 'htk_pick'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION htk_serves(atom_set_id integer)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'htk_serves'
+LANGUAGE C STABLE PARALLEL RESTRICTED
+SET search_path = public, pg_temp;
+
+COMMENT ON FUNCTION htk_serves(integer) IS
+    'Whether htk_next_token serves the atom set (rows layout, with token_blocks); loads its positions into the session''s cache.';
+
+CREATE FUNCTION htk_next_token(
+    atom_set_id integer, centroid_window integer, centroid_decay double precision,
+    history_window integer, gaussian boolean, bandwidth double precision,
+    history_weight double precision, context integer[], temperature double precision,
+    top_k integer, top_p double precision, search_radius double precision, max_neighbors integer,
+    repetition_penalty double precision,
+    OUT token_ids integer[], OUT probabilities double precision[], OUT cumulative double precision[])
+AS 'MODULE_PATHNAME', 'htk_next_token'
+LANGUAGE C STABLE PARALLEL RESTRICTED
+SET search_path = public, pg_temp
+SET enable_sort = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off;
+
+COMMENT ON FUNCTION htk_next_token(integer, integer, double precision, integer, boolean,
+                                   double precision, double precision, integer[], double precision,
+                                   integer, double precision, double precision, integer,
+                                   double precision) IS
+    'One next_token step in C for checked arguments (rows layout): cached positions, keys, the KNN through SPI, kernel and sampler; NULL where the SQL path must serve it (sql/060_kernel.sql).';

@@ -32,10 +32,13 @@
 #include <math.h>
 
 #include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "utils/memutils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/float.h"
 #include "utils/lsyscache.h"
 
 PG_MODULE_MAGIC;
@@ -45,6 +48,8 @@ PG_FUNCTION_INFO_V1(htk_keys);
 PG_FUNCTION_INFO_V1(htk_distribution);
 PG_FUNCTION_INFO_V1(htk_logits);
 PG_FUNCTION_INFO_V1(htk_pick);
+PG_FUNCTION_INFO_V1(htk_serves);
+PG_FUNCTION_INFO_V1(htk_next_token);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -222,42 +227,27 @@ centroid_direct(const double *xs, const double *ys, const double *zs, int e, int
 	out[2] = sz / sw;
 }
 
-Datum
-htk_keys(PG_FUNCTION_ARGS)
+/*
+ * The centre and the m = min(history, n - 1) history keys (0 when history <= 0) of a context of n
+ * positions (x, y, z each), for checked arguments: 3 * (1 + m) numbers, the centre first.
+ */
+static double *
+compute_keys(const double *xyz, int n, bool has_window, int window, double decay, int history, int *m_out)
 {
-	int			n3, n;
-	double	   *xyz;
-	double	   *xs, *ys, *zs;
-	bool		has_window = !PG_ARGISNULL(1);
-	int			window = has_window ? PG_GETARG_INT32(1) : 0;
-	double		decay, ln_decay;
-	int			history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+	double	   *xs = palloc(sizeof(double) * n);
+	double	   *ys = palloc(sizeof(double) * n);
+	double	   *zs = palloc(sizeof(double) * n);
+	double		ln_decay = log(decay);
 	int			m = 0;
 	int			reach;			/* elements with a non-zero weight; 0 = all of them */
 	double	   *out;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
-		raise_bad("htk_keys: positions and centroid_decay must not be NULL");
-	xyz = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n3, "positions");
-	if (n3 == 0 || n3 % 3 != 0)
-		raise_bad("htk_keys: positions must hold x, y, z of one or more tokens");
-	n = n3 / 3;
-	xs = palloc(sizeof(double) * n);
-	ys = palloc(sizeof(double) * n);
-	zs = palloc(sizeof(double) * n);
 	for (int i = 0; i < n; i++)
 	{
 		xs[i] = xyz[3 * i];
 		ys[i] = xyz[3 * i + 1];
 		zs[i] = xyz[3 * i + 2];
 	}
-	decay = PG_GETARG_FLOAT8(2);
-	if (!(decay > 0.0 && decay <= 1.0))
-		raise_bad("htk_keys: centroid_decay must be in (0, 1]");
-	if (has_window && window < 1)
-		raise_bad("htk_keys: centroid_window must be >= 1 or NULL");
-	ln_decay = log(decay);
-
 	/* Beyond K = floor(300 / -ln decay) + 1 elements back every weight is 0. */
 	reach = has_window ? window : 0;
 	if (ln_decay < 0.0)
@@ -317,6 +307,31 @@ htk_keys(PG_FUNCTION_ARGS)
 			}
 		}
 	}
+	*m_out = m;
+	return out;
+}
+
+Datum
+htk_keys(PG_FUNCTION_ARGS)
+{
+	int			n3, m;
+	double	   *xyz, *out;
+	bool		has_window = !PG_ARGISNULL(1);
+	int			window = has_window ? PG_GETARG_INT32(1) : 0;
+	double		decay;
+	int			history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
+		raise_bad("htk_keys: positions and centroid_decay must not be NULL");
+	xyz = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n3, "positions");
+	if (n3 == 0 || n3 % 3 != 0)
+		raise_bad("htk_keys: positions must hold x, y, z of one or more tokens");
+	decay = PG_GETARG_FLOAT8(2);
+	if (!(decay > 0.0 && decay <= 1.0))
+		raise_bad("htk_keys: centroid_decay must be in (0, 1]");
+	if (has_window && window < 1)
+		raise_bad("htk_keys: centroid_window must be >= 1 or NULL");
+	out = compute_keys(xyz, n3 / 3, has_window, window, decay, history, &m);
 	PG_RETURN_ARRAYTYPE_P(float8_array(out, 3 * (1 + m)));
 }
 
@@ -480,58 +495,17 @@ token_logits(const Term *terms, int n_terms, int *n_out)
 	return cands;
 }
 
-Datum
-htk_distribution(PG_FUNCTION_ARGS)
+/*
+ * The shared sampler over per-token logits (cands[i].z): repetition penalty over the context's
+ * distinct ids, temperature, top-k or T = 0, top-p, renormalisation; values[0..2] get next_token's
+ * rows as arrays (token ids, probabilities, cumulative), ordered by probability, then id.
+ */
+static void
+sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double temperature,
+			 bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty, Datum *values)
 {
-	int			n_ctx, n_keys, n_knn, n_w, n_d;
-	int32	   *ctx;
-	double	   *keys;
-	int32	   *knn_ids;
-	double	   *knn_w, *knn_d;
-	bool		gaussian;
-	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
-	bool		has_top_k, has_top_p, has_radius;
-	int			top_k;
-	int			m, n_terms = 0, n_cands = 0, kept;
-	Term	   *terms;
-	Cand	   *cands;
 	int32	   *sorted_ctx = NULL;
-	TupleDesc	tupdesc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
-
-	for (int a = 0; a <= 8; a++)
-		if (PG_ARGISNULL(a) && a != 7)
-			raise_bad("htk_distribution: only history_weight, top_k, top_p and search_radius may be NULL");
-	if (PG_ARGISNULL(12))
-		raise_bad("htk_distribution: repetition_penalty must not be NULL");
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
-	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
-	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
-	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
-	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
-	if (n_keys < 3 || n_keys % 3 != 0)
-		raise_bad("htk_distribution: keys must hold 3 * (1 + m) numbers");
-	if (n_w != n_knn || n_d != n_knn)
-		raise_bad("htk_distribution: the KNN arrays must be of one length");
-	m = n_keys / 3 - 1;
-	if (m > n_ctx - 1 && m > 0)
-		raise_bad("htk_distribution: more history keys than context elements before the last");
-	gaussian = PG_GETARG_BOOL(5);
-	bandwidth = PG_GETARG_FLOAT8(6);
-	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
-	temperature = PG_GETARG_FLOAT8(8);
-	has_top_k = !PG_ARGISNULL(9);
-	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
-	has_top_p = !PG_ARGISNULL(10);
-	top_p = has_top_p ? PG_GETARG_FLOAT8(10) : 1.0;
-	has_radius = !PG_ARGISNULL(11);
-	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
-	penalty = PG_GETARG_FLOAT8(12);
-
-	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-						  history_weight, has_radius, radius, &n_terms);
-	cands = token_logits(terms, n_terms, &n_cands);
+	int			kept;
 
 	/* Repetition penalty over the context's distinct ids, then temperature. */
 	if (penalty != 1.0 && n_cands > 0)
@@ -607,6 +581,61 @@ htk_distribution(PG_FUNCTION_ARGS)
 		values[1] = PointerGetDatum(float8_array(NULL, 0));
 		values[2] = PointerGetDatum(float8_array(NULL, 0));
 	}
+}
+
+Datum
+htk_distribution(PG_FUNCTION_ARGS)
+{
+	int			n_ctx, n_keys, n_knn, n_w, n_d;
+	int32	   *ctx;
+	double	   *keys;
+	int32	   *knn_ids;
+	double	   *knn_w, *knn_d;
+	bool		gaussian;
+	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
+	bool		has_top_k, has_top_p, has_radius;
+	int			top_k;
+	int			m, n_terms = 0, n_cands = 0;
+	Term	   *terms;
+	Cand	   *cands;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	for (int a = 0; a <= 8; a++)
+		if (PG_ARGISNULL(a) && a != 7)
+			raise_bad("htk_distribution: only history_weight, top_k, top_p and search_radius may be NULL");
+	if (PG_ARGISNULL(12))
+		raise_bad("htk_distribution: repetition_penalty must not be NULL");
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
+	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
+	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
+	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
+	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
+	if (n_keys < 3 || n_keys % 3 != 0)
+		raise_bad("htk_distribution: keys must hold 3 * (1 + m) numbers");
+	if (n_w != n_knn || n_d != n_knn)
+		raise_bad("htk_distribution: the KNN arrays must be of one length");
+	m = n_keys / 3 - 1;
+	if (m > n_ctx - 1 && m > 0)
+		raise_bad("htk_distribution: more history keys than context elements before the last");
+	gaussian = PG_GETARG_BOOL(5);
+	bandwidth = PG_GETARG_FLOAT8(6);
+	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	temperature = PG_GETARG_FLOAT8(8);
+	has_top_k = !PG_ARGISNULL(9);
+	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
+	has_top_p = !PG_ARGISNULL(10);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(10) : 1.0;
+	has_radius = !PG_ARGISNULL(11);
+	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
+	penalty = PG_GETARG_FLOAT8(12);
+
+	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+						  history_weight, has_radius, radius, &n_terms);
+	cands = token_logits(terms, n_terms, &n_cands);
+
+	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_distribution: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
@@ -766,6 +795,272 @@ htk_logits(PG_FUNCTION_ARGS)
 	}
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_logits: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_next_token: the whole step in C for the rows layout                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * A backend-local cache of atom sets' token positions, so a step looks every context token up in
+ * memory: the set's token_blocks rows are read once per session (SPI), into one array of x, y, z
+ * per token id (NaN: no such token). Atom sets are immutable once built and their ids are never
+ * reused (a sequence), so an entry stays valid for the session; a set without token_blocks or of
+ * the tiles layout is marked as not served (the SQL path serves it). Eight sets at most, the
+ * least recently used dropped.
+ */
+#define CACHE_SETS 8
+
+typedef struct
+{
+	int32		set_id;			/* 0: empty slot */
+	bool		served;			/* rows layout with token_blocks */
+	int32		slots;			/* token ids 0 .. slots - 1 */
+	double	   *xyz;			/* 3 * slots, in TopMemoryContext */
+	uint64		used;			/* LRU clock */
+} PositionCache;
+
+static PositionCache cache[CACHE_SETS];
+static uint64 cache_clock = 0;
+static SPIPlanPtr knn_plan = NULL;
+
+/* Called inside SPI. */
+static PositionCache *
+cached_set(int32 set_id)
+{
+	PositionCache *slot = NULL;
+	Oid			argtypes[1] = {INT4OID};
+	Datum		args[1];
+	int			ret;
+
+	for (int i = 0; i < CACHE_SETS; i++)
+		if (cache[i].set_id == set_id)
+		{
+			cache[i].used = ++cache_clock;
+			return &cache[i];
+		}
+	for (int i = 0; i < CACHE_SETS; i++)
+		if (slot == NULL || cache[i].set_id == 0 || cache[i].used < slot->used)
+		{
+			slot = &cache[i];
+			if (slot->set_id == 0)
+				break;
+		}
+	if (slot->xyz != NULL)
+		pfree(slot->xyz);
+	memset(slot, 0, sizeof(*slot));
+
+	args[0] = Int32GetDatum(set_id);
+	ret = SPI_execute_with_args("SELECT s.layout IS DISTINCT FROM 'tiles' FROM atom_sets s WHERE s.id = $1",
+								1, argtypes, args, NULL, true, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "htk: reading atom_sets failed");
+	if (SPI_processed == 1)
+	{
+		bool		isnull;
+		Datum		rows = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		slot->served = !isnull && DatumGetBool(rows);
+	}
+	if (slot->served)
+	{
+		ret = SPI_execute_with_args("SELECT k.block, k.xs, k.ys, k.zs FROM token_blocks k WHERE k.atom_set_id = $1",
+									1, argtypes, args, NULL, true, 0);
+		if (ret != SPI_OK_SELECT)
+			elog(ERROR, "htk: reading token_blocks failed");
+		if (SPI_processed == 0)
+			slot->served = false;
+		else
+		{
+			int32		max_block = 0;
+
+			for (uint64 r = 0; r < SPI_processed; r++)
+			{
+				bool		isnull;
+				int32		b = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 1, &isnull));
+
+				if (b > max_block)
+					max_block = b;
+			}
+			slot->slots = (max_block + 1) * 256;
+			slot->xyz = MemoryContextAlloc(TopMemoryContext, sizeof(double) * 3 * slot->slots);
+			for (int i = 0; i < 3 * slot->slots; i++)
+				slot->xyz[i] = get_float8_nan();
+			for (uint64 r = 0; r < SPI_processed; r++)
+			{
+				bool		isnull;
+				HeapTuple	tup = SPI_tuptable->vals[r];
+				int32		b = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+
+				for (int a = 0; a < 3; a++)
+				{
+					ArrayType  *arr = DatumGetArrayTypeP(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2 + a, &isnull));
+					int			n;
+					double	   *v;
+
+					if (isnull || ARR_NDIM(arr) != 1 || ARR_DIMS(arr)[0] != 256)
+						elog(ERROR, "htk: token_blocks row %d of atom set %d is not 256 numbers", b, set_id);
+					v = float8_items(arr, &n, "token_blocks");
+					for (int j = 0; j < 256; j++)
+						slot->xyz[3 * (b * 256 + j) + a] = v[j];
+				}
+			}
+		}
+	}
+	slot->set_id = set_id;
+	slot->used = ++cache_clock;
+	return slot;
+}
+
+/* The KNN of ht_knn's rows layout, prepared once per session: (token_id, weight, distance). */
+static void
+knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
+		 int32 **ids, double **ws, double **ds, int *n)
+{
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', has_radius ? ' ' : 'n'};
+	int			ret;
+
+	if (knn_plan == NULL)
+	{
+		Oid			argtypes[6] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, FLOAT8OID};
+		SPIPlanPtr	plan = SPI_prepare(
+			"SELECT n.tid, n.w, n.d"
+			"  FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> ST_MakePoint($2, $3, $4) AS d"
+			"          FROM atoms a WHERE a.atom_set_id = $1"
+			"         ORDER BY a.position <<->> ST_MakePoint($2, $3, $4)) n"
+			" WHERE $6 IS NULL OR n.d <= $6"
+			" ORDER BY n.d, n.tid, n.w LIMIT $5", 6, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "htk: keeping the KNN plan failed");
+		knn_plan = plan;
+	}
+	args[0] = Int32GetDatum(set_id);
+	args[1] = Float8GetDatum(center[0]);
+	args[2] = Float8GetDatum(center[1]);
+	args[3] = Float8GetDatum(center[2]);
+	args[4] = Int32GetDatum(k);
+	args[5] = Float8GetDatum(radius);
+	ret = SPI_execute_plan(knn_plan, args, nulls, true, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "htk: the KNN failed");
+	*n = (int) SPI_processed;
+	*ids = SPI_palloc(sizeof(int32) * (*n + 1));
+	*ws = SPI_palloc(sizeof(double) * (*n + 1));
+	*ds = SPI_palloc(sizeof(double) * (*n + 1));
+	for (int i = 0; i < *n; i++)
+	{
+		bool		isnull;
+		HeapTuple	tup = SPI_tuptable->vals[i];
+
+		(*ids)[i] = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		(*ws)[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+		(*ds)[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 3, &isnull));
+	}
+}
+
+/* Whether htk_next_token serves atom set set_id (rows layout, with token_blocks). */
+Datum
+htk_serves(PG_FUNCTION_ARGS)
+{
+	PositionCache *slot;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_BOOL(false);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	slot = cached_set(PG_GETARG_INT32(0));
+	SPI_finish();
+	PG_RETURN_BOOL(slot->served);
+}
+
+/*
+ * One next_token step in C for checked arguments (the set's own window, decay, kernel, bandwidth,
+ * history window and weight; next_token's sampler arguments): positions from the cache, keys,
+ * the KNN (ht_knn's rows-layout query, through SPI), kernel and sampler. NULL when this function
+ * does not serve the set (htk_serves) or a context token is not in the set: the caller then takes
+ * the SQL path, which reports the token.
+ */
+Datum
+htk_next_token(PG_FUNCTION_ARGS)
+{
+	int32		set_id;
+	bool		has_window;
+	int			window, history, top_k, max_neighbors, n_ctx, m, n_knn = 0, n_terms = 0, n_cands = 0;
+	double		decay, bandwidth, history_weight, temperature, top_p, radius, penalty;
+	bool		gaussian, has_top_k, has_top_p, has_radius;
+	int32	   *ctx, *knn_ids;
+	double	   *xyz, *keys, *knn_w, *knn_d;
+	PositionCache *slot;
+	Term	   *terms;
+	Cand	   *cands;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	MemoryContext caller;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
+		|| PG_ARGISNULL(8) || PG_ARGISNULL(12) || PG_ARGISNULL(13))
+		raise_bad("htk_next_token: only centroid_window, history_window, history_weight, top_k, top_p and search_radius may be NULL");
+	set_id = PG_GETARG_INT32(0);
+	has_window = !PG_ARGISNULL(1);
+	window = has_window ? PG_GETARG_INT32(1) : 0;
+	decay = PG_GETARG_FLOAT8(2);
+	history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+	gaussian = PG_GETARG_BOOL(4);
+	bandwidth = PG_GETARG_FLOAT8(5);
+	history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &n_ctx, "context");
+	temperature = PG_GETARG_FLOAT8(8);
+	has_top_k = !PG_ARGISNULL(9);
+	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
+	has_top_p = !PG_ARGISNULL(10);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(10) : 1.0;
+	has_radius = !PG_ARGISNULL(11);
+	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
+	max_neighbors = PG_GETARG_INT32(12);
+	penalty = PG_GETARG_FLOAT8(13);
+	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1))
+		raise_bad("htk_next_token: a checked context, window and decay are expected");
+
+	caller = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	slot = cached_set(set_id);
+	if (!slot->served)
+	{
+		SPI_finish();
+		PG_RETURN_NULL();
+	}
+	/* What outlives SPI_finish is allocated in the caller's context (SPI's own is freed). */
+	MemoryContextSwitchTo(caller);
+	xyz = palloc(sizeof(double) * 3 * n_ctx);
+	for (int i = 0; i < n_ctx; i++)
+	{
+		int32		t = ctx[i];
+
+		if (t < 0 || t >= slot->slots || isnan(slot->xyz[3 * t]))
+		{
+			SPI_finish();
+			PG_RETURN_NULL();
+		}
+		memcpy(xyz + 3 * i, slot->xyz + 3 * t, 3 * sizeof(double));
+	}
+	keys = compute_keys(xyz, n_ctx, has_window, window, decay, history_weight > 0 ? history : 0, &m);
+	knn_rows(set_id, keys, max_neighbors, has_radius, radius, &knn_ids, &knn_w, &knn_d, &n_knn);
+	SPI_finish();				/* the KNN arrays were SPI_palloc'ed in the caller's context too */
+
+	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+						  history_weight, has_radius, radius, &n_terms);
+	cands = token_logits(terms, n_terms, &n_cands);
+	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk_next_token: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
