@@ -266,11 +266,18 @@ BEGIN
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
     IF ht_kernel() = 'native' THEN
-        -- The same rows from the C kernel (sql/060_kernel.sql).
-        SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
-                                            s.bandwidth, s.history_window, s.history_weight, context,
-                                            NULL, temperature, top_k, top_p,
-                                            search_radius, max_neighbors, repetition_penalty);
+        -- The same rows from the C kernel (sql/060_kernel.sql): the whole step in C where
+        -- htk_next_token serves the set, else (tiles layout, a foreign token) ht_native_step.
+        SELECT * INTO d FROM htk_next_token(s.id, s.centroid_window, s.centroid_decay, s.history_window,
+                                            s.kernel = 'gaussian', s.bandwidth, s.history_weight,
+                                            context, temperature, top_k, top_p, search_radius,
+                                            max_neighbors, repetition_penalty);
+        IF d.token_ids IS NULL THEN
+            SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                                s.bandwidth, s.history_window, s.history_weight, context,
+                                                ht_context_positions(s.id, context), temperature, top_k,
+                                                top_p, search_radius, max_neighbors, repetition_penalty);
+        END IF;
         RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
     ELSE
         SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, context, s.history_window);

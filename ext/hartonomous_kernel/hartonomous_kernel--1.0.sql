@@ -81,9 +81,7 @@ CREATE FUNCTION htk_next_token(
 AS 'MODULE_PATHNAME', 'htk_next_token'
 LANGUAGE C STABLE PARALLEL RESTRICTED
 SET search_path = public, pg_temp
-SET enable_sort = off
-SET plan_cache_mode = force_generic_plan
-SET jit = off;
+SET enable_sort = off;
 
 COMMENT ON FUNCTION htk_next_token(integer, integer, double precision, integer, boolean,
                                    double precision, double precision, integer[], double precision,

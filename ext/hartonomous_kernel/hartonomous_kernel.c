@@ -33,6 +33,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "nodes/parsenodes.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "utils/memutils.h"
@@ -914,7 +915,11 @@ cached_set(int32 set_id)
 	return slot;
 }
 
-/* The KNN of ht_knn's rows layout, prepared once per session: (token_id, weight, distance). */
+/*
+ * The KNN of ht_knn's rows layout, prepared once per session as a generic plan: (token_id,
+ * weight, distance). htk_next_token runs with enable_sort = off, as ht_knn does, so that a
+ * re-plan keeps the index scan rather than sorting the partition.
+ */
 static void
 knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
 		 int32 **ids, double **ws, double **ds, int *n)
@@ -926,13 +931,14 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
 	if (knn_plan == NULL)
 	{
 		Oid			argtypes[6] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, FLOAT8OID};
-		SPIPlanPtr	plan = SPI_prepare(
+		SPIPlanPtr	plan = SPI_prepare_cursor(
 			"SELECT n.tid, n.w, n.d"
 			"  FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> ST_MakePoint($2, $3, $4) AS d"
 			"          FROM atoms a WHERE a.atom_set_id = $1"
 			"         ORDER BY a.position <<->> ST_MakePoint($2, $3, $4)) n"
 			" WHERE $6 IS NULL OR n.d <= $6"
-			" ORDER BY n.d, n.tid, n.w LIMIT $5", 6, argtypes);
+			" ORDER BY n.d, n.tid, n.w LIMIT $5", 6, argtypes,
+			CURSOR_OPT_GENERIC_PLAN);	/* planned once: the partition is pruned at executor start-up */
 
 		if (plan == NULL)
 			elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
