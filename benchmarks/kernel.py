@@ -159,8 +159,10 @@ def generation(url: str, name: str, kernel: str, prompt: list[int]) -> dict:
     return {"new_tokens": len(ids), "seconds": best, "tokens_per_s": len(ids) / best if best else None}
 
 
-def run(url: str, sizes: tuple[int, ...] = SIZES, calls: int = 100, rebuild: bool = False) -> dict:
-    """Build what is missing, then measure every (set, kernel, context length, history) cell."""
+def run(url: str, sizes: tuple[int, ...] = SIZES, calls: int = 100, rebuild: bool = False,
+        real_sets: tuple[str, ...] = (REAL_SET,)) -> dict:
+    """Build what is missing, then measure every (set, kernel, context length, history) cell; the
+    real sets are measured when they exist."""
     results: dict = {"mode": "kernel", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sizes": list(sizes),
                      "method": {"max_neighbors": K, "calls": calls, "cold_sessions": COLD_SESSIONS,
                                 "history_weight_on": HISTORY_WEIGHT, "history_window": HISTORY_WINDOW,
@@ -170,11 +172,12 @@ def run(url: str, sizes: tuple[int, ...] = SIZES, calls: int = 100, rebuild: boo
         results["machine"] = describe_machine(conn)
         conn.commit()
         work = [(ensure_set(conn, n, rebuild=rebuild), n, None) for n in sizes]
-        if atom_set_exists(conn, REAL_SET):
-            conn.commit()
-            found = load_atom_set(conn, REAL_SET)
-            conn.commit()
-            work.append((REAL_SET, found.atoms, "real"))
+        for real in real_sets:
+            if atom_set_exists(conn, real):
+                conn.commit()
+                found = load_atom_set(conn, real)
+                conn.commit()
+                work.append((real, found.atoms, "real"))
         conn.commit()
     for name, n, kind in work:
         with psycopg.connect(url) as conn:
@@ -202,19 +205,19 @@ def _cell(results: dict, name: str, kernel: str, length: int, history: bool) -> 
                 == (name, kernel, length, history))
 
 
-def summary(results: dict) -> list[dict]:
-    """Per atom set and kernel, the issue's targets side by side: the overhead over the bare KNN
+def summary(results: dict) -> dict[str, dict[str, dict]]:
+    """summary[kernel][atom set]: the issue's targets side by side: the overhead over the bare KNN
     (8 tokens; 512 tokens with history atoms), the 512/8 cost ratio, generate_tokens tokens/s."""
-    out = []
+    out: dict[str, dict[str, dict]] = {}
     for g in results["generation"]:
         name, kernel = g["atom_set"], g["kernel"]
         short, long = _cell(results, name, kernel, 8, True), _cell(results, name, kernel, 512, True)
-        out.append({"atom_set": name, "atoms": g["atoms"], "kernel": kernel,
-                    "p50_ms_8": short["next_token_p50_ms"], "p50_ms_512_history": long["next_token_p50_ms"],
-                    "knn_p50_ms_512": long["knn_p50_ms"],
-                    "overhead_ms_8": short["overhead_p50_ms"], "overhead_ms_512_history": long["overhead_p50_ms"],
-                    "ratio_512_over_8": long["next_token_p50_ms"] / short["next_token_p50_ms"],
-                    "generate_tokens_per_s": g["tokens_per_s"]})
+        out.setdefault(kernel, {})[name] = {
+            "atoms": g["atoms"], "p50_ms_8": short["next_token_p50_ms"],
+            "p50_ms_512_history": long["next_token_p50_ms"], "knn_p50_ms_512": long["knn_p50_ms"],
+            "overhead_ms_8": short["overhead_p50_ms"], "overhead_ms_512_history": long["overhead_p50_ms"],
+            "ratio_512_over_8": long["next_token_p50_ms"] / short["next_token_p50_ms"],
+            "generate_tokens_per_s": g["tokens_per_s"]}
     return out
 
 
@@ -233,9 +236,10 @@ def markdown(results: dict, command: str) -> str:
                      f"{r['overhead_p50_ms']:.3f} | {r['cold_first_call_ms']:.2f} |")
     lines += ["", "| atom set | kernel | overhead, 8 tokens (ms) | overhead, 512 + history (ms) | 512 / 8 cost |",
               "|---|---|---:|---:|---:|"]
-    for s in results.get("summary", []):
-        lines.append(f"| {s['atom_set']} | {s['kernel']} | {s['overhead_ms_8']:.3f} | {s['overhead_ms_512_history']:.3f} "
-                     f"| {s['ratio_512_over_8']:.2f}× |")
+    for kernel, sets in results.get("summary", {}).items():
+        for name, s in sets.items():
+            lines.append(f"| {name} | {kernel} | {s['overhead_ms_8']:.3f} | {s['overhead_ms_512_history']:.3f} "
+                         f"| {s['ratio_512_over_8']:.2f}× |")
     lines += ["", "| atom set | kernel | generate_tokens from a 512-token prompt (tokens/s) |", "|---|---|---:|"]
     for g in results["generation"]:
         lines.append(f"| {g['atom_set']} | {g['kernel']} | {g['tokens_per_s']:.0f} ({g['new_tokens']} tokens in "

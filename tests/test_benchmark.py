@@ -157,3 +157,24 @@ def test_greedy_outputs_are_compared_before_the_first_eos(a, b, same):
     from benchmarks.speculative import same_until_eos
 
     assert same_until_eos(a, b, eos=0) is same
+
+
+def test_the_kernel_benchmark_measures_both_kernels_next_to_the_bare_knn(server_url):
+    from benchmarks import kernel
+    from native_kernel import require_native_kernel
+
+    import psycopg
+    with psycopg.connect(server_url) as conn:
+        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+            require_native_kernel()
+    r = kernel.run(server_url, sizes=(2000,), calls=20, real_sets=())
+    cells = {(c["kernel"], c["context_length"], c["history"]) for c in r["rows"]}
+    assert cells == {(k, n, h) for k in kernel.KERNELS for n in kernel.CONTEXT_LENGTHS for h in (True, False)}
+    for c in r["rows"]:
+        assert 0 < c["knn_p50_ms"] and 0 < c["next_token_p50_ms"] <= c["next_token_p95_ms"]
+        assert c["overhead_p50_ms"] == c["next_token_p50_ms"] - c["knn_p50_ms"] and c["cold_first_call_ms"] > 0
+    assert {(g["kernel"], g["new_tokens"]) for g in r["generation"]} == {(k, kernel.GENERATE_TOKENS) for k in kernel.KERNELS}
+    s = r["summary"]["native"][kernel.set_name(2000)]
+    assert s["ratio_512_over_8"] > 0 and s["generate_tokens_per_s"] > 0
+    text = kernel.markdown(r, "hartonomous bench --kernel --sizes 2000")
+    assert "| bench-kernel-2000 | native | 512 | on |" in text and "generate_tokens" in text
