@@ -108,6 +108,7 @@ PROVENANCE: Mapping[str, tuple[str, ...]] = {
 _TEST = "2026-11-25-compare-ctx100-test.json"           # the default build (100K tokens), its test half
 _FRESH = "2026-11-25-compare-ctx100-mpl2.json"          # a text never used to choose anything; --against the 20K set
 _BENCH = "2026-11-25-bench-quick.json"
+_KERNEL = "2026-11-26-bench-kernel.json"                # next_token's cost per step, both kernels
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -157,6 +158,27 @@ ROWS: tuple[Row, ...] = (
                 "large": Field("latency[atoms=1000000].atoms", ",.0f"),
                 "speedup": Field("latency[atoms=1000000].index_speedup", ".0f"),
                 "calls": Field("latency[atoms=1000000].calls", ",.0f")}),
+    Row(claim="constant cost per step (the project's own: next_token over the bare KNN it cannot avoid)",
+        source=_KERNEL,
+        measured="on {name} ({atoms} atoms, the demo's set), next_token costs {nat8} ms with {short} tokens "
+                 "of context and {nat512} ms with {long} tokens and history atoms ({ratio}×), {over} ms over the bare "
+                 "KNN of {k} atoms; the PL/pgSQL path {pl512} ms ({plratio}×); generate_tokens from a {long}-token "
+                 "prompt {gen} tokens/s (PL/pgSQL {plgen})",
+        n="{calls} calls per cell",
+        fields={"name": Field("generation[atom_set=smollm2-context].atom_set", "s"),
+                "atoms": Field("summary.native.smollm2-context.atoms", ",.0f"),
+                "short": Field("rows[context_length=8].context_length", "d"),
+                "long": Field("generation[atom_set=smollm2-context].prompt_tokens", "d"),
+                "k": Field("method.max_neighbors", "d"),
+                "nat8": Field("summary.native.smollm2-context.p50_ms_8", ".2f"),
+                "nat512": Field("summary.native.smollm2-context.p50_ms_512_history", ".2f"),
+                "ratio": Field("summary.native.smollm2-context.ratio_512_over_8", ".2f"),
+                "over": Field("summary.native.smollm2-context.overhead_ms_512_history", ".2f"),
+                "pl512": Field("summary.plpgsql.smollm2-context.p50_ms_512_history", ".2f"),
+                "plratio": Field("summary.plpgsql.smollm2-context.ratio_512_over_8", ".1f"),
+                "gen": Field("summary.native.smollm2-context.generate_tokens_per_s", ",.0f"),
+                "plgen": Field("summary.plpgsql.smollm2-context.generate_tokens_per_s", ",.0f"),
+                "calls": Field("method.calls", ",.0f")}),
     Row(claim="\"6 logical reads\" per query",
         source=_BENCH,
         measured="{buffers} shared buffers per next_token call (median) at {atoms} atoms",
