@@ -109,6 +109,24 @@ END
 $$;
 
 
+CREATE OR REPLACE FUNCTION ht_raise_foreign_token(p_set_id integer, p_context integer[], p_element integer)
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Raises 22023 for element p_element of p_context, a token id the atom set does not hold: the one
+-- message every path uses (ht_context_centroid here, ht_context_positions in sql/060_kernel.sql).
+DECLARE
+    v_name text := (SELECT s.name FROM atom_sets s WHERE s.id = p_set_id);
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+        MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
+                         p_context[p_element], p_element, v_name),
+        HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+END
+$$;
+
+
 -- ht_context_centroid gained the history keys (an argument and an OUT column); CREATE OR REPLACE
 -- cannot change a signature, so the version a database installed before is dropped.
 DROP FUNCTION IF EXISTS ht_context_centroid(integer, integer, double precision, integer[]);
@@ -147,7 +165,6 @@ DECLARE
     sy      double precision;
     sz      double precision;
     sw      double precision;
-    bad     record;
     pos     record;               -- the context's token positions: xs, ys, zs
     v_m     integer := 0;         -- number of keys
     v_first integer := 1;         -- the first key's prefix ends at element v_first
@@ -188,11 +205,7 @@ BEGIN
     SELECT * INTO pos FROM ht_token_positions(p_set_id, p_context);
     hit := array_position(pos.xs, NULL);
     IF hit IS NOT NULL THEN
-        SELECT hit AS i, p_context[hit] AS tid, s.name INTO bad FROM atom_sets s WHERE s.id = p_set_id;
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
-                             bad.tid, bad.i, bad.name),
-            HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+        PERFORM ht_raise_foreign_token(p_set_id, p_context, hit);
     END IF;
     SELECT sum(c.w * c.x), sum(c.w * c.y), sum(c.w * c.z), sum(c.w),
            array_agg(ST_MakePoint(c.x, c.y, c.z) ORDER BY c.i) FILTER (WHERE c.i BETWEEN v_lo AND v_last),

@@ -15,8 +15,8 @@
 --  0. for a set of the rows layout, the whole step in C (htk_next_token): the positions from a
 --     per-session cache of the set's token_blocks (read once per session), the keys, the KNN
 --     through SPI (ht_knn's query, prepared once) and the kernel and sampler; otherwise:
---  1. positions: the context tokens' positions (htk_positions (C) over the token_blocks rows
---     it touches, one read per block of ids; ht_context_positions);
+--  1. positions: the context tokens' positions (ht_context_positions: ht_token_positions' read
+--     of the token_blocks rows the context touches, interleaved x, y, z);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
 --  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
 --  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
@@ -53,37 +53,17 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- The positions of an already checked context, x, y, z per element (htk_positions over the
--- token_blocks rows it touches, sql/012_token_positions.sql); raises 22023 for a token id not in
--- the set, with ht_context_centroid's message (found by the reference lookup, which also serves
--- a set written before token_blocks existed).
+-- The positions of an already checked context, x, y, z per element, by the reference lookup
+-- (ht_token_positions, sql/012_token_positions.sql); raises 22023 for a token id not in the set,
+-- with ht_context_centroid's message. The native SQL path's lookup (the one C call caches them).
 DECLARE
-    blocks integer[];
-    px     double precision[];
-    py     double precision[];
-    pz     double precision[];
     p      record;
     hit    integer;
-    bad    record;
 BEGIN
-    SELECT array_agg(k.block ORDER BY k.block), array_agg(k.xs ORDER BY k.block),
-           array_agg(k.ys ORDER BY k.block), array_agg(k.zs ORDER BY k.block)
-      INTO blocks, px, py, pz
-      FROM token_blocks k
-     WHERE k.atom_set_id = p_set_id
-       AND k.block = ANY (ARRAY(SELECT DISTINCT u.t >> 8 FROM unnest(p_context) AS u(t)));
-    xyz := htk_positions(p_context, blocks, px, py, pz);
-    IF xyz IS NOT NULL THEN
-        RETURN;
-    END IF;
     SELECT * INTO p FROM ht_token_positions(p_set_id, p_context);
     hit := array_position(p.xs, NULL);
     IF hit IS NOT NULL THEN
-        SELECT hit AS i, p_context[hit] AS tid, s.name INTO bad FROM atom_sets s WHERE s.id = p_set_id;
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('context: token id %s (element %s) is not in atom set %L',
-                             bad.tid, bad.i, bad.name),
-            HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+        PERFORM ht_raise_foreign_token(p_set_id, p_context, hit);
     END IF;
     xyz := ARRAY(SELECT v FROM unnest(p.xs, p.ys, p.zs) WITH ORDINALITY AS u(x, y, z, i),
                               LATERAL (VALUES (1, u.x), (2, u.y), (3, u.z)) AS c(j, v)
@@ -208,12 +188,7 @@ BEGIN
     ln_top_nearest_bandwidths := v.ln_top_nearest_bandwidths;
     ln_top_stored_votes := v.ln_top_stored_votes;
     ln_top_history_nearest_bandwidths := v.ln_top_history_nearest_bandwidths;
-    v_signals := jsonb_build_object(
-        'h', h, 'h2', h2, 'varentropy', varentropy, 'r', r, 'top_probability', top_probability,
-        'nearest_bandwidths', nearest_bandwidths, 'history_share', history_share,
-        'distinct_tokens', distinct_tokens, 'ln_top_nearest_bandwidths', ln_top_nearest_bandwidths,
-        'ln_top_stored_votes', ln_top_stored_votes,
-        'ln_top_history_nearest_bandwidths', ln_top_history_nearest_bandwidths);
+    v_signals := to_jsonb(v) - 'token_ids' - 'logits';    -- the signals by their column names
     risk := ht_risk(v_model, v_signals);
     predicted_gap := ht_linear(v_model->'gap', v_signals);
     RETURN NEXT;

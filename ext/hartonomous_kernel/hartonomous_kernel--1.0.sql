@@ -1,16 +1,6 @@
 -- hartonomous_kernel 1.0: pure functions over arrays (no table access); sql/060_kernel.sql calls them.
 \echo Use "CREATE EXTENSION hartonomous_kernel" to load this file. \quit
 
-CREATE FUNCTION htk_positions(context integer[], blocks integer[], px double precision[],
-                              py double precision[], pz double precision[])
-RETURNS double precision[]
-AS 'MODULE_PATHNAME', 'htk_positions'
-LANGUAGE C IMMUTABLE PARALLEL SAFE;
-
-COMMENT ON FUNCTION htk_positions(integer[], integer[], double precision[], double precision[],
-                                  double precision[]) IS
-    'The context tokens'' positions (x, y, z per element) from the token_blocks rows it touches; NULL when a token is missing (sql/060_kernel.sql).';
-
 CREATE FUNCTION htk_keys(positions double precision[], centroid_window integer,
                          centroid_decay double precision, history_window integer)
 RETURNS double precision[]

@@ -4,9 +4,6 @@
  * Three pure functions over arrays (no table access, no SPI), each the C form of a PL/pgSQL
  * reference in sql/ that defines its semantics:
  *
- *   htk_positions(context, blocks, px, py, pz) -> float8[]
- *       the context tokens' positions, x y z per element, from the token_blocks rows it touches
- *       (ht_token_positions, sql/012_token_positions.sql); NULL when a token is missing.
  *   htk_keys(positions, window, decay, history_window) -> float8[]
  *       the context centroid and next_token's history keys from the context tokens' positions
  *       (ht_context_centroid, sql/010_context_centroid.sql): 3 * (1 + m) numbers, the centre
@@ -44,7 +41,6 @@
 
 PG_MODULE_MAGIC;
 
-PG_FUNCTION_INFO_V1(htk_positions);
 PG_FUNCTION_INFO_V1(htk_keys);
 PG_FUNCTION_INFO_V1(htk_distribution);
 PG_FUNCTION_INFO_V1(htk_logits);
@@ -113,77 +109,6 @@ int4_array(const int32 *v, int n)
 	for (int i = 0; i < n; i++)
 		d[i] = Int32GetDatum(v[i]);
 	return construct_array(d, n, INT4OID, sizeof(int32), true, TYPALIGN_INT);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* htk_positions                                                                            */
-/* ---------------------------------------------------------------------------------------- */
-
-/*
- * The context tokens' positions, x y z per element, from the token_blocks rows the context
- * touches (blocks ascending; px, py, pz: one row of 256 per block, NaN where the set has no
- * token): ht_token_positions' lookup. NULL when an element's token is not among them (the caller
- * then reports which one) or when there are no blocks.
- */
-Datum
-htk_positions(PG_FUNCTION_ARGS)
-{
-	int			n, nb;
-	int32	   *ctx, *blocks;
-	ArrayType  *ax, *ay, *az;
-	double	   *px, *py, *pz;
-	double	   *out;
-
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3) || PG_ARGISNULL(4))
-		PG_RETURN_NULL();
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n, "context");
-	blocks = int4_items(PG_GETARG_ARRAYTYPE_P(1), &nb, "blocks");
-	ax = PG_GETARG_ARRAYTYPE_P(2);
-	ay = PG_GETARG_ARRAYTYPE_P(3);
-	az = PG_GETARG_ARRAYTYPE_P(4);
-	for (int a = 0; a < 3; a++)
-	{
-		ArrayType  *arr = a == 0 ? ax : a == 1 ? ay : az;
-
-		if (ARR_ELEMTYPE(arr) != FLOAT8OID || ARR_NDIM(arr) != 2 || ARR_DIMS(arr)[0] != nb
-			|| ARR_DIMS(arr)[1] != 256 || (ARR_HASNULL(arr) && array_contains_nulls(arr)))
-			raise_bad("htk_positions: px, py, pz must be one row of 256 numbers per block");
-	}
-	px = (double *) ARR_DATA_PTR(ax);
-	py = (double *) ARR_DATA_PTR(ay);
-	pz = (double *) ARR_DATA_PTR(az);
-	out = palloc(sizeof(double) * 3 * (n > 0 ? n : 1));
-	for (int i = 0; i < n; i++)
-	{
-		int32		t = ctx[i];
-		int32		b = t >> 8;
-		int			lo = 0, hi = nb - 1, row = -1;
-		int			slot;
-
-		while (lo <= hi)
-		{
-			int			mid = lo + (hi - lo) / 2;
-
-			if (blocks[mid] == b)
-			{
-				row = mid;
-				break;
-			}
-			if (blocks[mid] < b)
-				lo = mid + 1;
-			else
-				hi = mid - 1;
-		}
-		if (t < 0 || row < 0)
-			PG_RETURN_NULL();
-		slot = row * 256 + (t & 255);
-		if (isnan(px[slot]))
-			PG_RETURN_NULL();
-		out[3 * i] = px[slot];
-		out[3 * i + 1] = py[slot];
-		out[3 * i + 2] = pz[slot];
-	}
-	PG_RETURN_ARRAYTYPE_P(float8_array(out, 3 * n));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -584,6 +509,28 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 	}
 }
 
+/* next_token's rows for checked inputs, as the (token_ids, probabilities, cumulative) record. */
+static Datum
+rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
+			const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
+			double bandwidth, double history_weight, bool has_radius, double radius, double temperature,
+			bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
+{
+	int			n_terms = 0, n_cands = 0;
+	Term	   *terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
+									  bandwidth, history_weight, has_radius, radius, &n_terms);
+	Cand	   *cands = token_logits(terms, n_terms, &n_cands);
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
 Datum
 htk_distribution(PG_FUNCTION_ARGS)
 {
@@ -596,12 +543,7 @@ htk_distribution(PG_FUNCTION_ARGS)
 	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		has_top_k, has_top_p, has_radius;
 	int			top_k;
-	int			m, n_terms = 0, n_cands = 0;
-	Term	   *terms;
-	Cand	   *cands;
-	TupleDesc	tupdesc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
+	int			m;
 
 	for (int a = 0; a <= 8; a++)
 		if (PG_ARGISNULL(a) && a != 7)
@@ -632,15 +574,9 @@ htk_distribution(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	penalty = PG_GETARG_FLOAT8(12);
 
-	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-						  history_weight, has_radius, radius, &n_terms);
-	cands = token_logits(terms, n_terms, &n_cands);
-
-	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		raise_bad("htk_distribution: must be called as a function returning a record");
-	tupdesc = BlessTupleDesc(tupdesc);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	PG_RETURN_DATUM(rows_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
+								bandwidth, history_weight, has_radius, radius, temperature, has_top_k,
+								top_k, has_top_p, top_p, penalty));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -997,17 +933,12 @@ htk_next_token(PG_FUNCTION_ARGS)
 {
 	int32		set_id;
 	bool		has_window;
-	int			window, history, top_k, max_neighbors, n_ctx, m, n_knn = 0, n_terms = 0, n_cands = 0;
+	int			window, history, top_k, max_neighbors, n_ctx, m, n_knn = 0;
 	double		decay, bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		gaussian, has_top_k, has_top_p, has_radius;
 	int32	   *ctx, *knn_ids;
 	double	   *xyz, *keys, *knn_w, *knn_d;
 	PositionCache *slot;
-	Term	   *terms;
-	Cand	   *cands;
-	TupleDesc	tupdesc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
 	MemoryContext caller;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
@@ -1061,14 +992,9 @@ htk_next_token(PG_FUNCTION_ARGS)
 	knn_rows(set_id, keys, max_neighbors, has_radius, radius, &knn_ids, &knn_w, &knn_d, &n_knn);
 	SPI_finish();				/* the KNN arrays were SPI_palloc'ed in the caller's context too */
 
-	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-						  history_weight, has_radius, radius, &n_terms);
-	cands = token_logits(terms, n_terms, &n_cands);
-	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		raise_bad("htk_next_token: must be called as a function returning a record");
-	tupdesc = BlessTupleDesc(tupdesc);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	PG_RETURN_DATUM(rows_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
+								bandwidth, history_weight, has_radius, radius, temperature, has_top_k,
+								top_k, has_top_p, top_p, penalty));
 }
 
 /* ---------------------------------------------------------------------------------------- */
