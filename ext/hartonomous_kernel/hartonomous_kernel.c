@@ -60,12 +60,13 @@ raise_bad(const char *message)
 	ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s", message)));
 }
 
-/* A one-dimensional float8 array without NULLs, as a pointer and a length. */
-static double *
-float8_items(ArrayType *a, int *n, const char *name)
+/* A one-dimensional array of element type `type` without NULLs: its data and its length. */
+static void *
+array_items(ArrayType *a, Oid type, int *n, const char *name)
 {
-	if (ARR_ELEMTYPE(a) != FLOAT8OID)
-		raise_bad("htk: expected a double precision array");
+	if (ARR_ELEMTYPE(a) != type)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s must be an array of %s", name, format_type_be(type))));
 	if (ARR_NDIM(a) > 1)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						errmsg("%s must be one-dimensional", name)));
@@ -73,23 +74,11 @@ float8_items(ArrayType *a, int *n, const char *name)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						errmsg("%s must not contain NULL", name)));
 	*n = ARR_NDIM(a) == 0 ? 0 : ARR_DIMS(a)[0];
-	return (double *) ARR_DATA_PTR(a);
+	return ARR_DATA_PTR(a);
 }
 
-static int32 *
-int4_items(ArrayType *a, int *n, const char *name)
-{
-	if (ARR_ELEMTYPE(a) != INT4OID)
-		raise_bad("htk: expected an integer array");
-	if (ARR_NDIM(a) > 1)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s must be one-dimensional", name)));
-	if (ARR_HASNULL(a) && array_contains_nulls(a))
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s must not contain NULL", name)));
-	*n = ARR_NDIM(a) == 0 ? 0 : ARR_DIMS(a)[0];
-	return (int32 *) ARR_DATA_PTR(a);
-}
+#define float8_items(a, n, name) ((double *) array_items((a), FLOAT8OID, (n), (name)))
+#define int4_items(a, n, name) ((int32 *) array_items((a), INT4OID, (n), (name)))
 
 static ArrayType *
 float8_array(const double *v, int n)
