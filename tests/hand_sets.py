@@ -59,6 +59,32 @@ def reference_sets() -> dict[str, AtomSetData]:
     }
 
 
+
+def pruning_sets() -> dict[str, AtomSetData]:
+    """Random sets with narrow kernels, where most history atoms of a long context lie so far from
+    the centroid that the native kernel's exact pruning skips them (tests/vectors/
+    record_before_pruning.py recorded next_token on them before pruning existed).
+
+    narrow_gauss: the real sets' key (window 3, decay 0.01) with a bandwidth of 0.01 in the unit
+    cube; narrow_expo: the exponential kernel, a short history window and a history weight below
+    1; repeats: window 1 and decay 1, so a key is its token's position and repeated tokens give
+    history atoms at exactly one distance (ties), with a 12-token vocabulary.
+    """
+    def narrow(name: str, seed: int, vocab: int = 50, **params) -> AtomSetData:
+        rng = np.random.default_rng(seed)
+        return AtomSetData(name=name, token_positions=rng.random((vocab, 3)),
+                           atom_tokens=rng.integers(0, vocab, 600), atom_positions=rng.random((600, 3)),
+                           atom_weights=rng.uniform(0.2, 2.0, 600), **params)
+
+    return {
+        "narrow_gauss": narrow("prunetest_gauss", 11, kernel="gaussian", bandwidth=0.01, window=3,
+                               decay=0.01, history_weight=1.0, history_window=512),
+        "narrow_expo": narrow("prunetest_expo", 12, kernel="exponential", bandwidth=0.0005, window=3,
+                              decay=0.01, history_weight=0.5, history_window=64),
+        "repeats": narrow("prunetest_repeats", 13, vocab=12, kernel="gaussian", bandwidth=0.02, window=1,
+                          decay=1.0, history_weight=2.0, history_window=4096),
+    }
+
 def sets_digest(sets: dict[str, AtomSetData]) -> str:
     """SHA-256 over every set's name, parameters and arrays (float64 / int64 bytes), in key order."""
     h = hashlib.sha256()
