@@ -261,6 +261,17 @@ DECLARE
     c record;
     d record;
 BEGIN
+    IF ht_kernel() = 'native' THEN
+        -- The whole call in C (htk_step, sql/060_kernel.sql) where it serves it: arguments this
+        -- function accepts, a set of the rows layout holding every context token, some candidate.
+        -- Anything else, bad input included, takes the checked path below.
+        SELECT * INTO d FROM htk_step(context, temperature, top_k, top_p, search_radius, max_neighbors,
+                                      atom_set, repetition_penalty, history_weight, history_window);
+        IF cardinality(d.token_ids) > 0 THEN
+            RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
+            RETURN;
+        END IF;
+    END IF;
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);

@@ -37,7 +37,8 @@ BEGIN
     IF current_setting('hartonomous.kernel', true) = 'plpgsql' THEN
         RETURN 'plpgsql';
     END IF;
-    RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'hartonomous_kernel')
+    RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e
+                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion = '1.1')
                 THEN 'native' ELSE 'plpgsql' END;
 END
 $$;

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hartonomous.db import migrate
 from hand_sets import add_set, reference_sets
-from native_kernel import require_native_kernel
+from native_kernel import assert_same_rows, first_difference, nonzero, require_native_kernel
 
 TOL = 1e-12
 
@@ -57,10 +57,17 @@ def both(db: psycopg.Connection, sql: str, params) -> tuple[list, list]:
     return native, reference
 
 
-def assert_same_rows(native: list, reference: list) -> None:
-    assert [r[0] for r in native] == [r[0] for r in reference]
-    for got, want in zip(native, reference):
-        assert got[1:] == pytest.approx(want[1:], abs=TOL)
+def assert_tied_picks(db: psycopg.Connection, context: list[int], args: dict, atom_set: str, a: int, b: int) -> None:
+    """Two implementations picked a and b after `context`: fine only where the two tie to rounding,
+    i.e. have the same probability in the reference's distribution (at T = 1 without top-k/top-p
+    for a greedy step, so that both are rows)."""
+    greedy = args["temperature"] == 0
+    relaxed = {**args, "context": context, "atom_set": atom_set, "temperature": 1.0 if greedy else args["temperature"],
+               "top_k": 0 if greedy else args["top_k"], "top_p": 1.0 if greedy else args["top_p"]}
+    use(db, "plpgsql")
+    p = {r[0]: r[1] for r in db.execute(NEXT_TOKEN, relaxed).fetchall()}
+    use(db, "")
+    assert a in p and b in p and p[a] == pytest.approx(p[b], abs=TOL), (a, b, p)
 
 
 calls = st.fixed_dictionaries({
@@ -78,7 +85,10 @@ NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s,
        context=st.lists(st.integers(0, 49), min_size=1, max_size=120), args=calls)
 def test_next_token_rows_are_the_references_to_1e12(db, sets, which, context, args) -> None:
     native, reference = both(db, NEXT_TOKEN, {**args, "context": context, "atom_set": sets[which].name})
-    assert_same_rows(native, reference)
+    if args["temperature"] == 0 and native != reference:
+        assert_tied_picks(db, context, args, sets[which].name, native[0][0], reference[0][0])
+    else:
+        assert_same_rows(nonzero(native), nonzero(reference), TOL)
 
 
 @settings(max_examples=40, deadline=None)
@@ -90,9 +100,14 @@ def test_draft_tokens_carries_its_state_to_the_same_drafts(db, sets, which, cont
            "%(seed)s, 0, NULL, %(history_weight)s, %(history_window)s)")
     native, reference = both(db, sql, {**args, "context": context, "atom_set": sets[which].name, "n": n,
                                        "seed": seed})
-    assert [(r[0], r[1], r[2]) for r in native] == [(r[0], r[1], r[2]) for r in reference]
-    for got, want in zip(native, reference):
-        assert got[3] == pytest.approx(want[3], abs=TOL)
+    split = first_difference([r[1] for r in native], [r[1] for r in reference])
+    if split is not None:           # only a tie to rounding may part them (then they go their own ways)
+        assert split < min(len(native), len(reference)), (native, reference)
+        drafted = [r[1] for r in reference[:split]]
+        assert_tied_picks(db, context + drafted, args, sets[which].name, native[split][1], reference[split][1])
+    for got, want in list(zip(native, reference))[:split]:
+        assert got[0] == want[0]
+        assert_same_rows(nonzero(list(zip(got[2], got[3]))), nonzero(list(zip(want[2], want[3]))), TOL)
 
 
 @settings(max_examples=30, deadline=None)
@@ -103,16 +118,19 @@ def test_generate_tokens_gives_the_references_ids(db, sets, which, context, seed
            "%(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, %(seed)s, NULL, %(history_weight)s, "
            "%(history_window)s)")
     native, reference = both(db, sql, {**args, "context": context, "atom_set": sets[which].name, "seed": seed})
-    assert native == reference
+    split = first_difference(native, reference)
+    if split is not None:           # only a tie to rounding may part them (then they go their own ways)
+        assert split < min(len(native), len(reference)), (native, reference)
+        assert_tied_picks(db, context + reference[:split], args, sets[which].name, native[split], reference[split])
 
 
 def test_next_token_batch_is_the_reference(db, sets) -> None:
     contexts = [[1, 2, 3], [4] * 30, list(range(50))]
     sql = "SELECT * FROM next_token_batch(%s::jsonb, 0.9, 10, 0.95, NULL, 50, %s, 1.2, 2.0, 40)"
     native, reference = both(db, sql, (json.dumps(contexts), sets["expo"].name))
-    assert [r[:2] for r in native] == [r[:2] for r in reference]
-    for got, want in zip(native, reference):
-        assert got[2:] == pytest.approx(want[2:], abs=TOL)
+    for i in range(len(contexts)):
+        assert_same_rows(nonzero([r[1:] for r in native if r[0] == i]),
+                         nonzero([r[1:] for r in reference if r[0] == i]), TOL)
 
 
 @pytest.mark.parametrize("call", [
@@ -183,8 +201,11 @@ def test_step_logits_carry_next_token_signals_and_next_tokens_rows(db, sets, whi
                           args["repetition_penalty"])
     dist = sample_logits(ids, logits, context, sampler)
     rows = db.execute(NEXT_TOKEN, params).fetchall()
-    assert dist.token_ids == [r[0] for r in rows]
-    assert dist.probabilities == pytest.approx([r[1] for r in rows], abs=TOL)
+    from_logits = list(zip(dist.token_ids, dist.probabilities, dist.probabilities))
+    if args["temperature"] == 0 and from_logits[:1] != rows[:1]:
+        assert_tied_picks(db, context, args, sets[which].name, from_logits[0][0], rows[0][0])
+    else:
+        assert_same_rows(nonzero([r[:2] for r in from_logits]), nonzero([r[:2] for r in rows]), TOL)
 
 
 def test_step_logits_refuse_the_plpgsql_path(db, sets) -> None:

@@ -47,6 +47,8 @@ PG_FUNCTION_INFO_V1(htk_logits);
 PG_FUNCTION_INFO_V1(htk_pick);
 PG_FUNCTION_INFO_V1(htk_serves);
 PG_FUNCTION_INFO_V1(htk_next_token);
+PG_FUNCTION_INFO_V1(htk_step);
+PG_FUNCTION_INFO_V1(htk_stats);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -498,6 +500,26 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 	}
 }
 
+/* next_token's rows from a step's kernel terms (sorted by token id), as the (token_ids, probabilities,
+ * cumulative) record. */
+static Datum
+terms_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, Term *terms, int n_terms,
+			 double temperature, bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
+{
+	int			n_cands = 0;
+	Cand	   *cands;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	cands = token_logits(terms, n_terms, &n_cands);
+	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
 /* next_token's rows for checked inputs, as the (token_ids, probabilities, cumulative) record. */
 static Datum
 rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
@@ -505,19 +527,12 @@ rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *
 			double bandwidth, double history_weight, bool has_radius, double radius, double temperature,
 			bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
 {
-	int			n_terms = 0, n_cands = 0;
+	int			n_terms = 0;
 	Term	   *terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
 									  bandwidth, history_weight, has_radius, radius, &n_terms);
-	Cand	   *cands = token_logits(terms, n_terms, &n_cands);
-	TupleDesc	tupdesc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
 
-	sampler_rows(ctx, n_ctx, cands, n_cands, temperature, has_top_k, top_k, has_top_p, top_p, penalty, values);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		raise_bad("htk: must be called as a function returning a record");
-	tupdesc = BlessTupleDesc(tupdesc);
-	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+	return terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
+						top_p, penalty);
 }
 
 Datum
@@ -750,7 +765,6 @@ typedef struct
 
 static PositionCache cache[CACHE_SETS];
 static uint64 cache_clock = 0;
-static SPIPlanPtr knn_plan = NULL;
 
 /* Called inside SPI. */
 static PositionCache *
@@ -841,57 +855,547 @@ cached_set(int32 set_id)
 }
 
 /*
- * The KNN of ht_knn's rows layout, prepared once per session as a generic plan: (token_id,
- * weight, distance). htk_next_token runs with enable_sort = off, as ht_knn does, so that a
- * re-plan keeps the index scan rather than sorting the partition.
+ * The KNN of ht_knn's rows layout: the k atoms nearest to the centre within the radius, ties in
+ * distance broken by token id, then weight (ht_knn, sql/015_knn.sql). Read as the index's own
+ * order, k + 1 rows (the bare KNN and the distance it computes anyway): when the (k + 1)-th row
+ * lies farther than the k-th, those k rows are exactly ht_knn's (in another order among equal
+ * distances, which the kernel does not see); when the two tie, ht_knn's own query decides which
+ * atoms of the tie are in. Both are prepared once per session as generic plans (the partition is
+ * pruned at executor start-up) and run with enable_sort = off, as ht_knn does, so a re-plan keeps
+ * the index scan. Called inside SPI; the arrays are allocated in the caller's context.
  */
+static SPIPlanPtr knn_order_plan = NULL;
+static SPIPlanPtr knn_ties_plan = NULL;
+static uint64 knn_tie_fallbacks = 0;
+
+static SPIPlanPtr
+knn_prepare(const char *sql)
+{
+	Oid			argtypes[6] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, FLOAT8OID};
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, 6, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "htk: keeping the KNN plan failed");
+	return plan;
+}
+
+static int
+knn_run(SPIPlanPtr plan, int32 set_id, const double *center, int limit, bool has_radius, double radius,
+		int32 *ids, double *ws, double *ds)
+{
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', has_radius ? ' ' : 'n'};
+	int			n;
+
+	args[0] = Int32GetDatum(set_id);
+	args[1] = Float8GetDatum(center[0]);
+	args[2] = Float8GetDatum(center[1]);
+	args[3] = Float8GetDatum(center[2]);
+	args[4] = Int32GetDatum(limit);
+	args[5] = Float8GetDatum(radius);
+	if (SPI_execute_plan(plan, args, nulls, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "htk: the KNN failed");
+	n = (int) SPI_processed;
+	for (int i = 0; i < n; i++)
+	{
+		bool		isnull;
+		HeapTuple	tup = SPI_tuptable->vals[i];
+
+		ids[i] = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		ws[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
+		ds[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 3, &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+	return n;
+}
+
 static void
 knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
 		 int32 **ids, double **ws, double **ds, int *n)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', has_radius ? ' ' : 'n'};
-	int			ret;
+	int			got;
 
-	if (knn_plan == NULL)
+	if (knn_order_plan == NULL)
+		knn_order_plan = knn_prepare(
+			"SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
+			"  FROM atoms a WHERE a.atom_set_id = $1"
+			" ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) LIMIT $5");
+	*ids = SPI_palloc(sizeof(int32) * (k + 2));
+	*ws = SPI_palloc(sizeof(double) * (k + 2));
+	*ds = SPI_palloc(sizeof(double) * (k + 2));
+	got = knn_run(knn_order_plan, set_id, center, k + 1, has_radius, radius, *ids, *ws, *ds);
+	/* The rows within the radius are a prefix of the distance order. */
+	*n = got;
+	if (has_radius)
+		for (int i = 0; i < got; i++)
+			if (!((*ds)[i] <= radius))
+			{
+				*n = i;
+				break;
+			}
+	if (*n <= k)
+		return;
+	if ((*ds)[k] > (*ds)[k - 1])
 	{
-		Oid			argtypes[6] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, FLOAT8OID};
-		SPIPlanPtr	plan = SPI_prepare_cursor(
+		*n = k;
+		return;
+	}
+	/* A tie across the k-th row: ht_knn's order (distance, token id, weight) picks the atoms. */
+	knn_tie_fallbacks++;
+	if (knn_ties_plan == NULL)
+		knn_ties_plan = knn_prepare(
 			"SELECT n.tid, n.w, n.d"
 			"  FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> ST_MakePoint($2, $3, $4) AS d"
 			"          FROM atoms a WHERE a.atom_set_id = $1"
 			"         ORDER BY a.position <<->> ST_MakePoint($2, $3, $4)) n"
 			" WHERE $6 IS NULL OR n.d <= $6"
-			" ORDER BY n.d, n.tid, n.w LIMIT $5", 6, argtypes,
-			CURSOR_OPT_GENERIC_PLAN);	/* planned once: the partition is pruned at executor start-up */
+			" ORDER BY n.d, n.tid, n.w LIMIT $5");
+	*n = knn_run(knn_ties_plan, set_id, center, k, has_radius, radius, *ids, *ws, *ds);
+}
 
-		if (plan == NULL)
-			elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "htk: keeping the KNN plan failed");
-		knn_plan = plan;
-	}
-	args[0] = Int32GetDatum(set_id);
-	args[1] = Float8GetDatum(center[0]);
-	args[2] = Float8GetDatum(center[1]);
-	args[3] = Float8GetDatum(center[2]);
-	args[4] = Int32GetDatum(k);
-	args[5] = Float8GetDatum(radius);
-	ret = SPI_execute_plan(knn_plan, args, nulls, true, 0);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "htk: the KNN failed");
-	*n = (int) SPI_processed;
-	*ids = SPI_palloc(sizeof(int32) * (*n + 1));
-	*ws = SPI_palloc(sizeof(double) * (*n + 1));
-	*ds = SPI_palloc(sizeof(double) * (*n + 1));
-	for (int i = 0; i < *n; i++)
+/* ---------------------------------------------------------------------------------------- */
+/* The context's state across steps, and exact pruning of the history atoms                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * A generation's context changes by one token per step, so its keys are kept from one call to the
+ * next: a backend-local state per (atom set, centroid window, decay) holds the last context's
+ * tokens and the key of each of its prefixes (the key of prefix e is the centroid of its first e
+ * tokens: for e = n the centre, for e < n the history atom of token e + 1). A call finds the state
+ * whose tokens share the longest prefix with its context, drops what differs and computes the keys
+ * of the new tokens only: O(window) each (O(1) with running sums for long windows). Four states,
+ * the least recently used replaced; nothing is stored in the database.
+ *
+ * The history atoms in the window are indexed by a uniform grid over their keys (a hash of cells,
+ * chains linked both ways so that atoms leaving the window go in O(1)), so a step visits only the
+ * cells within the pruning radius below; when that radius spans more cells than there are atoms
+ * (wide kernels) every atom is scored, as before.
+ */
+#define STATE_SLOTS 4
+#define STATE_MAX_TOKENS (1 << 22)
+#define GRID_NONE (-1)
+
+typedef struct
+{
+	int32		set_id;			/* 0: empty slot */
+	bool		has_window;
+	int			window;
+	double		decay;
+	double		ln_decay;
+	int			reach;			/* elements with a non-zero weight; 0 = all */
+	bool		running;		/* keys from running sums (reach 0 or > DIRECT_WINDOW) */
+	double		d_w;			/* decay^reach: the weight of the element leaving the window */
+	int			n;				/* tokens[0 .. n - 1]; keys of the prefixes 1 .. n */
+	int			cap;
+	int32	   *tokens;
+	double	   *keys;			/* keys[3 (e - 1) ..]: the centroid of tokens[0 .. e - 1] */
+	double	   *sums;			/* running: sx, sy, sz, sw after prefix e, at sums[4 (e - 1)] */
+	/* The grid: history atoms lo .. hi - 1 (atom e: the key of prefix e, token tokens[e]). */
+	double		cell;			/* cell size; 0: no grid (every atom is scored) */
+	int			lo, hi;
+	int64	   *cells;			/* 3 per atom */
+	int32	   *next, *prev, *head;
+	int			buckets;		/* a power of two */
+	MemoryContext mcxt;
+	uint64		used;
+} ContextState;
+
+static ContextState states[STATE_SLOTS];
+static uint64 state_clock = 0;
+
+/* What the native steps did in this session: htk_stats(). */
+static struct
+{
+	uint64		steps;
+	uint64		keys_computed;
+	uint64		history_scored;
+	uint64		history_skipped;
+	uint64		grid_steps;
+} stats;
+
+static uint32
+cell_hash(int64 x, int64 y, int64 z)
+{
+	uint64		h = (uint64) x * UINT64CONST(0x9E3779B97F4A7C15) ^ (uint64) y * UINT64CONST(0xC2B2AE3D27D4EB4F)
+		^ (uint64) z * UINT64CONST(0x165667B19E3779F9);
+
+	return (uint32) (h ^ (h >> 29) ^ (h >> 47));
+}
+
+/* The cell of a coordinate, or false where the grid cannot hold it (then there is no grid). */
+static bool
+cell_of(double v, double cell, int64 *out)
+{
+	double		c = floor(v / cell);
+
+	if (!(c > -4.0e15 && c < 4.0e15))
+		return false;
+	*out = (int64) c;
+	return true;
+}
+
+static void
+grid_unlink(ContextState *st, int e)
+{
+	int64	   *c = st->cells + 3 * e;
+	uint32		b = cell_hash(c[0], c[1], c[2]) & (st->buckets - 1);
+
+	if (st->prev[e] != GRID_NONE)
+		st->next[st->prev[e]] = st->next[e];
+	else
+		st->head[b] = st->next[e];
+	if (st->next[e] != GRID_NONE)
+		st->prev[st->next[e]] = st->prev[e];
+}
+
+static bool
+grid_link(ContextState *st, int e)
+{
+	const double *key = st->keys + 3 * (e - 1);
+	int64	   *c = st->cells + 3 * e;
+	uint32		b;
+
+	if (!cell_of(key[0], st->cell, &c[0]) || !cell_of(key[1], st->cell, &c[1])
+		|| !cell_of(key[2], st->cell, &c[2]))
+		return false;
+	b = cell_hash(c[0], c[1], c[2]) & (st->buckets - 1);
+	st->prev[e] = GRID_NONE;
+	st->next[e] = st->head[b];
+	if (st->head[b] != GRID_NONE)
+		st->prev[st->head[b]] = e;
+	st->head[b] = e;
+	return true;
+}
+
+/* Make the grid hold exactly the history atoms lo .. n - 1 (false: the grid is off). */
+static bool
+grid_sync(ContextState *st, int lo)
+{
+	if (st->cell <= 0)
+		return false;
+	if (lo < st->lo || st->hi > st->n)
 	{
-		bool		isnull;
-		HeapTuple	tup = SPI_tuptable->vals[i];
+		/* Rebuild: the window reaches further back than the grid, or the context was cut. */
+		for (int b = 0; b < st->buckets; b++)
+			st->head[b] = GRID_NONE;
+		st->lo = st->hi = lo;
+	}
+	for (; st->lo < lo && st->lo < st->hi; st->lo++)
+		grid_unlink(st, st->lo);
+	if (st->lo < lo)
+		st->lo = st->hi = lo;
+	for (; st->hi < st->n; st->hi++)
+		if (!grid_link(st, st->hi))
+		{
+			st->cell = 0;
+			return false;
+		}
+	return true;
+}
 
-		(*ids)[i] = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-		(*ws)[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
-		(*ds)[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 3, &isnull));
+/* The context changed from token `keep` on: the atoms from there leave the grid. */
+static void
+grid_truncate(ContextState *st, int keep)
+{
+	if (st->cell <= 0)
+		return;
+	while (st->hi > st->lo && st->hi > keep)
+		grid_unlink(st, --st->hi);
+	if (st->lo > st->hi)
+		st->lo = st->hi;
+}
+
+static void
+state_reset(ContextState *st)
+{
+	if (st->mcxt != NULL)
+		MemoryContextDelete(st->mcxt);
+	memset(st, 0, sizeof(*st));
+}
+
+/* Room for cap tokens; the grid's buckets grow with it (rebuilt on the next sync). */
+static void
+state_reserve(ContextState *st, int cap)
+{
+	int			buckets = 64;
+
+	if (cap <= st->cap)
+		return;
+	if (cap < 2 * st->cap)
+		cap = 2 * st->cap;
+	if (st->tokens == NULL)
+	{
+		st->tokens = MemoryContextAlloc(st->mcxt, sizeof(int32) * cap);
+		st->keys = MemoryContextAlloc(st->mcxt, sizeof(double) * 3 * cap);
+		st->sums = MemoryContextAlloc(st->mcxt, sizeof(double) * 4 * cap);
+		st->cells = MemoryContextAlloc(st->mcxt, sizeof(int64) * 3 * (cap + 1));
+		st->next = MemoryContextAlloc(st->mcxt, sizeof(int32) * (cap + 1));
+		st->prev = MemoryContextAlloc(st->mcxt, sizeof(int32) * (cap + 1));
+	}
+	else
+	{
+		st->tokens = repalloc(st->tokens, sizeof(int32) * cap);
+		st->keys = repalloc(st->keys, sizeof(double) * 3 * cap);
+		st->sums = repalloc(st->sums, sizeof(double) * 4 * cap);
+		st->cells = repalloc(st->cells, sizeof(int64) * 3 * (cap + 1));
+		st->next = repalloc(st->next, sizeof(int32) * (cap + 1));
+		st->prev = repalloc(st->prev, sizeof(int32) * (cap + 1));
+		pfree(st->head);
+	}
+	while (buckets < 2 * cap)
+		buckets *= 2;
+	st->head = MemoryContextAlloc(st->mcxt, sizeof(int32) * buckets);
+	st->buckets = buckets;
+	for (int b = 0; b < buckets; b++)
+		st->head[b] = GRID_NONE;
+	st->lo = st->hi = 0;		/* empty: the next sync rebuilds it */
+	st->cap = cap;
+}
+
+/*
+ * The key of prefix e (its first e tokens) from the keys' definition (compute_keys): direct
+ * weighted sums over the last `reach` tokens, or the running sums from prefix e - 1.
+ */
+static bool
+state_push(ContextState *st, const PositionCache *pos, int32 token)
+{
+	int			e = st->n + 1;
+	double	   *key;
+
+	if (token < 0 || token >= pos->slots || isnan(pos->xyz[3 * token]))
+		return false;
+	state_reserve(st, e);
+	st->tokens[e - 1] = token;
+	key = st->keys + 3 * (e - 1);
+	if (!st->running)
+	{
+		double		sx = 0, sy = 0, sz = 0, sw = 0;
+		int			first = st->reach > 0 && e - st->reach > 0 ? e - st->reach : 0;
+
+		for (int j = first; j < e; j++)
+		{
+			double		w = weight_at(e - 1 - j, st->has_window, st->window, st->decay, st->ln_decay);
+			const double *p = pos->xyz + 3 * (j == e - 1 ? token : st->tokens[j]);
+
+			sx += w * p[0];
+			sy += w * p[1];
+			sz += w * p[2];
+			sw += w;
+		}
+		key[0] = sx / sw;
+		key[1] = sy / sw;
+		key[2] = sz / sw;
+	}
+	else
+	{
+		double	   *s = st->sums + 4 * (e - 1);
+		const double *before = e > 1 ? st->sums + 4 * (e - 2) : NULL;
+		const double *p = pos->xyz + 3 * token;
+
+		for (int a = 0; a < 3; a++)
+			s[a] = (before ? st->decay * before[a] : 0.0) + p[a];
+		s[3] = (before ? st->decay * before[3] : 0.0) + 1.0;
+		if (st->reach > 0 && e - st->reach >= 1)
+		{
+			const double *o = pos->xyz + 3 * st->tokens[e - st->reach - 1];
+
+			for (int a = 0; a < 3; a++)
+				s[a] -= st->d_w * o[a];
+			s[3] -= st->d_w;
+		}
+		key[0] = s[0] / s[3];
+		key[1] = s[1] / s[3];
+		key[2] = s[2] / s[3];
+	}
+	st->n = e;
+	stats.keys_computed++;
+	return true;
+}
+
+/*
+ * The state for this context, its keys up to date: the slot of the same set and key parameters
+ * sharing the longest prefix with it (else the least recently used one, emptied). NULL when a
+ * context token is not in the set (the state then ends before it) or the context is too long to
+ * keep (the caller computes its keys afresh).
+ */
+static ContextState *
+context_state(const PositionCache *pos, bool has_window, int window, double decay, const int32 *ctx,
+			  int n_ctx, double cell)
+{
+	ContextState *st = NULL;
+	int			best = -1;
+
+	if (n_ctx > STATE_MAX_TOKENS)
+		return NULL;
+	for (int i = 0; i < STATE_SLOTS; i++)
+	{
+		ContextState *s = &states[i];
+		int			common = 0;
+
+		if (s->set_id != pos->set_id || s->has_window != has_window || s->window != window
+			|| s->decay != decay)
+			continue;
+		while (common < s->n && common < n_ctx && s->tokens[common] == ctx[common])
+			common++;
+		if (common > best)
+		{
+			best = common;
+			st = s;
+		}
+	}
+	if (st == NULL)
+	{
+		for (int i = 0; i < STATE_SLOTS; i++)
+			if (st == NULL || states[i].used < st->used)
+				st = &states[i];
+		state_reset(st);
+		st->mcxt = AllocSetContextCreate(TopMemoryContext, "hartonomous_kernel context state",
+										 ALLOCSET_DEFAULT_SIZES);
+		st->set_id = pos->set_id;
+		st->has_window = has_window;
+		st->window = window;
+		st->decay = decay;
+		st->ln_decay = log(decay);
+		st->reach = has_window ? window : 0;
+		if (st->ln_decay < 0.0)
+		{
+			double		k = floor(300.0 / -st->ln_decay) + 1.0;
+
+			if (st->reach == 0 || k < st->reach)
+				st->reach = k > INT_MAX ? INT_MAX : (int) k;
+		}
+		st->running = st->reach == 0 || st->reach > DIRECT_WINDOW;
+		st->d_w = st->reach > 0 ? pow(decay, (double) st->reach) : 0.0;
+		st->cell = cell > 0 && isfinite(cell) ? cell : 0;
+		best = 0;
+	}
+	st->used = ++state_clock;
+	if (best < st->n)
+	{
+		st->n = best;			/* the context differs from here on */
+		grid_truncate(st, best);
+	}
+	while (st->n < n_ctx)
+		if (!state_push(st, pos, ctx[st->n]))
+			return NULL;
+	return st;
+}
+
+/* The pruning arithmetic; every bound errs on the side of keeping a term. */
+
+/* The smallest scaled logit a raw logit x can have: penalised or not, over T (1 at T = 0). */
+static double
+scaled_floor(double x, double temperature, double penalty)
+{
+	double		p = x < 0 ? x * penalty : x / penalty;
+
+	return fmin(x, p) / (temperature > 0 ? temperature : 1.0);
+}
+
+/* The smallest raw logit whose scaled logit, penalised or not, can reach z. */
+static double
+raw_floor(double z, double temperature, double penalty)
+{
+	double		u = z * (temperature > 0 ? temperature : 1.0);
+	double		p = u < 0 ? u / penalty : u * penalty;
+
+	return fmin(u, p);
+}
+
+/*
+ * The history atoms' kernel terms for a step, pruned exactly: with z_lb a lower bound of the step's
+ * largest scaled logit (from the stored atoms' terms: a token's logit is at least its largest
+ * term's), a row keeps a non-zero probability only if its scaled logit is >= z_lb - 700 (the
+ * softmax's cutoff), so its raw logit x >= y = raw_floor(z_lb - 700), so its largest term is
+ * >= y - ln N (N: the terms a token can have), and the reference counts every term below that
+ * largest one - 744 as 0. A term c < y - ln N - 745 therefore changes no row of non-zero
+ * probability (it can only make or move rows whose probability is exactly 0): the atoms beyond
+ * the distance where c falls below that cut are skipped, found through the grid. Appends to
+ * terms[*n].
+ */
+static void
+history_terms(ContextState *st, int m, const double *center, bool gaussian, double bandwidth,
+			  double history_weight, bool has_radius, double radius, double z_lb, int n_stored,
+			  double temperature, double penalty, Term *terms, int *n)
+{
+	double		ln_w = log(history_weight);
+	int			from = st->n - m;	/* history atoms from .. n - 1 */
+	double		reach = get_float8_infinity();
+	bool		grid;
+
+	if (isfinite(z_lb))
+	{
+		double		cut = raw_floor(z_lb + SOFTMAX_CUTOFF, temperature, penalty) - log((double) (n_stored + m))
+			+ LSE_CUTOFF - 1.0;
+		double		k = ln_w - cut; /* the kernel value beyond which a term is below the cut */
+
+		if (isfinite(k))
+			reach = k <= 0 ? 0 : bandwidth * (gaussian ? sqrt(k) : k) * (1.0 + 1e-9);
+	}
+	if (has_radius && radius < reach)
+		reach = radius;
+
+	grid = isfinite(reach) && grid_sync(st, from);
+	if (grid)
+	{
+		int64		lo[3], hi[3];
+		double		cells = 1;
+
+		for (int a = 0; a < 3 && grid; a++)
+		{
+			grid = cell_of(center[a] - reach, st->cell, &lo[a]) && cell_of(center[a] + reach, st->cell, &hi[a]);
+			cells *= grid ? (double) (hi[a] - lo[a] + 1) : 0;
+		}
+		if (grid && cells <= m)
+		{
+			int			scored = 0;
+
+			stats.grid_steps++;
+			for (int64 x = lo[0]; x <= hi[0]; x++)
+				for (int64 y = lo[1]; y <= hi[1]; y++)
+					for (int64 z = lo[2]; z <= hi[2]; z++)
+						for (int e = st->head[cell_hash(x, y, z) & (st->buckets - 1)]; e != GRID_NONE; e = st->next[e])
+						{
+							const int64 *c = st->cells + 3 * e;
+							const double *key = st->keys + 3 * (e - 1);
+							double		dx, dy, dz, d;
+
+							if (c[0] != x || c[1] != y || c[2] != z)
+								continue;	/* another cell in this bucket */
+							dx = key[0] - center[0];
+							dy = key[1] - center[1];
+							dz = key[2] - center[2];
+							d = sqrt(dx * dx + dy * dy + dz * dz);
+							if (!(d <= reach))
+								continue;	/* pruned (or beyond search_radius) */
+							terms[*n].tid = st->tokens[e];
+							terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+							terms[*n].d = d;
+							terms[*n].hist = true;
+							(*n)++;
+							scored++;
+						}
+			stats.history_scored += scored;
+			stats.history_skipped += m - scored;
+			return;
+		}
+	}
+	for (int e = from; e < st->n; e++)
+	{
+		const double *key = st->keys + 3 * (e - 1);
+		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
+		double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+		if (has_radius && !(d <= radius))
+			continue;
+		terms[*n].tid = st->tokens[e];
+		terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+		terms[*n].d = d;
+		terms[*n].hist = true;
+		(*n)++;
+		stats.history_scored++;
 	}
 }
 
@@ -911,23 +1415,78 @@ htk_serves(PG_FUNCTION_ARGS)
 }
 
 /*
+ * One next_token step in C for checked arguments; false where it does not serve (htk_serves) or
+ * a context token is not in the set. Called inside SPI; the rows record is built in `caller`.
+ */
+static bool
+native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool has_window, int window,
+			double decay, int history, bool gaussian, double bandwidth, double history_weight,
+			const int32 *ctx, int n_ctx, double temperature, bool has_top_k, int top_k, bool has_top_p,
+			double top_p, bool has_radius, double radius, int max_neighbors, double penalty, Datum *result)
+{
+	PositionCache *slot = cached_set(set_id);
+	ContextState *st;
+	int			m, n_knn = 0, n_terms = 0;
+	int32	   *knn_ids;
+	double	   *knn_w, *knn_d, z_lb = -get_float8_infinity();
+	const double *center;
+	Term	   *terms;
+
+	if (!slot->served)
+		return false;
+	MemoryContextSwitchTo(caller);
+	st = context_state(slot, has_window, window, decay, ctx, n_ctx,
+					   bandwidth * (gaussian ? sqrt(1500.0) : 1500.0));
+	if (st == NULL)
+	{
+		/* A foreign token (the SQL path names it) or a context too long to keep. */
+		if (n_ctx <= STATE_MAX_TOKENS)
+			return false;
+		elog(ERROR, "htk: contexts of more than %d tokens are not served", STATE_MAX_TOKENS);
+	}
+	stats.steps++;
+	center = st->keys + 3 * (st->n - 1);
+	m = history_weight > 0 && history > 0 && n_ctx > 1 ? Min(history, n_ctx - 1) : 0;
+	knn_rows(set_id, center, max_neighbors, has_radius, radius, &knn_ids, &knn_w, &knn_d, &n_knn);
+	MemoryContextSwitchTo(caller);	/* SPI left its own context current; the rows outlive it */
+
+	terms = palloc(sizeof(Term) * (n_knn + m + 1));
+	for (int i = 0; i < n_knn; i++)
+	{
+		terms[n_terms].tid = knn_ids[i];
+		terms[n_terms].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
+		terms[n_terms].d = knn_d[i];
+		terms[n_terms].hist = false;
+		if (isfinite(terms[n_terms].c))
+			z_lb = fmax(z_lb, scaled_floor(terms[n_terms].c, temperature, penalty));
+		n_terms++;
+	}
+	if (m > 0)
+		history_terms(st, m, center, gaussian, bandwidth, history_weight, has_radius, radius, z_lb,
+					  n_knn, temperature, penalty, terms, &n_terms);
+	qsort(terms, n_terms, sizeof(Term), term_by_tid);
+	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
+						   top_p, penalty);
+	return true;
+}
+
+/*
  * One next_token step in C for checked arguments (the set's own window, decay, kernel, bandwidth,
- * history window and weight; next_token's sampler arguments): positions from the cache, keys,
- * the KNN (ht_knn's rows-layout query, through SPI), kernel and sampler. NULL when this function
- * does not serve the set (htk_serves) or a context token is not in the set: the caller then takes
- * the SQL path, which reports the token.
+ * history window and weight; next_token's sampler arguments): the context's state (keys), the KNN
+ * (ht_knn's rows, through SPI), the pruned history atoms, kernel and sampler. NULL when this
+ * function does not serve the set (htk_serves) or a context token is not in the set: the caller
+ * then takes the SQL path, which reports the token.
  */
 Datum
 htk_next_token(PG_FUNCTION_ARGS)
 {
 	int32		set_id;
-	bool		has_window;
-	int			window, history, top_k, max_neighbors, n_ctx, m, n_knn = 0;
+	bool		has_window, served;
+	int			window, history, top_k, max_neighbors, n_ctx;
 	double		decay, bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		gaussian, has_top_k, has_top_p, has_radius;
-	int32	   *ctx, *knn_ids;
-	double	   *xyz, *keys, *knn_w, *knn_d;
-	PositionCache *slot;
+	int32	   *ctx;
+	Datum		result = (Datum) 0;
 	MemoryContext caller;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
@@ -951,39 +1510,159 @@ htk_next_token(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	max_neighbors = PG_GETARG_INT32(12);
 	penalty = PG_GETARG_FLOAT8(13);
-	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1))
-		raise_bad("htk_next_token: a checked context, window and decay are expected");
+	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1) || max_neighbors < 1)
+		raise_bad("htk_next_token: a checked context, window, decay and max_neighbors are expected");
 
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	slot = cached_set(set_id);
-	if (!slot->served)
+	served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, bandwidth,
+						 history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
+						 has_radius, radius, max_neighbors, penalty, &result);
+	SPI_finish();
+	if (!served)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
+}
+
+/*
+ * next_token in one C call where it can serve it: htk_step(context, temperature, top_k, top_p,
+ * search_radius, max_neighbors, atom_set, repetition_penalty, history_weight, history_window) ->
+ * (token_ids, probabilities, cumulative), next_token's own arguments. It reads the atom set's row
+ * itself and serves only arguments next_token accepts, for a set of the rows layout whose every
+ * context token it holds; NULL otherwise, and next_token then takes its checked path, whose
+ * messages (SQLSTATE 22023 naming the argument) stay the one source of what bad input is told.
+ */
+static SPIPlanPtr set_by_name_plan = NULL;
+static SPIPlanPtr default_set_plan = NULL;
+
+#define SET_COLUMNS "SELECT s.id, s.centroid_window, s.centroid_decay, s.kernel = 'gaussian', s.bandwidth," \
+	" s.history_weight, s.history_window FROM atom_sets s"
+
+Datum
+htk_step(PG_FUNCTION_ARGS)
+{
+	ArrayType  *ctx_arr;
+	int			n_ctx, top_k, max_neighbors, window = 0, history;
+	int32	   *ctx, set_id;
+	double		temperature, top_p, radius, penalty, history_weight, decay, bandwidth;
+	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, served = false, isnull;
+	Datum		result = (Datum) 0, arg;
+	MemoryContext caller;
+	HeapTuple	row;
+	TupleDesc	desc;
+
+	/* next_token's rules (ht_check_context, ht_check_sampler_args); anything else: NULL. */
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(5) || PG_ARGISNULL(7))
+		PG_RETURN_NULL();
+	ctx_arr = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_ELEMTYPE(ctx_arr) != INT4OID || ARR_NDIM(ctx_arr) != 1 || ARR_DIMS(ctx_arr)[0] < 1
+		|| (ARR_HASNULL(ctx_arr) && array_contains_nulls(ctx_arr)))
+		PG_RETURN_NULL();
+	n_ctx = ARR_DIMS(ctx_arr)[0];
+	ctx = (int32 *) ARR_DATA_PTR(ctx_arr);
+	temperature = PG_GETARG_FLOAT8(1);
+	if (!(temperature == 0.0 || (temperature >= 1e-6 && temperature <= 1e6)))
+		PG_RETURN_NULL();
+	has_top_k = !PG_ARGISNULL(2);
+	top_k = has_top_k ? PG_GETARG_INT32(2) : 0;
+	if (top_k < 0)
+		PG_RETURN_NULL();
+	has_top_p = !PG_ARGISNULL(3);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(3) : 1.0;
+	if (!(top_p > 0.0 && top_p <= 1.0))
+		PG_RETURN_NULL();
+	has_radius = !PG_ARGISNULL(4);
+	radius = has_radius ? PG_GETARG_FLOAT8(4) : 0.0;
+	if (!(radius >= 0.0))
+		PG_RETURN_NULL();
+	max_neighbors = PG_GETARG_INT32(5);
+	if (max_neighbors < 1 || max_neighbors > 100000)
+		PG_RETURN_NULL();
+	penalty = PG_GETARG_FLOAT8(7);
+	if (!(penalty >= 1e-6 && penalty <= 1e6))
+		PG_RETURN_NULL();
+	if (!PG_ARGISNULL(8) && !(PG_GETARG_FLOAT8(8) >= 0.0 && isfinite(PG_GETARG_FLOAT8(8))))
+		PG_RETURN_NULL();
+	if (!PG_ARGISNULL(9) && (PG_GETARG_INT32(9) < 0 || PG_GETARG_INT32(9) > 4096))
+		PG_RETURN_NULL();
+
+	caller = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	/* The atom set's row (ht_atom_set): by name, or the default one. */
+	if (PG_ARGISNULL(6))
+	{
+		if (default_set_plan == NULL)
+		{
+			default_set_plan = SPI_prepare(SET_COLUMNS " WHERE s.is_default", 0, NULL);
+			if (default_set_plan == NULL || SPI_keepplan(default_set_plan) != 0)
+				elog(ERROR, "htk: preparing the atom set lookup failed");
+		}
+		if (SPI_execute_plan(default_set_plan, NULL, NULL, true, 2) != SPI_OK_SELECT)
+			elog(ERROR, "htk: reading atom_sets failed");
+	}
+	else
+	{
+		Oid			argtypes[1] = {TEXTOID};
+
+		if (set_by_name_plan == NULL)
+		{
+			set_by_name_plan = SPI_prepare(SET_COLUMNS " WHERE s.name = $1", 1, argtypes);
+			if (set_by_name_plan == NULL || SPI_keepplan(set_by_name_plan) != 0)
+				elog(ERROR, "htk: preparing the atom set lookup failed");
+		}
+		arg = PG_GETARG_DATUM(6);
+		if (SPI_execute_plan(set_by_name_plan, &arg, NULL, true, 2) != SPI_OK_SELECT)
+			elog(ERROR, "htk: reading atom_sets failed");
+	}
+	if (SPI_processed != 1)
 	{
 		SPI_finish();
 		PG_RETURN_NULL();
 	}
-	/* What outlives SPI_finish is allocated in the caller's context (SPI's own is freed). */
-	MemoryContextSwitchTo(caller);
-	xyz = palloc(sizeof(double) * 3 * n_ctx);
-	for (int i = 0; i < n_ctx; i++)
-	{
-		int32		t = ctx[i];
+	row = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	set_id = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
+	arg = SPI_getbinval(row, desc, 2, &isnull);	/* centroid_window: NULL is no window */
+	has_window = !isnull;
+	if (has_window)
+		window = DatumGetInt32(arg);
+	decay = DatumGetFloat8(SPI_getbinval(row, desc, 3, &isnull));
+	gaussian = DatumGetBool(SPI_getbinval(row, desc, 4, &isnull));
+	bandwidth = DatumGetFloat8(SPI_getbinval(row, desc, 5, &isnull));
+	history_weight = PG_ARGISNULL(8) ? DatumGetFloat8(SPI_getbinval(row, desc, 6, &isnull)) : PG_GETARG_FLOAT8(8);
+	history = PG_ARGISNULL(9) ? DatumGetInt32(SPI_getbinval(row, desc, 7, &isnull)) : PG_GETARG_INT32(9);
+	if (!(history_weight > 0))
+		history = 0;
+	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1))
+		served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, bandwidth,
+							 history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
+							 has_radius, radius, max_neighbors, penalty, &result);
+	SPI_finish();
+	if (!served)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
+}
 
-		if (t < 0 || t >= slot->slots || isnan(slot->xyz[3 * t]))
-		{
-			SPI_finish();
-			PG_RETURN_NULL();
-		}
-		memcpy(xyz + 3 * i, slot->xyz + 3 * t, 3 * sizeof(double));
-	}
-	keys = compute_keys(xyz, n_ctx, has_window, window, decay, history_weight > 0 ? history : 0, &m);
-	knn_rows(set_id, keys, max_neighbors, has_radius, radius, &knn_ids, &knn_w, &knn_d, &n_knn);
-	SPI_finish();				/* the KNN arrays were SPI_palloc'ed in the caller's context too */
+/* This session's counters of the native steps: htk_stats() -> one row. */
+Datum
+htk_stats(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[6];
+	bool		nulls[6] = {false, false, false, false, false, false};
 
-	PG_RETURN_DATUM(rows_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
-								bandwidth, history_weight, has_radius, radius, temperature, has_top_k,
-								top_k, has_top_p, top_p, penalty));
+	values[0] = Int64GetDatum((int64) stats.steps);
+	values[1] = Int64GetDatum((int64) stats.keys_computed);
+	values[2] = Int64GetDatum((int64) stats.history_scored);
+	values[3] = Int64GetDatum((int64) stats.history_skipped);
+	values[4] = Int64GetDatum((int64) stats.grid_steps);
+	values[5] = Int64GetDatum((int64) knn_tie_fallbacks);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk_stats: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
 /* ---------------------------------------------------------------------------------------- */

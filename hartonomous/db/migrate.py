@@ -46,15 +46,19 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
 NATIVE_KERNEL = "hartonomous_kernel"
 _KERNEL_STATE = (
     "SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = %(name)s), "
-    "EXISTS (SELECT 1 FROM pg_extension WHERE extname = %(name)s)")
+    "EXISTS (SELECT 1 FROM pg_extension WHERE extname = %(name)s), "
+    "(SELECT installed_version IS DISTINCT FROM default_version FROM pg_available_extensions WHERE name = %(name)s)")
 
 
 def ensure_native_kernel_on(execute) -> bool:
-    """CREATE EXTENSION hartonomous_kernel where the server has it (`make install` builds it);
-    True when it is installed afterwards. `execute` is a psycopg connection's or cursor's."""
-    available, installed = execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+    """CREATE EXTENSION hartonomous_kernel where the server has it (`make install` builds it), or
+    ALTER EXTENSION ... UPDATE where an older version is installed; True when it is installed
+    afterwards. `execute` is a psycopg connection's or cursor's."""
+    available, installed, outdated = execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
     if available and not installed:
         execute(f"CREATE EXTENSION IF NOT EXISTS {NATIVE_KERNEL}")
+    elif available and outdated:
+        execute(f"ALTER EXTENSION {NATIVE_KERNEL} UPDATE")
     return bool(available)
 
 
@@ -73,7 +77,7 @@ def active_kernel(url: str | None = None) -> dict:
     """Which next_token implementation runs (SQL ht_kernel()), and whether the server has the
     native one available: for `hartonomous db status`."""
     with psycopg.connect(url or owner_url(), autocommit=True) as conn:
-        available, installed = conn.execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+        available, installed, _ = conn.execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
         active = conn.execute("SELECT ht_kernel()").fetchone()[0] if conn.execute(
             "SELECT to_regproc('ht_kernel') IS NOT NULL").fetchone()[0] else "plpgsql"
     return {"kernel": active, "kernel_available": bool(available), "kernel_installed": bool(installed)}

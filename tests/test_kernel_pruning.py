@@ -1,0 +1,189 @@
+"""Exact pruning and the context state of the native kernel (issue: next_token at constant cost).
+
+The native step skips the history atoms whose kernel term cannot change a row of non-zero
+probability, found through a grid over the context's keys, and keeps each context's keys from one
+call to the next (ext/hartonomous_kernel, docs/sql.md "The native kernel"). Both must leave every
+row of non-zero probability as it was: here next_token, draft_tokens and generate_tokens answer the
+vectors recorded before either existed (tests/vectors/record_before_pruning.py), on both kernels,
+and the session's counters (htk_stats) show that the pruning and the state were at work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hand_sets import add_set, pruning_sets, sets_digest
+from native_kernel import assert_same_rows, first_difference, nonzero, require_native_kernel
+
+TOL = 1e-12
+RECORDED = json.loads((Path(__file__).parent / "vectors" / "next_token_before_pruning.json").read_text())
+NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s)"
+NEXT_TOKEN_T1 = "SELECT * FROM next_token(%s, 1.0, 0, 1.0, NULL, 100, %s, %s)"
+DRAFT = ("SELECT step, token_id, token_ids, probabilities FROM draft_tokens(%s, 24, %s, %s, %s, NULL, 100, %s,"
+         " %s, %s)")
+GENERATE = "SELECT generate_tokens(%s, 64, %s, %s, %s, NULL, 100, %s, %s, %s)"
+STATS = "SELECT steps, keys_computed, history_scored, history_skipped, grid_steps FROM htk_stats()"
+
+
+@pytest.fixture(scope="module")
+def native_db(server_url: str) -> Iterator[psycopg.Connection]:
+    """A connection on the native kernel whose one transaction holds the narrow sets, rolled back
+    after; its counters show the pruning and the state at work."""
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")
+        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+            require_native_kernel()
+        for s in pruning_sets().values():
+            add_set(conn, s)
+        yield conn
+        conn.rollback()
+
+
+@pytest.fixture(params=["native", "plpgsql"])
+def db(native_db: psycopg.Connection, request) -> Iterator[psycopg.Connection]:
+    """The same connection on each kernel in turn: both answer the recorded vectors."""
+    native_db.execute("SELECT set_config('hartonomous.kernel', %s, false)",
+                      ("" if request.param == "native" else "plpgsql",))
+    yield native_db
+    native_db.execute("SELECT set_config('hartonomous.kernel', '', false)")
+
+
+def stats(db: psycopg.Connection) -> dict[str, int]:
+    row = db.execute(STATS).fetchone()
+    return dict(zip(("steps", "keys", "scored", "skipped", "grid_steps"), row))
+
+
+def assert_tie(db: psycopg.Connection, context: list[int], atom_set: str, penalty: float, a: int, b: int) -> None:
+    """Picks a and b may differ only where they tie to rounding at T = 1 on the reference."""
+    with db.transaction():
+        db.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
+        p = {r[0]: r[1] for r in db.execute(NEXT_TOKEN_T1, (context, atom_set, penalty)).fetchall()}
+    assert a in p and b in p and p[a] == pytest.approx(p[b], abs=TOL), (a, b)
+
+
+def test_the_sets_are_the_ones_recorded_on() -> None:
+    assert sets_digest(pruning_sets()) == RECORDED["sets_digest"]
+
+
+@pytest.mark.parametrize("case", RECORDED["cases"],
+                         ids=[f"{c['atom_set']}-{len(c['context'])}-T{c['temperature']}" for c in RECORDED["cases"]])
+def test_next_token_keeps_every_recorded_row_of_nonzero_probability(db, case: dict) -> None:
+    got = db.execute(NEXT_TOKEN, (case["context"], case["temperature"], case["top_k"], case["top_p"],
+                                  case["search_radius"], case["max_neighbors"], case["atom_set"],
+                                  case["repetition_penalty"])).fetchall()
+    want = [tuple(r) for r in case["rows"]]
+    if case["temperature"] == 0 and got != want:
+        assert_tie(db, case["context"], case["atom_set"], case["repetition_penalty"], got[0][0], want[0][0])
+    else:
+        assert_same_rows(nonzero(got), nonzero(want), TOL)
+        assert len(got) >= len(nonzero(want))       # only rows of probability 0 may go
+
+
+@pytest.mark.parametrize("case", RECORDED["drafts"],
+                         ids=[f"{c['atom_set']}-{len(c['context'])}-T{c['temperature']}" for c in RECORDED["drafts"]])
+def test_draft_tokens_carries_its_state_to_the_recorded_drafts(db, case: dict) -> None:
+    got = db.execute(DRAFT, (case["context"], case["temperature"], case["top_k"], case["top_p"], case["atom_set"],
+                             case["repetition_penalty"], case["seed"])).fetchall()
+    want = case["steps"]
+    split = first_difference([r[1] for r in got], [r[1] for r in want])
+    if split is not None:
+        assert split < min(len(got), len(want))
+        drafted = [r[1] for r in want[:split]]
+        assert_tie(db, case["context"] + drafted, case["atom_set"], case["repetition_penalty"],
+                   got[split][1], want[split][1])
+    for g, w in list(zip(got, want))[:split]:
+        assert g[0] == w[0]
+        assert_same_rows(nonzero(list(zip(g[2], g[3]))), nonzero(list(zip(w[2], w[3]))), TOL)
+
+
+@pytest.mark.parametrize("case", RECORDED["generations"],
+                         ids=[f"{c['atom_set']}-T{c['temperature']}" for c in RECORDED["generations"]])
+def test_generate_tokens_gives_the_recorded_ids(db, case: dict) -> None:
+    (got,) = db.execute(GENERATE, (case["context"], case["temperature"], case["top_k"], case["top_p"],
+                                   case["atom_set"], case["repetition_penalty"], case["seed"])).fetchone()
+    want = case["generated"]
+    split = first_difference(got, want)
+    if split is not None:
+        assert split < min(len(got), len(want))
+        assert_tie(db, case["context"] + want[:split], case["atom_set"], case["repetition_penalty"],
+                   got[split], want[split])
+
+
+def test_the_pruning_skips_most_history_atoms_of_long_narrow_contexts(native_db) -> None:
+    case = next(c for c in RECORDED["cases"] if c["atom_set"] == "prunetest_gauss" and len(c["context"]) == 1500
+                and c["temperature"] == 1.0)
+    before = stats(native_db)
+    native_db.execute(NEXT_TOKEN, (case["context"], 1.0, 40, 0.9, None, 100, case["atom_set"], 1.0)).fetchall()
+    after = stats(native_db)
+    assert after["steps"] == before["steps"] + 1
+    assert after["grid_steps"] == before["grid_steps"] + 1
+    scored, skipped = after["scored"] - before["scored"], after["skipped"] - before["skipped"]
+    assert scored + skipped <= 512 and skipped > scored       # the set's history window is 512
+
+
+def test_a_wide_kernel_scores_every_history_atom(native_db) -> None:
+    """Where the pruning radius spans more grid cells than there are atoms, every one is scored."""
+    context = list(range(12)) * 10                      # prunetest_repeats: 12 tokens, every key at a token
+    before = stats(native_db)
+    native_db.execute(NEXT_TOKEN, (context, 1e6, 0, 1.0, None, 100, "prunetest_repeats", 1.0)).fetchall()
+    after = stats(native_db)
+    assert after["grid_steps"] == before["grid_steps"]
+    assert after["scored"] - before["scored"] == len(context) - 1
+    assert after["skipped"] == before["skipped"]
+
+
+def test_a_growing_context_costs_one_key_per_token(native_db) -> None:
+    """generate_tokens' steps, and next_token calls on a context that grows by one token, compute the
+    new token's key only: the session keeps the rest."""
+    case = RECORDED["generations"][0]
+    before = stats(native_db)
+    native_db.execute(GENERATE, (case["context"], 0.0, 40, 0.9, case["atom_set"], 1.0, None)).fetchone()
+    first = stats(native_db)
+    assert first["steps"] - before["steps"] == 64
+    assert first["keys"] - before["keys"] <= len(case["context"]) + 64
+    (ids,) = native_db.execute(GENERATE, (case["context"], 0.0, 40, 0.9, case["atom_set"], 1.0, None)).fetchone()
+    again = stats(native_db)
+    assert again["keys"] - first["keys"] <= 64          # the prompt's keys were kept
+    context = case["context"] + ids
+    for n in range(len(context) - 5, len(context) + 1):
+        native_db.execute(NEXT_TOKEN, (context[:n], 1.0, 40, 0.9, None, 100, case["atom_set"], 1.0)).fetchall()
+    assert stats(native_db)["keys"] - again["keys"] <= 6
+
+
+operations = st.lists(st.tuples(st.sampled_from(["grow", "cut", "switch"]), st.integers(1, 40)), min_size=1,
+                      max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(which=st.sampled_from(["narrow_gauss", "narrow_expo", "repeats"]), start=st.integers(1, 300),
+       ops=operations, seed=st.integers(0, 2**31), temperature=st.sampled_from([0.7, 1.0, 0.05]))
+def test_contexts_that_grow_shrink_and_switch_keep_the_references_rows(native_db, which, start, ops, seed,
+                                                                       temperature) -> None:
+    """The state follows any walk of contexts: grown, cut back (a rejected draft), or another one
+    sharing a prefix; at every call the rows are the reference's."""
+    import numpy as np
+
+    s = pruning_sets()[which]
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, s.vocab_size, start).tolist()
+    for op, k in ops:
+        if op == "grow":
+            context = context + rng.integers(0, s.vocab_size, k).tolist()
+        elif op == "cut":
+            context = context[:max(1, len(context) - k)]
+        else:
+            keep = max(1, len(context) - k)
+            context = context[:keep] + rng.integers(0, s.vocab_size, k).tolist()
+        args = (context, temperature, 0, 1.0, None, 100, s.name, 1.0)
+        got = native_db.execute(NEXT_TOKEN, args).fetchall()
+        with native_db.transaction():
+            native_db.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
+            want = native_db.execute(NEXT_TOKEN, args).fetchall()
+        assert_same_rows(nonzero(got), nonzero(want), TOL)
