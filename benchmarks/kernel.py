@@ -13,7 +13,11 @@ token ids; the real set's contexts are windows of its own corpus) and history at
 - **warm**: every call after one untimed pass over the same contexts (plans cached, pages in
   shared buffers); **cold**: the first call of a new session (no cached plan or catalog entry),
   median over fresh sessions; the pages stay in shared buffers (the OS cache is not dropped);
-- **generate_tokens** from a 512-token prompt: new tokens per second, in one call, greedy.
+- **generate_tokens** from a 512-token prompt: new tokens per second, in one call, greedy;
+- **pruning** (native kernel): the history atoms scored and skipped by exact pruning per call, and
+  the KNN's tie fallbacks, from the session's counters (htk_stats) over the timed pass. The
+  contexts of a cell share no prefix, so every call computes its keys afresh: the per-session
+  state of the context pays in generate_tokens, not here.
 """
 
 from __future__ import annotations
@@ -138,11 +142,27 @@ def measure(url: str, name: str, kernel: str, contexts: list[list[int]], history
             cold.append(_timed(conn, name, contexts[i:i + 1], history)[0][0])
     with _session(url, kernel) as conn:
         _timed(conn, name, contexts, history)                       # warm: plans and pages
+        before = _native_stats(conn, kernel)
         nt, knn = _timed(conn, name, contexts, history)
+        after = _native_stats(conn, kernel)
     p50, knn50 = percentile(nt, 50), percentile(knn, 50)
-    return {"next_token_p50_ms": p50, "next_token_p95_ms": percentile(nt, 95), "knn_p50_ms": knn50,
+    cell = {"next_token_p50_ms": p50, "next_token_p95_ms": percentile(nt, 95), "knn_p50_ms": knn50,
             "knn_p95_ms": percentile(knn, 95), "overhead_p50_ms": p50 - knn50,
             "cold_first_call_ms": percentile(cold, 50)}
+    if before is not None:
+        calls = after["steps"] - before["steps"] or 1
+        cell.update({f"{k}_per_call": (after[k] - before[k]) / calls
+                     for k in ("history_scored", "history_skipped", "knn_tie_fallbacks")})
+    return cell
+
+
+def _native_stats(conn: psycopg.Connection, kernel: str) -> dict | None:
+    """The session's native counters (htk_stats: steps, history atoms scored and skipped by the
+    exact pruning, KNN tie fallbacks), or None on the PL/pgSQL kernel."""
+    if kernel != "native":
+        return None
+    row = conn.execute("SELECT steps, history_scored, history_skipped, knn_tie_fallbacks FROM htk_stats()").fetchone()
+    return dict(zip(("steps", "history_scored", "history_skipped", "knn_tie_fallbacks"), row))
 
 
 def generation(url: str, name: str, kernel: str, prompt: list[int]) -> dict:
@@ -234,6 +254,13 @@ def markdown(results: dict, command: str) -> str:
         lines.append(f"| {r['atom_set']} | {r['kernel']} | {r['context_length']} | {'on' if r['history'] else 'off'} | "
                      f"{r['next_token_p50_ms']:.3f} | {r['next_token_p95_ms']:.3f} | {r['knn_p50_ms']:.3f} | "
                      f"{r['overhead_p50_ms']:.3f} | {r['cold_first_call_ms']:.2f} |")
+    pruned = [r for r in results["rows"] if "history_skipped_per_call" in r and r["history"] and r["context_length"] > 8]
+    if pruned:
+        lines += ["", "| atom set | context | history atoms scored per call | skipped by exact pruning | "
+                  "KNN tie fallbacks per call |", "|---|---:|---:|---:|---:|"]
+        for r in pruned:
+            lines.append(f"| {r['atom_set']} | {r['context_length']} | {r['history_scored_per_call']:.1f} | "
+                         f"{r['history_skipped_per_call']:.1f} | {r['knn_tie_fallbacks_per_call']:.2f} |")
     lines += ["", "| atom set | kernel | overhead, 8 tokens (ms) | overhead, 512 + history (ms) | 512 / 8 cost |",
               "|---|---|---:|---:|---:|"]
     for kernel, sets in results.get("summary", {}).items():

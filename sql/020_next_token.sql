@@ -48,6 +48,9 @@
 --     Temperature comes before top-k/top-p (as in transformers; llama.cpp applies it last).
 --  7. Rows are ordered by probability descending, then token_id ascending;
 --     cumulative_probability is the running sum in that order (the last one is 1 within 1e-9).
+--     Rows of probability exactly 0 (below the softmax's cutoff, seen with top_p = 1 and no
+--     top_k) may be missing on the native kernel, whose exact pruning skips the history atoms
+--     that can only make such rows (sql/060_kernel.sql, docs/sql.md "The native kernel").
 --  8. No candidates (search_radius excludes every atom): zero rows and a NOTICE.
 --  9. Bad input raises SQLSTATE 22023 naming the argument: NULL/empty context or NULL
 --     elements, a token id not in the atom set, temperature < 0/NaN/Inf, top_p outside (0, 1]

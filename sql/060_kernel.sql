@@ -4,27 +4,35 @@
 --                                next_token_batch, sample_next_token, generate_tokens and
 --                                draft_tokens run in this session.
 --
--- 'native' when the extension hartonomous_kernel (ext/hartonomous_kernel, built and installed by
--- `make install`; `hartonomous migrate` creates it where the server has it) is installed in this
--- database and the session has not SET hartonomous.kernel = 'plpgsql'. Otherwise the PL/pgSQL
--- functions of sql/010-050 run: they are the reference that defines the semantics, and the
--- native path is tested against them on the shared vectors (tests/test_kernel_native.py). An
--- external server, a Docker image or Citus workers without the extension run the PL/pgSQL path.
+-- 'native' when the extension hartonomous_kernel 1.1 (ext/hartonomous_kernel, built and installed by
+-- `make install`; `hartonomous migrate` creates or updates it where the server has it) is installed
+-- in this database and the session has not SET hartonomous.kernel = 'plpgsql'. Otherwise the
+-- PL/pgSQL functions of sql/010-050 run: they are the reference that defines the semantics, and the
+-- native path is tested against them on the shared vectors (tests/test_kernel_native.py,
+-- tests/test_kernel_pruning.py). An external server, a Docker image or Citus workers without the
+-- extension run the PL/pgSQL path.
 --
 -- The native path splits next_token into the parts the database must do and the arithmetic:
---  0. for a set of the rows layout, the whole step in C (htk_next_token): the positions from a
---     per-session cache of the set's token_blocks (read once per session), the keys, the KNN
---     through SPI (ht_knn's query, prepared once) and the kernel and sampler; otherwise:
+--  0. for a set of the rows layout, the whole step in C: htk_step (next_token's own arguments; it
+--     reads the atom set and returns NULL for whatever it does not serve, bad input included, so
+--     next_token's checked path raises) or htk_next_token (checked arguments, from the loops).
+--     The positions come from a per-session cache of the set's token_blocks (read once per
+--     session), the keys from a per-session state of the last contexts served (only new tokens'
+--     keys are computed), the KNN from the index's own order through SPI (ht_knn's tie rule run
+--     only at a tie across the k-th row), and the history atoms are pruned exactly: those whose
+--     term cannot change a row of non-zero probability are skipped, found through a grid over
+--     the keys (docs/sql.md "The native kernel" has the bound); otherwise:
 --  1. positions: the context tokens' positions (ht_context_positions: ht_token_positions' read
 --     of the token_blocks rows the context touches, interleaved x, y, z);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
 --  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
---  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler.
+--  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler (no pruning).
 -- generate_tokens and draft_tokens check the context once per call; on the SQL path (1-4) they
--- carry its positions from step to step (one lookup per new token), and in C (0) the cache is the
--- state: every lookup is an array subscript.
+-- carry its positions from step to step (one lookup per new token), and in C (0) the session's
+-- state carries the keys.
 -- Results agree with the PL/pgSQL path to rounding (sums may run in another order), not bit for
--- bit; rows and their order are the same except where two probabilities tie to rounding.
+-- bit; rows of non-zero probability and their order are the same except where two probabilities
+-- tie to rounding, and rows of probability exactly 0 may be missing after pruning.
 
 CREATE OR REPLACE FUNCTION ht_kernel()
 RETURNS text

@@ -178,14 +178,14 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 		m = history < n - 1 ? history : n - 1;
 
 	out = palloc(sizeof(double) * 3 * (1 + m));
-	centroid_direct(xs, ys, zs, n, reach, has_window, window, decay, ln_decay, out);
-	if (m > 0 && reach > 0 && reach <= DIRECT_WINDOW)
+	if (reach > 0 && reach <= DIRECT_WINDOW)
 	{
+		centroid_direct(xs, ys, zs, n, reach, has_window, window, decay, ln_decay, out);
 		for (int k = 1; k <= m; k++)
 			centroid_direct(xs, ys, zs, n - m + k - 1, reach, has_window, window, decay, ln_decay,
 							out + 3 * k);
 	}
-	else if (m > 0)
+	else
 	{
 		/*
 		 * Long or unbounded windows: S_e = d S_{e-1} + p_e - d^W p_{e-W} (the element leaving
@@ -197,7 +197,7 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 		double		d_w = reach > 0 ? pow(decay, (double) reach) : 0.0;
 		int			first_key_e = n - m;	/* the first key's prefix length */
 
-		for (int e = 1; e <= n - 1; e++)
+		for (int e = 1; e <= n; e++)
 		{
 			int			j = e - 1;
 
@@ -214,9 +214,10 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 				sz -= d_w * zs[o];
 				sw -= d_w;
 			}
-			if (e >= first_key_e)
+			if (e == n || (m > 0 && e >= first_key_e))
 			{
-				double	   *key = out + 3 * (e - first_key_e + 1);
+				/* the centre last (e = n), as the session's context state computes it */
+				double	   *key = e == n ? out : out + 3 * (e - first_key_e + 1);
 
 				key[0] = sx / sw;
 				key[1] = sy / sw;
@@ -272,12 +273,18 @@ typedef struct
 	double		p;
 } Cand;
 
+/*
+ * Token id, then the term: a canonical order up to equal values, so a token's log-sum-exp is the
+ * same bits whatever order the KNN or the history gave its terms in (both layouts, the grid).
+ */
 static int
-term_by_tid(const void *a, const void *b)
+term_order(const void *a, const void *b)
 {
-	int32		x = ((const Term *) a)->tid, y = ((const Term *) b)->tid;
+	const Term *x = a, *y = b;
 
-	return (x > y) - (x < y);
+	if (x->tid != y->tid)
+		return (x->tid > y->tid) - (x->tid < y->tid);
+	return (x->c < y->c) - (x->c > y->c);
 }
 
 static int
@@ -335,19 +342,80 @@ stage_exp(Cand *c, int count)
 	return sum;
 }
 
+/* The pruning arithmetic; every bound errs on the side of keeping a term. */
+
+/* The smallest scaled logit a raw logit x can have: penalised or not, over T (1 at T = 0). */
+static double
+scaled_floor(double x, double temperature, double penalty)
+{
+	double		p = x < 0 ? x * penalty : x / penalty;
+
+	return fmin(x, p) / (temperature > 0 ? temperature : 1.0);
+}
+
+/* The smallest raw logit whose scaled logit, penalised or not, can reach z. */
+static double
+raw_floor(double z, double temperature, double penalty)
+{
+	double		u = z * (temperature > 0 ? temperature : 1.0);
+	double		p = u < 0 ? u / penalty : u * penalty;
+
+	return fmin(u, p);
+}
+
+/*
+ * Exact pruning of history atoms. With z_lb a lower bound of the step's largest scaled logit (from
+ * the stored atoms' terms: a token's logit is at least its largest term's), a row keeps a non-zero
+ * probability only if its scaled logit is >= z_lb - 700 (the softmax's cutoff), so its raw logit
+ * x >= y = raw_floor(z_lb - 700), so its largest term is >= y - ln N (N: the terms a token can
+ * have: n_stored + m), and the reference counts every term below that largest one - 744 as 0. A
+ * history term c < y - ln N - 745 therefore changes no row of non-zero probability (it can only
+ * make or move rows whose probability is exactly 0). Returns the distance from the centre beyond
+ * which a history atom's term is below that cut (or beyond search_radius): infinity when nothing
+ * can be cut.
+ */
+static double
+prune_reach(double z_lb, double temperature, double penalty, int n_stored, int m, bool gaussian,
+			double bandwidth, double history_weight, bool has_radius, double radius)
+{
+	double		reach = get_float8_infinity();
+
+	if (isfinite(z_lb))
+	{
+		double		cut = raw_floor(z_lb + SOFTMAX_CUTOFF, temperature, penalty) - log((double) (n_stored + m))
+			+ LSE_CUTOFF - 1.0;
+		double		k = log(history_weight) - cut;	/* the kernel value beyond which a term is cut */
+
+		if (isfinite(k))
+			reach = k <= 0 ? 0 : bandwidth * (gaussian ? sqrt(k) : k) * (1.0 + 1e-9);
+	}
+	if (has_radius && radius < reach)
+		reach = radius;
+	return reach;
+}
+
+/* The sampler's arguments, for pruning (NULL: every term is kept, as for the signals). */
+typedef struct
+{
+	double		temperature;
+	double		penalty;
+} Pruning;
+
 /*
  * Kernel terms, ln(weight) - kernel(distance / h): the KNN rows within search_radius, then (with
  * history_weight > 0) the m history atoms within it; key k (1-based) is the atom of context
- * element n - m + k. Sorted by token id.
+ * element n - m + k. With `prune`, the history atoms beyond prune_reach are left out. Sorted by
+ * term_order.
  */
 static Term *
 collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int32 *knn_ids,
 			  const double *knn_w, const double *knn_d, int n_knn, bool gaussian, double bandwidth,
-			  double history_weight, bool has_radius, double radius, int *n_out)
+			  double history_weight, bool has_radius, double radius, const Pruning *prune, int *n_out)
 {
 	Term	   *terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
 	int			n = 0;
 	int			after = n_ctx - m;
+	double		z_lb = -get_float8_infinity();
 
 	for (int i = 0; i < n_knn; i++)
 	{
@@ -357,11 +425,16 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 		terms[n].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
 		terms[n].d = knn_d[i];
 		terms[n].hist = false;
+		if (prune != NULL && isfinite(terms[n].c))
+			z_lb = fmax(z_lb, scaled_floor(terms[n].c, prune->temperature, prune->penalty));
 		n++;
 	}
 	if (history_weight > 0 && m > 0)
 	{
 		double		ln_w = log(history_weight);
+		double		reach = prune == NULL ? get_float8_infinity()
+			: prune_reach(z_lb, prune->temperature, prune->penalty, n, m, gaussian, bandwidth,
+						  history_weight, false, 0.0);
 
 		for (int k = 1; k <= m; k++)
 		{
@@ -369,7 +442,7 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 			double		dx = key[0] - keys[0], dy = key[1] - keys[1], dz = key[2] - keys[2];
 			double		d = sqrt(dx * dx + dy * dy + dz * dz);
 
-			if (has_radius && !(d <= radius))
+			if ((has_radius && !(d <= radius)) || d > reach)
 				continue;
 			terms[n].tid = ctx[after + k - 1];
 			terms[n].c = ln_w - kernel_term(d, gaussian, bandwidth);
@@ -378,7 +451,7 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 			n++;
 		}
 	}
-	qsort(terms, n, sizeof(Term), term_by_tid);
+	qsort(terms, n, sizeof(Term), term_order);
 	*n_out = n;
 	return terms;
 }
@@ -520,7 +593,8 @@ terms_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, Term *terms, 
 	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
 }
 
-/* next_token's rows for checked inputs, as the (token_ids, probabilities, cumulative) record. */
+/* next_token's rows for checked inputs (history atoms pruned exactly), as the (token_ids,
+ * probabilities, cumulative) record. */
 static Datum
 rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
 			const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
@@ -528,8 +602,9 @@ rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *
 			bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
 {
 	int			n_terms = 0;
+	Pruning		prune = {temperature, penalty};
 	Term	   *terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
-									  bandwidth, history_weight, has_radius, radius, &n_terms);
+									  bandwidth, history_weight, has_radius, radius, &prune, &n_terms);
 
 	return terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						top_p, penalty);
@@ -633,7 +708,7 @@ htk_logits(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
 
 	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-						  history_weight, has_radius, radius, &n_terms);
+						  history_weight, has_radius, radius, NULL, &n_terms);	/* signals: every term */
 	cands = token_logits(terms, n_terms, &n_cands);
 	memset(nulls, true, sizeof(nulls));
 	{
@@ -1283,37 +1358,10 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 	return st;
 }
 
-/* The pruning arithmetic; every bound errs on the side of keeping a term. */
-
-/* The smallest scaled logit a raw logit x can have: penalised or not, over T (1 at T = 0). */
-static double
-scaled_floor(double x, double temperature, double penalty)
-{
-	double		p = x < 0 ? x * penalty : x / penalty;
-
-	return fmin(x, p) / (temperature > 0 ? temperature : 1.0);
-}
-
-/* The smallest raw logit whose scaled logit, penalised or not, can reach z. */
-static double
-raw_floor(double z, double temperature, double penalty)
-{
-	double		u = z * (temperature > 0 ? temperature : 1.0);
-	double		p = u < 0 ? u / penalty : u * penalty;
-
-	return fmin(u, p);
-}
-
 /*
- * The history atoms' kernel terms for a step, pruned exactly: with z_lb a lower bound of the step's
- * largest scaled logit (from the stored atoms' terms: a token's logit is at least its largest
- * term's), a row keeps a non-zero probability only if its scaled logit is >= z_lb - 700 (the
- * softmax's cutoff), so its raw logit x >= y = raw_floor(z_lb - 700), so its largest term is
- * >= y - ln N (N: the terms a token can have), and the reference counts every term below that
- * largest one - 744 as 0. A term c < y - ln N - 745 therefore changes no row of non-zero
- * probability (it can only make or move rows whose probability is exactly 0): the atoms beyond
- * the distance where c falls below that cut are skipped, found through the grid. Appends to
- * terms[*n].
+ * The history atoms' kernel terms for a step, pruned exactly (prune_reach): the atoms within the
+ * reach are found through the grid, or, where the reach spans more cells than there are atoms,
+ * by scoring every one. Either way the same atoms are kept. Appends to terms[*n].
  */
 static void
 history_terms(ContextState *st, int m, const double *center, bool gaussian, double bandwidth,
@@ -1322,20 +1370,10 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 {
 	double		ln_w = log(history_weight);
 	int			from = st->n - m;	/* history atoms from .. n - 1 */
-	double		reach = get_float8_infinity();
+	double		reach = prune_reach(z_lb, temperature, penalty, n_stored, m, gaussian, bandwidth,
+									history_weight, has_radius, radius);
+	int			scored = 0;
 	bool		grid;
-
-	if (isfinite(z_lb))
-	{
-		double		cut = raw_floor(z_lb + SOFTMAX_CUTOFF, temperature, penalty) - log((double) (n_stored + m))
-			+ LSE_CUTOFF - 1.0;
-		double		k = ln_w - cut; /* the kernel value beyond which a term is below the cut */
-
-		if (isfinite(k))
-			reach = k <= 0 ? 0 : bandwidth * (gaussian ? sqrt(k) : k) * (1.0 + 1e-9);
-	}
-	if (has_radius && radius < reach)
-		reach = radius;
 
 	grid = isfinite(reach) && grid_sync(st, from);
 	if (grid)
@@ -1350,8 +1388,6 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 		}
 		if (grid && cells <= m)
 		{
-			int			scored = 0;
-
 			stats.grid_steps++;
 			for (int64 x = lo[0]; x <= hi[0]; x++)
 				for (int64 y = lo[1]; y <= hi[1]; y++)
@@ -1388,15 +1424,17 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
 		double		d = sqrt(dx * dx + dy * dy + dz * dz);
 
-		if (has_radius && !(d <= radius))
-			continue;
+		if (!(d <= reach))
+			continue;			/* pruned (or beyond search_radius) */
 		terms[*n].tid = st->tokens[e];
 		terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
 		terms[*n].d = d;
 		terms[*n].hist = true;
 		(*n)++;
-		stats.history_scored++;
+		scored++;
 	}
+	stats.history_scored += scored;
+	stats.history_skipped += m - scored;
 }
 
 /* Whether htk_next_token serves atom set set_id (rows layout, with token_blocks). */
@@ -1464,7 +1502,7 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	if (m > 0)
 		history_terms(st, m, center, gaussian, bandwidth, history_weight, has_radius, radius, z_lb,
 					  n_knn, temperature, penalty, terms, &n_terms);
-	qsort(terms, n_terms, sizeof(Term), term_by_tid);
+	qsort(terms, n_terms, sizeof(Term), term_order);
 	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						   top_p, penalty);
 	return true;
