@@ -26,7 +26,8 @@
 --     of the token_blocks rows the context touches, interleaved x, y, z);
 --  2. htk_keys (C): the centroid and the history keys from the positions, O(window) per key;
 --  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
---  4. htk_distribution (C): kernel terms, per-token log-sum-exp, the shared sampler (no pruning).
+--  4. htk_distribution (C): kernel terms (history atoms pruned by the same rule, every distance
+--     computed), per-token log-sum-exp, the shared sampler.
 -- generate_tokens and draft_tokens check the context once per call; on the SQL path (1-4) they
 -- carry its positions from step to step (one lookup per new token), and in C (0) the session's
 -- state carries the keys.

@@ -1358,6 +1358,25 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 	return st;
 }
 
+/* History atom e's term, appended to terms[*n] when it lies within the reach: 1 if so, else 0. */
+static int
+history_term(const ContextState *st, int e, const double *center, double reach, double ln_w, bool gaussian,
+			 double bandwidth, Term *terms, int *n)
+{
+	const double *key = st->keys + 3 * (e - 1);
+	double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
+	double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+	if (!(d <= reach))
+		return 0;				/* pruned (or beyond search_radius) */
+	terms[*n].tid = st->tokens[e];
+	terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+	terms[*n].d = d;
+	terms[*n].hist = true;
+	(*n)++;
+	return 1;
+}
+
 /*
  * The history atoms' kernel terms for a step, pruned exactly (prune_reach): the atoms within the
  * reach are found through the grid, or, where the reach spans more cells than there are atoms,
@@ -1395,23 +1414,9 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 						for (int e = st->head[cell_hash(x, y, z) & (st->buckets - 1)]; e != GRID_NONE; e = st->next[e])
 						{
 							const int64 *c = st->cells + 3 * e;
-							const double *key = st->keys + 3 * (e - 1);
-							double		dx, dy, dz, d;
 
-							if (c[0] != x || c[1] != y || c[2] != z)
-								continue;	/* another cell in this bucket */
-							dx = key[0] - center[0];
-							dy = key[1] - center[1];
-							dz = key[2] - center[2];
-							d = sqrt(dx * dx + dy * dy + dz * dz);
-							if (!(d <= reach))
-								continue;	/* pruned (or beyond search_radius) */
-							terms[*n].tid = st->tokens[e];
-							terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
-							terms[*n].d = d;
-							terms[*n].hist = true;
-							(*n)++;
-							scored++;
+							if (c[0] == x && c[1] == y && c[2] == z)	/* else another cell in this bucket */
+								scored += history_term(st, e, center, reach, ln_w, gaussian, bandwidth, terms, n);
 						}
 			stats.history_scored += scored;
 			stats.history_skipped += m - scored;
@@ -1419,20 +1424,7 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 		}
 	}
 	for (int e = from; e < st->n; e++)
-	{
-		const double *key = st->keys + 3 * (e - 1);
-		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
-		double		d = sqrt(dx * dx + dy * dy + dz * dz);
-
-		if (!(d <= reach))
-			continue;			/* pruned (or beyond search_radius) */
-		terms[*n].tid = st->tokens[e];
-		terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
-		terms[*n].d = d;
-		terms[*n].hist = true;
-		(*n)++;
-		scored++;
-	}
+		scored += history_term(st, e, center, reach, ln_w, gaussian, bandwidth, terms, n);
 	stats.history_scored += scored;
 	stats.history_skipped += m - scored;
 }

@@ -21,12 +21,8 @@ Without --url it starts a throwaway embedded cluster, as the tests do.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +31,7 @@ import psycopg
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+from recording import main  # noqa: E402
 from hand_sets import add_set, reference_sets, sets_digest  # noqa: E402
 
 FROZEN_COMMIT = "87f1b9d"
@@ -71,33 +68,5 @@ def record(url: str) -> dict:
             "cases": cases}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="owner URL of a migrated database (default: a throwaway embedded cluster)")
-    args = parser.parse_args()
-    if args.url:
-        result = record(args.url)
-    else:
-        from hartonomous.db import migrate
-        from hartonomous.db.cluster import EmbeddedCluster
-
-        root = Path(tempfile.mkdtemp(prefix="hartonomous-record-"))
-        root.chmod(0o755)
-        cluster = EmbeddedCluster(root / "pg")
-        cluster.up()
-        try:
-            migrate.upgrade(cluster.url())
-            result = record(cluster.url())
-        finally:
-            cluster.down()
-            shutil.rmtree(root, ignore_errors=True)
-            if cluster.data_dir != cluster.requested_dir:
-                shutil.rmtree(cluster.data_dir, ignore_errors=True)
-    with OUTPUT.open("w") as f:                 # one case a line: reviewable diffs
-        f.write("{\n" + "".join(f"  {json.dumps(k)}: {json.dumps(v)},\n" for k, v in result.items() if k != "cases"))
-        f.write('  "cases": [\n' + ",\n".join(f"    {json.dumps(c)}" for c in result["cases"]) + "\n  ]\n}\n")
-    print(f"wrote {len(result['cases'])} cases to {OUTPUT}")
-
-
 if __name__ == "__main__":
-    main()
+    main(record, OUTPUT, __doc__.splitlines()[0])

@@ -21,11 +21,7 @@ Without --url it starts a throwaway embedded cluster, as the tests do.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +30,7 @@ import psycopg
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+from recording import main  # noqa: E402
 from hand_sets import add_set, pruning_sets, sets_digest  # noqa: E402
 
 RECORDED_AT = "2bf19a9"
@@ -85,35 +82,5 @@ def record(url: str) -> dict:
             "sets_digest": sets_digest(sets), "cases": cases, "drafts": drafts, "generations": generations}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="owner URL of a migrated database (default: a throwaway embedded cluster)")
-    args = parser.parse_args()
-    if args.url:
-        result = record(args.url)
-    else:
-        from hartonomous.db import migrate
-        from hartonomous.db.cluster import EmbeddedCluster
-
-        root = Path(tempfile.mkdtemp(prefix="hartonomous-record-"))
-        root.chmod(0o755)
-        cluster = EmbeddedCluster(root / "pg")
-        cluster.up()
-        try:
-            migrate.upgrade(cluster.url())
-            result = record(cluster.url())
-        finally:
-            cluster.down()
-            shutil.rmtree(root, ignore_errors=True)
-            if cluster.data_dir != cluster.requested_dir:
-                shutil.rmtree(cluster.data_dir, ignore_errors=True)
-    lists = ("cases", "drafts", "generations")
-    with OUTPUT.open("w") as f:                 # one case a line: reviewable diffs
-        f.write("{\n" + "".join(f"  {json.dumps(k)}: {json.dumps(v)},\n" for k, v in result.items() if k not in lists))
-        f.write(",\n".join(f'  "{key}": [\n' + ",\n".join(f"    {json.dumps(c)}" for c in result[key]) + "\n  ]"
-                           for key in lists) + "\n}\n")
-    print(f"wrote {sum(len(result[k]) for k in lists)} cases to {OUTPUT}")
-
-
 if __name__ == "__main__":
-    main()
+    main(record, OUTPUT, __doc__.splitlines()[0], ("cases", "drafts", "generations"))
