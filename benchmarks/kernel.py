@@ -9,13 +9,17 @@ token ids; the real set's contexts are windows of its own corpus) and history at
   sampler's defaults, K = 100), as `hartonomous bench` does;
 - **bare KNN-100**: in the same loop, the atoms partition's own index scan at the same centroid
   (`ORDER BY position <<->> c LIMIT 100`, the centroid computed beforehand, untimed): the part of
-  next_token no implementation can skip; **overhead** = next_token p50 - KNN p50;
+  next_token no implementation can skip; **overhead** = next_token p50 - KNN p50. The two take
+  turns going first (even calls next_token, odd calls the KNN): whichever runs second at a centroid
+  finds the pages it reads in the CPU's caches. Each order's own overhead is reported too
+  (`overhead_next_first_p50_ms`, `overhead_knn_first_p50_ms`); runs before 2026-11-26 16:00 UTC
+  always ran next_token first, the order that favours the KNN;
 - **warm**: every call after one untimed pass over the same contexts (plans cached, pages in
   shared buffers); **cold**: the first call of a new session (no cached plan or catalog entry),
   median over fresh sessions; the pages stay in shared buffers (the OS cache is not dropped);
 - **generate_tokens** from a 512-token prompt: new tokens per second, in one call, greedy;
 - **pruning** (native kernel): the history atoms scored and skipped by exact pruning per call, and
-  the KNN's tie fallbacks, from the session's counters (htk_stats) over the timed pass. The
+  the KNN's ties across the k-th row, from the session's counters (htk_stats) over the timed pass. The
   contexts of a cell share no prefix, so every call computes its keys afresh: the per-session
   state of the context pays in generate_tokens, not here.
 """
@@ -46,7 +50,8 @@ REAL_SET = "smollm2-context"
 TIMER = """
 CREATE OR REPLACE FUNCTION pg_temp.bench_kernel(p_atom_set text, p_contexts integer[], p_length integer,
                                                 p_k integer, p_history double precision)
-RETURNS TABLE(next_token_ms double precision, knn_ms double precision) LANGUAGE plpgsql AS $$
+RETURNS TABLE(next_token_ms double precision, knn_ms double precision, next_first boolean)
+LANGUAGE plpgsql AS $$
 DECLARE
     t0  timestamptz;
     ctx integer[];
@@ -56,14 +61,20 @@ BEGIN
     FOR i IN 0 .. cardinality(p_contexts) / p_length - 1 LOOP
         ctx := p_contexts[i * p_length + 1 : (i + 1) * p_length];
         c := context_centroid(ctx, p_atom_set);
-        t0 := clock_timestamp();
-        PERFORM count(*) FROM next_token(ctx, max_neighbors => p_k, atom_set => p_atom_set,
-                                         history_weight => p_history);
-        next_token_ms := extract(epoch FROM clock_timestamp() - t0) * 1000;
-        t0 := clock_timestamp();
-        PERFORM count(*) FROM (SELECT a.token_id FROM atoms a WHERE a.atom_set_id = sid
-                                ORDER BY a.position <<->> c LIMIT p_k) q;
-        knn_ms := extract(epoch FROM clock_timestamp() - t0) * 1000;
+        next_first := i % 2 = 0;
+        FOR turn IN 1 .. 2 LOOP
+            IF (turn = 1) = next_first THEN
+                t0 := clock_timestamp();
+                PERFORM count(*) FROM next_token(ctx, max_neighbors => p_k, atom_set => p_atom_set,
+                                                 history_weight => p_history);
+                next_token_ms := extract(epoch FROM clock_timestamp() - t0) * 1000;
+            ELSE
+                t0 := clock_timestamp();
+                PERFORM count(*) FROM (SELECT a.token_id FROM atoms a WHERE a.atom_set_id = sid
+                                        ORDER BY a.position <<->> c LIMIT p_k) q;
+                knn_ms := extract(epoch FROM clock_timestamp() - t0) * 1000;
+            END IF;
+        END LOOP;
         RETURN NEXT;
     END LOOP;
 END
@@ -127,11 +138,15 @@ def _session(url: str, kernel: str) -> psycopg.Connection:
     return conn
 
 
-def _timed(conn: psycopg.Connection, name: str, contexts: list[list[int]], history: float) -> tuple[list, list]:
+def _timed(conn: psycopg.Connection, name: str, contexts: list[list[int]], history: float) -> list[tuple]:
+    """(next_token ms, KNN ms, whether next_token ran first) per context."""
     flat = [t for c in contexts for t in c]
-    rows = conn.execute("SELECT * FROM pg_temp.bench_kernel(%s, %s, %s, %s, %s)",
+    return conn.execute("SELECT * FROM pg_temp.bench_kernel(%s, %s, %s, %s, %s)",
                         (name, flat, len(contexts[0]), K, history)).fetchall()
-    return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def _overhead(rows: list[tuple]) -> float | None:
+    return percentile([r[0] for r in rows], 50) - percentile([r[1] for r in rows], 50) if rows else None
 
 
 def measure(url: str, name: str, kernel: str, contexts: list[list[int]], history: float) -> dict:
@@ -143,26 +158,29 @@ def measure(url: str, name: str, kernel: str, contexts: list[list[int]], history
     with _session(url, kernel) as conn:
         _timed(conn, name, contexts, history)                       # warm: plans and pages
         before = _native_stats(conn, kernel)
-        nt, knn = _timed(conn, name, contexts, history)
+        rows = _timed(conn, name, contexts, history)
         after = _native_stats(conn, kernel)
+    nt, knn = [r[0] for r in rows], [r[1] for r in rows]
     p50, knn50 = percentile(nt, 50), percentile(knn, 50)
     cell = {"next_token_p50_ms": p50, "next_token_p95_ms": percentile(nt, 95), "knn_p50_ms": knn50,
             "knn_p95_ms": percentile(knn, 95), "overhead_p50_ms": p50 - knn50,
+            "overhead_next_first_p50_ms": _overhead([r for r in rows if r[2]]),
+            "overhead_knn_first_p50_ms": _overhead([r for r in rows if not r[2]]),
             "cold_first_call_ms": percentile(cold, 50)}
     if before is not None:
         calls = after["steps"] - before["steps"] or 1
         cell.update({f"{k}_per_call": (after[k] - before[k]) / calls
-                     for k in ("history_scored", "history_skipped", "knn_tie_fallbacks")})
+                     for k in ("history_scored", "history_skipped", "knn_boundary_ties")})
     return cell
 
 
 def _native_stats(conn: psycopg.Connection, kernel: str) -> dict | None:
     """The session's native counters (htk_stats: steps, history atoms scored and skipped by the
-    exact pruning, KNN tie fallbacks), or None on the PL/pgSQL kernel."""
+    exact pruning, KNN boundary ties), or None on the PL/pgSQL kernel."""
     if kernel != "native":
         return None
-    row = conn.execute("SELECT steps, history_scored, history_skipped, knn_tie_fallbacks FROM htk_stats()").fetchone()
-    return dict(zip(("steps", "history_scored", "history_skipped", "knn_tie_fallbacks"), row))
+    row = conn.execute("SELECT steps, history_scored, history_skipped, knn_boundary_ties FROM htk_stats()").fetchone()
+    return dict(zip(("steps", "history_scored", "history_skipped", "knn_boundary_ties"), row))
 
 
 def generation(url: str, name: str, kernel: str, prompt: list[int]) -> dict:
@@ -249,18 +267,19 @@ def markdown(results: dict, command: str) -> str:
              f"K = {K}; {results['method']['calls']} calls per cell, warm (after one untimed pass); cold = the first "
              f"call of a new session, median of {COLD_SESSIONS}", "",
              "| atom set | kernel | context | history | next_token p50 (ms) | p95 | bare KNN-100 p50 | overhead p50 "
-             "| cold first call |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| next_token first | KNN first | cold first call |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results["rows"]:
         lines.append(f"| {r['atom_set']} | {r['kernel']} | {r['context_length']} | {'on' if r['history'] else 'off'} | "
                      f"{r['next_token_p50_ms']:.3f} | {r['next_token_p95_ms']:.3f} | {r['knn_p50_ms']:.3f} | "
-                     f"{r['overhead_p50_ms']:.3f} | {r['cold_first_call_ms']:.2f} |")
+                     f"{r['overhead_p50_ms']:.3f} | {r['overhead_next_first_p50_ms']:.3f} | "
+                     f"{r['overhead_knn_first_p50_ms']:.3f} | {r['cold_first_call_ms']:.2f} |")
     pruned = [r for r in results["rows"] if "history_skipped_per_call" in r and r["history"] and r["context_length"] > 8]
     if pruned:
         lines += ["", "| atom set | context | history atoms scored per call | skipped by exact pruning | "
-                  "KNN tie fallbacks per call |", "|---|---:|---:|---:|---:|"]
+                  "KNN boundary ties per call |", "|---|---:|---:|---:|---:|"]
         for r in pruned:
             lines.append(f"| {r['atom_set']} | {r['context_length']} | {r['history_scored_per_call']:.1f} | "
-                         f"{r['history_skipped_per_call']:.1f} | {r['knn_tie_fallbacks_per_call']:.2f} |")
+                         f"{r['history_skipped_per_call']:.1f} | {r['knn_boundary_ties_per_call']:.2f} |")
     lines += ["", "| atom set | kernel | overhead, 8 tokens (ms) | overhead, 512 + history (ms) | 512 / 8 cost |",
               "|---|---|---:|---:|---:|"]
     for kernel, sets in results.get("summary", {}).items():

@@ -173,6 +173,12 @@ def test_the_kernel_benchmark_measures_both_kernels_next_to_the_bare_knn(server_
     for c in r["rows"]:
         assert 0 < c["knn_p50_ms"] and 0 < c["next_token_p50_ms"] <= c["next_token_p95_ms"]
         assert c["overhead_p50_ms"] == c["next_token_p50_ms"] - c["knn_p50_ms"] and c["cold_first_call_ms"] > 0
+        assert c["overhead_next_first_p50_ms"] is not None and c["overhead_knn_first_p50_ms"] is not None
+        if c["kernel"] == "native":     # the session's counters: every history atom of a wide kernel scored
+            assert c["history_scored_per_call"] == (c["context_length"] - 1 if c["history"] else 0)
+            assert c["history_skipped_per_call"] == 0
+        else:
+            assert "history_scored_per_call" not in c
     assert {(g["kernel"], g["new_tokens"]) for g in r["generation"]} == {(k, kernel.GENERATE_TOKENS) for k in kernel.KERNELS}
     s = r["summary"]["native"][kernel.set_name(2000)]
     assert s["ratio_512_over_8"] > 0 and s["generate_tokens_per_s"] > 0

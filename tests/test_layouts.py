@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hartonomous.atomset import (AtomRows, AtomSetSpec, TokenRows, drop_atom_set, load_atom_set,
                                  write_atom_set)
 from hartonomous.errors import UserError
+from native_kernel import require_native_kernel
 
 VOCAB = 40
 REPO = Path(__file__).resolve().parents[1]
@@ -153,6 +154,23 @@ def test_next_token_batch_rows_are_identical_in_both_layouts(reader, pairs, kind
     rows = reader.execute(BATCH, {**query, "atom_set": pair.rows}).fetchall()
     # No rows is a valid answer too: a search_radius may hold no atom (then neither layout has any).
     assert reader.execute(BATCH, {**query, "atom_set": pair.tiles}).fetchall() == rows
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, 300])
+def test_ties_across_the_kth_neighbour_keep_ht_knns_atoms(reader, pairs, k) -> None:
+    """On the native kernel the rows layout reads the KNN in the index's order with ties and breaks
+    a tie across the k-th row by ht_knn's rule in C; the lattice set has ties at every k, and the
+    tiles layout (ht_knn's own ordering) must agree."""
+    if reader.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+        require_native_kernel()
+    pair = pairs["ties"]
+    args = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_neighbors": k, "search_radius": None,
+            "repetition_penalty": 1.0, "history_weight": 0.0, "context": [3, 1]}
+    (before,) = reader.execute("SELECT knn_boundary_ties FROM htk_stats()").fetchone()
+    rows = reader.execute(NEXT_TOKEN, {**args, "atom_set": pair.rows}).fetchall()
+    (after,) = reader.execute("SELECT knn_boundary_ties FROM htk_stats()").fetchone()
+    assert after == before + 1
+    assert reader.execute(NEXT_TOKEN, {**args, "atom_set": pair.tiles}).fetchall() == rows
 
 
 def test_the_set_records_its_layout_and_its_tiles_hold_every_atom_once(server_url, pairs) -> None:

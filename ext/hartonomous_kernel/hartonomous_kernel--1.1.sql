@@ -95,9 +95,9 @@ COMMENT ON FUNCTION htk_step(integer[], double precision, integer, double precis
 
 CREATE FUNCTION htk_stats(
     OUT steps bigint, OUT keys_computed bigint, OUT history_scored bigint, OUT history_skipped bigint,
-    OUT grid_steps bigint, OUT knn_tie_fallbacks bigint)
+    OUT grid_steps bigint, OUT knn_boundary_ties bigint)
 AS 'MODULE_PATHNAME', 'htk_stats'
 LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 
 COMMENT ON FUNCTION htk_stats() IS
-    'This session''s counters of the native steps: steps, context keys computed, history atoms scored and skipped by exact pruning, steps that used the grid, KNN tie fallbacks.';
+    'This session''s counters of the native steps: steps, context keys computed, history atoms scored and skipped by exact pruning, steps that used the grid, KNN boundary ties.';

@@ -31,6 +31,8 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "nodes/parsenodes.h"
+#include "nodes/params.h"
+#include "tcop/dest.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "utils/memutils.h"
@@ -931,103 +933,166 @@ cached_set(int32 set_id)
 
 /*
  * The KNN of ht_knn's rows layout: the k atoms nearest to the centre within the radius, ties in
- * distance broken by token id, then weight (ht_knn, sql/015_knn.sql). Read as the index's own
- * order, k + 1 rows (the bare KNN and the distance it computes anyway): when the (k + 1)-th row
- * lies farther than the k-th, those k rows are exactly ht_knn's (in another order among equal
- * distances, which the kernel does not see); when the two tie, ht_knn's own query decides which
- * atoms of the tie are in. Both are prepared once per session as generic plans (the partition is
- * pruned at executor start-up) and run with enable_sort = off, as ht_knn does, so a re-plan keeps
- * the index scan. Called inside SPI; the arrays are allocated in the caller's context.
+ * distance broken by token id, then weight (ht_knn, sql/015_knn.sql). Read in the index's own order
+ * (the bare KNN's plan, which computes the distance anyway) with FETCH FIRST k ROWS WITH TIES: the
+ * first k rows and every row at the k-th one's distance. The rows within the radius are a prefix of
+ * that order; where more than k are left (a tie across the k-th row: atoms at one key are common in
+ * real sets), ht_knn's order (distance, token id, weight) picks which of the tie are in, here in C.
+ * Prepared once per session as a generic plan (the partition is pruned at executor start-up) and
+ * run with enable_sort = off, as ht_knn does, so a re-plan keeps the index scan. Called inside SPI;
+ * the arrays are allocated in the caller's context.
  */
-static SPIPlanPtr knn_order_plan = NULL;
-static SPIPlanPtr knn_ties_plan = NULL;
-static uint64 knn_tie_fallbacks = 0;
+static SPIPlanPtr knn_plan = NULL;
+static uint64 knn_boundary_ties = 0;
 
-static SPIPlanPtr
-knn_prepare(const char *sql)
+typedef struct
 {
-	Oid			argtypes[6] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, FLOAT8OID};
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, 6, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "htk: keeping the KNN plan failed");
-	return plan;
-}
+	int32		tid;
+	double		w;
+	double		d;
+} KnnRow;
 
 static int
-knn_run(SPIPlanPtr plan, int32 set_id, const double *center, int limit, bool has_radius, double radius,
-		int32 *ids, double *ws, double *ds)
+knn_row_order(const void *a, const void *b)
 {
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', has_radius ? ' ' : 'n'};
-	int			n;
+	const KnnRow *x = a, *y = b;
 
-	args[0] = Int32GetDatum(set_id);
-	args[1] = Float8GetDatum(center[0]);
-	args[2] = Float8GetDatum(center[1]);
-	args[3] = Float8GetDatum(center[2]);
-	args[4] = Int32GetDatum(limit);
-	args[5] = Float8GetDatum(radius);
-	if (SPI_execute_plan(plan, args, nulls, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "htk: the KNN failed");
-	n = (int) SPI_processed;
-	for (int i = 0; i < n; i++)
+	if (x->d != y->d)
+		return x->d < y->d ? -1 : 1;
+	if (x->tid != y->tid)
+		return x->tid < y->tid ? -1 : 1;
+	return (x->w > y->w) - (x->w < y->w);
+}
+
+/*
+ * The KNN's rows go straight into arrays as the executor produces them (a DestReceiver), rather
+ * than through SPI's tuple table, which copies every tuple; rows beyond the radius are dropped.
+ */
+typedef struct
+{
+	DestReceiver pub;
+	bool		has_radius;
+	double		radius;
+	int			n, cap;
+	int32	   *ids;
+	double	   *ws, *ds;
+} KnnReceiver;
+
+static bool
+knn_receive(TupleTableSlot *slot, DestReceiver *self)
+{
+	KnnReceiver *r = (KnnReceiver *) self;
+	bool		isnull;
+	double		d = DatumGetFloat8(slot_getattr(slot, 3, &isnull));
+
+	if (r->has_radius && !(d <= r->radius))
+		return true;
+	if (r->n == r->cap)
 	{
-		bool		isnull;
-		HeapTuple	tup = SPI_tuptable->vals[i];
-
-		ids[i] = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-		ws[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull));
-		ds[i] = DatumGetFloat8(SPI_getbinval(tup, SPI_tuptable->tupdesc, 3, &isnull));
+		r->cap *= 2;
+		r->ids = repalloc(r->ids, sizeof(int32) * r->cap);
+		r->ws = repalloc(r->ws, sizeof(double) * r->cap);
+		r->ds = repalloc(r->ds, sizeof(double) * r->cap);
 	}
-	SPI_freetuptable(SPI_tuptable);
-	return n;
+	r->ids[r->n] = DatumGetInt32(slot_getattr(slot, 1, &isnull));
+	r->ws[r->n] = DatumGetFloat8(slot_getattr(slot, 2, &isnull));
+	r->ds[r->n] = d;
+	r->n++;
+	return true;
+}
+
+static void
+knn_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
+{
+}
+
+static void
+knn_shutdown(DestReceiver *self)
+{
+}
+
+static void
+knn_destroy(DestReceiver *self)
+{
 }
 
 static void
 knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
 		 int32 **ids, double **ws, double **ds, int *n)
 {
-	int			got;
+	ParamListInfo params = makeParamList(5);
+	Oid			types[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
+	KnnReceiver receiver;
+	SPIExecuteOptions options;
 
-	if (knn_order_plan == NULL)
-		knn_order_plan = knn_prepare(
+	if (knn_plan == NULL)
+	{
+		Oid			argtypes[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
+		SPIPlanPtr	plan = SPI_prepare_cursor(
 			"SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
 			"  FROM atoms a WHERE a.atom_set_id = $1"
-			" ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) LIMIT $5");
-	*ids = SPI_palloc(sizeof(int32) * (k + 2));
-	*ws = SPI_palloc(sizeof(double) * (k + 2));
-	*ds = SPI_palloc(sizeof(double) * (k + 2));
-	got = knn_run(knn_order_plan, set_id, center, k + 1, has_radius, radius, *ids, *ws, *ds);
-	/* The rows within the radius are a prefix of the distance order. */
-	*n = got;
-	if (has_radius)
-		for (int i = 0; i < got; i++)
-			if (!((*ds)[i] <= radius))
-			{
-				*n = i;
-				break;
-			}
-	if (*n <= k)
-		return;
-	if ((*ds)[k] > (*ds)[k - 1])
-	{
-		*n = k;
-		return;
+			" ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) FETCH FIRST $5 ROWS WITH TIES",
+			5, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+		if (plan == NULL)
+			elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "htk: keeping the KNN plan failed");
+		knn_plan = plan;
 	}
-	/* A tie across the k-th row: ht_knn's order (distance, token id, weight) picks the atoms. */
-	knn_tie_fallbacks++;
-	if (knn_ties_plan == NULL)
-		knn_ties_plan = knn_prepare(
-			"SELECT n.tid, n.w, n.d"
-			"  FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> ST_MakePoint($2, $3, $4) AS d"
-			"          FROM atoms a WHERE a.atom_set_id = $1"
-			"         ORDER BY a.position <<->> ST_MakePoint($2, $3, $4)) n"
-			" WHERE $6 IS NULL OR n.d <= $6"
-			" ORDER BY n.d, n.tid, n.w LIMIT $5");
-	*n = knn_run(knn_ties_plan, set_id, center, k, has_radius, radius, *ids, *ws, *ds);
+	params->params[0].value = Int32GetDatum(set_id);
+	params->params[1].value = Float8GetDatum(center[0]);
+	params->params[2].value = Float8GetDatum(center[1]);
+	params->params[3].value = Float8GetDatum(center[2]);
+	params->params[4].value = Int32GetDatum(k);
+	for (int i = 0; i < 5; i++)
+	{
+		params->params[i].isnull = false;
+		params->params[i].pflags = PARAM_FLAG_CONST;
+		params->params[i].ptype = types[i];
+	}
+	memset(&receiver, 0, sizeof(receiver));
+	receiver.pub.receiveSlot = knn_receive;
+	receiver.pub.rStartup = knn_startup;
+	receiver.pub.rShutdown = knn_shutdown;
+	receiver.pub.rDestroy = knn_destroy;
+	receiver.pub.mydest = DestNone;
+	receiver.has_radius = has_radius;
+	receiver.radius = radius;
+	receiver.cap = k + 1;
+	receiver.ids = SPI_palloc(sizeof(int32) * receiver.cap);	/* the caller's context */
+	receiver.ws = SPI_palloc(sizeof(double) * receiver.cap);
+	receiver.ds = SPI_palloc(sizeof(double) * receiver.cap);
+	memset(&options, 0, sizeof(options));
+	options.params = params;
+	options.read_only = true;
+	options.dest = (DestReceiver *) &receiver;
+	if (SPI_execute_plan_extended(knn_plan, &options) < 0)	/* SPI_OK_UTILITY: rows went to the receiver */
+		elog(ERROR, "htk: the KNN failed");
+	*ids = receiver.ids;
+	*ws = receiver.ws;
+	*ds = receiver.ds;
+	*n = receiver.n;
+	if (*n > k)
+	{
+		KnnRow	   *rows = palloc(sizeof(KnnRow) * *n);
+
+		knn_boundary_ties++;
+		for (int i = 0; i < *n; i++)
+		{
+			rows[i].tid = (*ids)[i];
+			rows[i].w = (*ws)[i];
+			rows[i].d = (*ds)[i];
+		}
+		qsort(rows, *n, sizeof(KnnRow), knn_row_order);
+		for (int i = 0; i < k; i++)
+		{
+			(*ids)[i] = rows[i].tid;
+			(*ws)[i] = rows[i].w;
+			(*ds)[i] = rows[i].d;
+		}
+		*n = k;
+	}
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1688,7 +1753,7 @@ htk_stats(PG_FUNCTION_ARGS)
 	values[2] = Int64GetDatum((int64) stats.history_scored);
 	values[3] = Int64GetDatum((int64) stats.history_skipped);
 	values[4] = Int64GetDatum((int64) stats.grid_steps);
-	values[5] = Int64GetDatum((int64) knn_tie_fallbacks);
+	values[5] = Int64GetDatum((int64) knn_boundary_ties);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_stats: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
