@@ -108,7 +108,7 @@ PROVENANCE: Mapping[str, tuple[str, ...]] = {
 _TEST = "2026-11-25-compare-ctx100-test.json"           # the default build (100K tokens), its test half
 _FRESH = "2026-11-25-compare-ctx100-mpl2.json"          # a text never used to choose anything; --against the 20K set
 _BENCH = "2026-11-25-bench-quick.json"
-_KERNEL = "2026-11-26-bench-kernel.json"                # next_token's cost per step, both kernels
+_KERNEL = "2026-11-26-bench-kernel-3.json"               # next_token's cost per step, both kernels
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
