@@ -187,3 +187,29 @@ def test_contexts_that_grow_shrink_and_switch_keep_the_references_rows(native_db
             native_db.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
             want = native_db.execute(NEXT_TOKEN, args).fetchall()
         assert_same_rows(nonzero(got), nonzero(want), TOL)
+
+
+@pytest.mark.parametrize("case", RECORDED["drafts"],
+                         ids=[f"{c['atom_set']}-{len(c['context'])}-T{c['temperature']}" for c in RECORDED["drafts"]])
+def test_the_python_spatial_backend_steps_to_the_recorded_distributions(db, case: dict) -> None:
+    """The Python spatial backend (on the native kernel it sends the whole context and the session
+    extends its kept keys; on the PL/pgSQL path it sends the windows' ids) gives, step by step along
+    the recorded draft, the recorded rows of non-zero probability."""
+    from hartonomous.backends.spatial import SpatialBackend
+    from hartonomous.generation_config import SamplerArgs
+
+    backend = SpatialBackend(db, case["atom_set"], tokenizer=object())
+    sampler = SamplerArgs(case["temperature"], case["top_k"], case["top_p"], case["repetition_penalty"])
+    state = backend.start(case["context"])
+    before = stats(db)["keys"] if backend.native else None
+    for step, token, ids, probabilities in case["steps"]:
+        dist = backend.distribution(state, sampler)
+        want = nonzero(list(zip(ids, probabilities)))
+        got = nonzero(list(zip(dist.token_ids, dist.probabilities)))
+        if case["temperature"] == 0 and got != want:
+            assert_tie(db, state.ids, case["atom_set"], case["repetition_penalty"], got[0][0], want[0][0])
+        else:
+            assert_same_rows(got, want, TOL)
+        backend.advance(state, token)
+    if backend.native:      # the prompt's keys once, then one key per step
+        assert stats(db)["keys"] - before <= len(case["context"]) + len(case["steps"])
