@@ -268,8 +268,8 @@ BEGIN
         -- The whole call in C (htk_step, sql/060_kernel.sql) where it serves it: arguments this
         -- function accepts, a set of the rows layout holding every context token, some candidate.
         -- Anything else, bad input included, takes the checked path below.
-        d := htk_step(context, temperature, top_k, top_p, search_radius, max_neighbors, atom_set,
-                      repetition_penalty, history_weight, history_window);    -- an expression: no query
+        SELECT * INTO d FROM htk_step(context, temperature, top_k, top_p, search_radius, max_neighbors,
+                                      atom_set, repetition_penalty, history_weight, history_window);
         IF cardinality(d.token_ids) > 0 THEN
             RETURN QUERY SELECT * FROM unnest(d.token_ids, d.probabilities, d.cumulative);
             RETURN;
