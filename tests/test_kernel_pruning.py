@@ -56,15 +56,25 @@ def db(native_db: psycopg.Connection, request) -> Iterator[psycopg.Connection]:
 
 
 def stats(db: psycopg.Connection) -> dict[str, int]:
+    assert db.execute("SELECT ht_kernel()").fetchone()[0] == "native"     # the counters count native steps
     row = db.execute(STATS).fetchone()
     return dict(zip(("steps", "keys", "scored", "skipped", "grid_steps"), row))
 
 
+def on_reference(db: psycopg.Connection, query: str, args) -> list[tuple]:
+    """`query`'s rows on the PL/pgSQL reference; the session's kernel setting is restored after (a
+    SET LOCAL inside a savepoint would outlive it, to the end of the module's transaction)."""
+    (kernel,) = db.execute("SELECT current_setting('hartonomous.kernel', true)").fetchone()
+    db.execute("SELECT set_config('hartonomous.kernel', 'plpgsql', false)")
+    try:
+        return db.execute(query, args).fetchall()
+    finally:
+        db.execute("SELECT set_config('hartonomous.kernel', %s, false)", (kernel or "",))
+
+
 def assert_tie(db: psycopg.Connection, context: list[int], atom_set: str, penalty: float, a: int, b: int) -> None:
     """Picks a and b may differ only where they tie to rounding at T = 1 on the reference."""
-    with db.transaction():
-        db.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
-        p = {r[0]: r[1] for r in db.execute(NEXT_TOKEN_T1, (context, atom_set, penalty)).fetchall()}
+    p = {r[0]: r[1] for r in on_reference(db, NEXT_TOKEN_T1, (context, atom_set, penalty))}
     assert a in p and b in p and p[a] == pytest.approx(p[b], abs=TOL), (a, b)
 
 
@@ -183,9 +193,7 @@ def test_contexts_that_grow_shrink_and_switch_keep_the_references_rows(native_db
             context = context[:keep] + rng.integers(0, s.vocab_size, k).tolist()
         args = (context, temperature, 0, 1.0, None, 100, s.name, 1.0)
         got = native_db.execute(NEXT_TOKEN, args).fetchall()
-        with native_db.transaction():
-            native_db.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
-            want = native_db.execute(NEXT_TOKEN, args).fetchall()
+        want = on_reference(native_db, NEXT_TOKEN, args)
         assert_same_rows(nonzero(got), nonzero(want), TOL)
 
 
@@ -213,3 +221,46 @@ def test_the_python_spatial_backend_steps_to_the_recorded_distributions(db, case
         backend.advance(state, token)
     if backend.native:      # the prompt's keys once, then one key per step
         assert stats(db)["keys"] - before <= len(case["context"]) + len(case["steps"])
+
+
+def test_an_atom_at_exactly_the_search_radius_is_found_through_the_grid(native_db) -> None:
+    """A history atom whose distance rounds to exactly search_radius, one cell from the centre's:
+    the grid visits the cells one rounding error wider than the ball, so it is kept as in the
+    reference (found by review: a key at x = 1 - 2^-53 with cells of size 1)."""
+    import math
+
+    import numpy as np
+
+    from reference_next_token import AtomSetData
+
+    h = 1 / math.sqrt(1500)                             # grid cells of exactly 1
+    positions = np.array([[100.0, .5, .5], [1.0 - 2.0 ** -53, .5, .5], [3.0, .5, .5], [50.0, 50.0, 50.0]])
+    edge = AtomSetData(name="prunetest_edge", token_positions=positions, atom_tokens=np.array([3, 3]),
+                       atom_positions=np.array([[1.001, .5, .5], [60.0, 60.0, 60.0]]),
+                       atom_weights=np.array([1.0, 1.0]), kernel="gaussian", bandwidth=h, window=1, decay=1.0,
+                       history_weight=0.0, history_window=0)
+    add_set(native_db, edge)
+    args = ([0] * 130 + [1, 2], 1.0, 0, 1.0, 2.0, 100, edge.name, 1.0, 1.0, 200)
+    query = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    got = native_db.execute(query, args).fetchall()
+    want = on_reference(native_db, query, args)
+    assert [r[0] for r in want] == [3, 2]
+    assert_same_rows(got, want, TOL)
+
+
+def test_two_prompts_in_turn_keep_a_state_each(native_db) -> None:
+    """Two unrelated prompts growing in turn on one session: each extends its own kept context
+    (a call computes the new token's key), instead of overwriting the other's."""
+    import numpy as np
+
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, 50, 800).tolist(), rng.integers(0, 50, 800).tolist()]
+    query = "SELECT * FROM next_token(%s, 1.0, 40, 0.9, NULL, 100, 'prunetest_gauss', 1.0)"
+    for p in prompts:
+        native_db.execute(query, (p,)).fetchall()
+    before = stats(native_db)["keys"]
+    for step in range(10):
+        for p in prompts:
+            p.append(int(rng.integers(0, 50)))
+            native_db.execute(query, (p,)).fetchall()
+    assert stats(native_db)["keys"] - before == 20

@@ -26,6 +26,7 @@
  */
 #include "postgres.h"
 
+#include <float.h>
 #include <math.h>
 
 #include "catalog/pg_type.h"
@@ -1059,7 +1060,7 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
 	receiver.pub.mydest = DestNone;
 	receiver.has_radius = has_radius;
 	receiver.radius = radius;
-	receiver.cap = k + 1;
+	receiver.cap = Min(k + 1, 1024);	/* grows as rows come */
 	receiver.ids = SPI_palloc(sizeof(int32) * receiver.cap);	/* the caller's context */
 	receiver.ws = SPI_palloc(sizeof(double) * receiver.cap);
 	receiver.ds = SPI_palloc(sizeof(double) * receiver.cap);
@@ -1114,7 +1115,8 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
  * (wide kernels) every atom is scored, as before.
  */
 #define STATE_SLOTS 4
-#define STATE_MAX_TOKENS (1 << 22)
+#define STATE_MAX_TOKENS (1 << 20)	/* longer contexts take the SQL path; ~100 bytes a token */
+#define GRID_BUCKETS 8192			/* twice the largest history window (4096) */
 #define GRID_NONE (-1)
 
 typedef struct
@@ -1209,18 +1211,36 @@ grid_link(ContextState *st, int e)
 	return true;
 }
 
+/* The context changed from token `keep` on: the atoms from there leave the grid. */
+static void
+grid_truncate(ContextState *st, int keep)
+{
+	if (st->cell <= 0)
+		return;
+	while (st->hi > st->lo && st->hi > keep)
+		grid_unlink(st, --st->hi);
+	if (st->lo > keep)
+		st->lo = st->hi = keep;	/* empty (hi == lo): start again at the new end */
+}
+
 /* Make the grid hold exactly the history atoms lo .. n - 1 (false: the grid is off). */
 static bool
 grid_sync(ContextState *st, int lo)
 {
 	if (st->cell <= 0)
 		return false;
-	if (lo < st->lo || st->hi > st->n)
+	if (st->hi > st->n)
+		grid_truncate(st, st->n);
+	if (lo < st->lo)
 	{
-		/* Rebuild: the window reaches further back than the grid, or the context was cut. */
-		for (int b = 0; b < st->buckets; b++)
-			st->head[b] = GRID_NONE;
-		st->lo = st->hi = lo;
+		/* The window reaches further back than the grid: link the atoms before it. */
+		for (int e = lo; e < st->lo; e++)
+			if (!grid_link(st, e))
+			{
+				st->cell = 0;
+				return false;
+			}
+		st->lo = lo;
 	}
 	for (; st->lo < lo && st->lo < st->hi; st->lo++)
 		grid_unlink(st, st->lo);
@@ -1235,18 +1255,6 @@ grid_sync(ContextState *st, int lo)
 	return true;
 }
 
-/* The context changed from token `keep` on: the atoms from there leave the grid. */
-static void
-grid_truncate(ContextState *st, int keep)
-{
-	if (st->cell <= 0)
-		return;
-	while (st->hi > st->lo && st->hi > keep)
-		grid_unlink(st, --st->hi);
-	if (st->lo > st->hi)
-		st->lo = st->hi;
-}
-
 static void
 state_reset(ContextState *st)
 {
@@ -1255,12 +1263,13 @@ state_reset(ContextState *st)
 	memset(st, 0, sizeof(*st));
 }
 
-/* Room for cap tokens; the grid's buckets grow with it (rebuilt on the next sync). */
+/*
+ * Room for `cap` tokens: the arrays grow by doubling (repalloc keeps them and the grid's links);
+ * the running sums only where the keys use them. The grid's buckets are allocated with the slot.
+ */
 static void
 state_reserve(ContextState *st, int cap)
 {
-	int			buckets = 64;
-
 	if (cap <= st->cap)
 		return;
 	if (cap < 2 * st->cap)
@@ -1269,7 +1278,8 @@ state_reserve(ContextState *st, int cap)
 	{
 		st->tokens = MemoryContextAlloc(st->mcxt, sizeof(int32) * cap);
 		st->keys = MemoryContextAlloc(st->mcxt, sizeof(double) * 3 * cap);
-		st->sums = MemoryContextAlloc(st->mcxt, sizeof(double) * 4 * cap);
+		if (st->running)
+			st->sums = MemoryContextAlloc(st->mcxt, sizeof(double) * 4 * cap);
 		st->cells = MemoryContextAlloc(st->mcxt, sizeof(int64) * 3 * (cap + 1));
 		st->next = MemoryContextAlloc(st->mcxt, sizeof(int32) * (cap + 1));
 		st->prev = MemoryContextAlloc(st->mcxt, sizeof(int32) * (cap + 1));
@@ -1278,19 +1288,12 @@ state_reserve(ContextState *st, int cap)
 	{
 		st->tokens = repalloc(st->tokens, sizeof(int32) * cap);
 		st->keys = repalloc(st->keys, sizeof(double) * 3 * cap);
-		st->sums = repalloc(st->sums, sizeof(double) * 4 * cap);
+		if (st->running)
+			st->sums = repalloc(st->sums, sizeof(double) * 4 * cap);
 		st->cells = repalloc(st->cells, sizeof(int64) * 3 * (cap + 1));
 		st->next = repalloc(st->next, sizeof(int32) * (cap + 1));
 		st->prev = repalloc(st->prev, sizeof(int32) * (cap + 1));
-		pfree(st->head);
 	}
-	while (buckets < 2 * cap)
-		buckets *= 2;
-	st->head = MemoryContextAlloc(st->mcxt, sizeof(int32) * buckets);
-	st->buckets = buckets;
-	for (int b = 0; b < buckets; b++)
-		st->head[b] = GRID_NONE;
-	st->lo = st->hi = 0;		/* empty: the next sync rebuilds it */
 	st->cap = cap;
 }
 
@@ -1355,10 +1358,13 @@ state_push(ContextState *st, const PositionCache *pos, int32 token)
 }
 
 /*
- * The state for this context, its keys up to date: the slot of the same set and key parameters
- * sharing the longest prefix with it (else the least recently used one, emptied). NULL when a
- * context token is not in the set (the state then ends before it) or the context is too long to
- * keep (the caller computes its keys afresh).
+ * The state for this context, its keys up to date. The kept context of the same set and key
+ * parameters sharing the longest prefix with it is extended (a generation growing) or cut back
+ * first (a rejected draft) when that prefix is at least half of it; otherwise (another prompt) the
+ * least recently used slot is emptied and filled. NULL when a context token is not in the set (the
+ * state then ends before it) or the context is longer than STATE_MAX_TOKENS (the caller takes the
+ * SQL path). While a slot changes it matches nothing (set_id 0), so an error half-way (out of
+ * memory) leaves a slot that is emptied when it is next taken, never a half-updated one.
  */
 static ContextState *
 context_state(const PositionCache *pos, bool has_window, int window, double decay, const int32 *ctx,
@@ -1385,15 +1391,16 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 			st = s;
 		}
 	}
+	if (st != NULL && 2 * best < st->n)
+		st = NULL;				/* another prompt: that one stays for its own next call */
 	if (st == NULL)
 	{
 		for (int i = 0; i < STATE_SLOTS; i++)
-			if (st == NULL || states[i].used < st->used)
+			if (st == NULL || (st->set_id != 0 && (states[i].set_id == 0 || states[i].used < st->used)))
 				st = &states[i];
 		state_reset(st);
 		st->mcxt = AllocSetContextCreate(TopMemoryContext, "hartonomous_kernel context state",
 										 ALLOCSET_DEFAULT_SIZES);
-		st->set_id = pos->set_id;
 		st->has_window = has_window;
 		st->window = window;
 		st->decay = decay;
@@ -1409,8 +1416,14 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 		st->running = st->reach == 0 || st->reach > DIRECT_WINDOW;
 		st->d_w = st->reach > 0 ? pow(decay, (double) st->reach) : 0.0;
 		st->cell = cell > 0 && isfinite(cell) ? cell : 0;
+		st->head = MemoryContextAlloc(st->mcxt, sizeof(int32) * GRID_BUCKETS);
+		st->buckets = GRID_BUCKETS;
+		for (int b = 0; b < GRID_BUCKETS; b++)
+			st->head[b] = GRID_NONE;
 		best = 0;
 	}
+	else
+		st->set_id = 0;			/* matches nothing until it is consistent again */
 	st->used = ++state_clock;
 	if (best < st->n)
 	{
@@ -1419,7 +1432,11 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 	}
 	while (st->n < n_ctx)
 		if (!state_push(st, pos, ctx[st->n]))
+		{
+			st->set_id = pos->set_id;	/* consistent: it ends before the foreign token */
 			return NULL;
+		}
+	st->set_id = pos->set_id;
 	return st;
 }
 
@@ -1467,7 +1484,10 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 
 		for (int a = 0; a < 3 && grid; a++)
 		{
-			grid = cell_of(center[a] - reach, st->cell, &lo[a]) && cell_of(center[a] + reach, st->cell, &hi[a]);
+			/* the cells one rounding error wider than the ball: an atom at d == reach is found */
+			double		r = reach + 4 * DBL_EPSILON * (fabs(center[a]) + reach);
+
+			grid = cell_of(center[a] - r, st->cell, &lo[a]) && cell_of(center[a] + r, st->cell, &hi[a]);
 			cells *= grid ? (double) (hi[a] - lo[a] + 1) : 0;
 		}
 		if (grid && cells <= m)
@@ -1533,12 +1553,7 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	st = context_state(slot, has_window, window, decay, ctx, n_ctx,
 					   bandwidth * (gaussian ? sqrt(1500.0) : 1500.0));
 	if (st == NULL)
-	{
-		/* A foreign token (the SQL path names it) or a context too long to keep. */
-		if (n_ctx <= STATE_MAX_TOKENS)
-			return false;
-		elog(ERROR, "htk: contexts of more than %d tokens are not served", STATE_MAX_TOKENS);
-	}
+		return false;			/* a foreign token (the SQL path names it) or a context too long to keep */
 	stats.steps++;
 	center = st->keys + 3 * (st->n - 1);
 	m = history_weight > 0 && history > 0 && n_ctx > 1 ? Min(history, n_ctx - 1) : 0;
@@ -1690,9 +1705,11 @@ htk_step(PG_FUNCTION_ARGS)
 	{
 		if (default_set_plan == NULL)
 		{
-			default_set_plan = SPI_prepare(SET_COLUMNS " WHERE s.is_default", 0, NULL);
-			if (default_set_plan == NULL || SPI_keepplan(default_set_plan) != 0)
+			SPIPlanPtr	plan = SPI_prepare(SET_COLUMNS " WHERE s.is_default", 0, NULL);
+
+			if (plan == NULL || SPI_keepplan(plan) != 0)
 				elog(ERROR, "htk: preparing the atom set lookup failed");
+			default_set_plan = plan;
 		}
 		if (SPI_execute_plan(default_set_plan, NULL, NULL, true, 2) != SPI_OK_SELECT)
 			elog(ERROR, "htk: reading atom_sets failed");
@@ -1703,9 +1720,11 @@ htk_step(PG_FUNCTION_ARGS)
 
 		if (set_by_name_plan == NULL)
 		{
-			set_by_name_plan = SPI_prepare(SET_COLUMNS " WHERE s.name = $1", 1, argtypes);
-			if (set_by_name_plan == NULL || SPI_keepplan(set_by_name_plan) != 0)
+			SPIPlanPtr	plan = SPI_prepare(SET_COLUMNS " WHERE s.name = $1", 1, argtypes);
+
+			if (plan == NULL || SPI_keepplan(plan) != 0)
 				elog(ERROR, "htk: preparing the atom set lookup failed");
+			set_by_name_plan = plan;
 		}
 		arg = PG_GETARG_DATUM(6);
 		if (SPI_execute_plan(set_by_name_plan, &arg, NULL, true, 2) != SPI_OK_SELECT)
