@@ -153,7 +153,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
--- One step's raw token logits and its signals in one call, on the native kernel (htk_logits): the
+-- One step's raw token logits and its signals in one call, on the native kernel (htk_step_logits,
+-- else htk_logits): the
 -- hybrid path and adaptive sampling need both per step, and apply the shared sampler to the
 -- logits themselves (hartonomous/backends/spatial.py), instead of calling next_token_signals and
 -- next_token, which would find the same candidates twice. logits[i] is token_ids[i]'s (ascending
@@ -177,13 +178,20 @@ BEGIN
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
                                   history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    SELECT * INTO pos FROM ht_context_positions(s.id, context);
-    keys := htk_keys(pos.xyz, s.centroid_window, s.centroid_decay,
-                     CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
-    -- Without search_radius: the nearest stored atom is measured before it (next_token_signals).
-    SELECT * INTO knn FROM ht_knn_arrays(s.id, ST_MakePoint(keys[1], keys[2], keys[3]), max_neighbors, NULL);
-    SELECT * INTO v FROM htk_logits(context, keys, knn.token_ids, knn.weights, knn.distances,
-                                    s.kernel = 'gaussian', s.bandwidth, s.history_weight, search_radius);
+    -- In one C call with the session's context state (the rows layout; only new tokens' keys), else
+    -- (the tiles layout, a token the set lacks, which ht_context_positions names) step by step.
+    SELECT * INTO v FROM htk_step_logits(s.id, s.centroid_window, s.centroid_decay, s.history_window,
+                                         s.kernel = 'gaussian', s.bandwidth, s.history_weight, context,
+                                         max_neighbors, search_radius);
+    IF v.token_ids IS NULL THEN
+        SELECT * INTO pos FROM ht_context_positions(s.id, context);
+        keys := htk_keys(pos.xyz, s.centroid_window, s.centroid_decay,
+                         CASE WHEN s.history_weight > 0 THEN s.history_window ELSE 0 END);
+        -- Without search_radius: the nearest stored atom is measured before it (next_token_signals).
+        SELECT * INTO knn FROM ht_knn_arrays(s.id, ST_MakePoint(keys[1], keys[2], keys[3]), max_neighbors, NULL);
+        SELECT * INTO v FROM htk_logits(context, keys, knn.token_ids, knn.weights, knn.distances,
+                                        s.kernel = 'gaussian', s.bandwidth, s.history_weight, search_radius);
+    END IF;
     SELECT a.risk_model INTO v_model FROM atom_sets a WHERE a.id = s.id;
     token_ids := v.token_ids;
     logits := v.logits;

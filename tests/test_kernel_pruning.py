@@ -264,3 +264,20 @@ def test_two_prompts_in_turn_keep_a_state_each(native_db) -> None:
             p.append(int(rng.integers(0, 50)))
             native_db.execute(query, (p,)).fetchall()
     assert stats(native_db)["keys"] - before == 20
+
+
+def test_the_signals_step_keeps_the_context_state_too(native_db) -> None:
+    """ht_step_logits (the hybrid path's one call per step) computes one key per token of a growing
+    context, and its rows are every candidate's (not pruned): next_token_signals' distinct_tokens."""
+    case = RECORDED["generations"][0]
+    context = list(case["context"])
+    query = ("SELECT token_ids, distinct_tokens FROM ht_step_logits(%s, NULL, 100, %s)")
+    native_db.execute(query, (context, case["atom_set"])).fetchone()
+    before = stats(native_db)["keys"]
+    for token in RECORDED["generations"][1]["generated"][:10]:
+        context.append(token)
+        ids, distinct = native_db.execute(query, (context, case["atom_set"])).fetchone()
+        (want,) = native_db.execute("SELECT distinct_tokens FROM next_token_signals(%s, NULL, 100, %s)",
+                                    (context, case["atom_set"])).fetchone()
+        assert len(ids) == distinct == want
+    assert stats(native_db)["keys"] - before == 10

@@ -52,6 +52,7 @@ PG_FUNCTION_INFO_V1(htk_serves);
 PG_FUNCTION_INFO_V1(htk_next_token);
 PG_FUNCTION_INFO_V1(htk_step);
 PG_FUNCTION_INFO_V1(htk_stats);
+PG_FUNCTION_INFO_V1(htk_step_logits);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -665,50 +666,18 @@ htk_distribution(PG_FUNCTION_ARGS)
 /* htk_logits                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/*
- * One step's raw token logits (per-token log-sum-exp of the kernel terms: before the repetition
- * penalty, temperature, top-k and top-p, which the caller applies with the shared sampler) and the
- * step's signals, from the same candidates (next_token_signals, sql/050_signals.sql): so a caller
- * that needs both pays for one KNN and one pass. The KNN rows come without search_radius (the
- * nearest stored atom is measured before it); the radius is applied here, as next_token does.
- * Columns: token_ids (ascending), logits, then next_token_signals' first eleven.
- */
-Datum
-htk_logits(PG_FUNCTION_ARGS)
+/* htk_logits' record for checked inputs: the raw logits and the signals from every term (no pruning). */
+static Datum
+logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
+			  const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
+			  double bandwidth, double history_weight, bool has_radius, double radius)
 {
-	int			n_ctx, n_keys, n_knn, n_w, n_d, m, n_terms = 0, n_cands = 0;
-	int32	   *ctx, *knn_ids;
-	double	   *keys, *knn_w, *knn_d;
-	bool		gaussian, has_radius;
-	double		bandwidth, history_weight, radius;
+	int			n_terms = 0, n_cands = 0;
 	Term	   *terms;
 	Cand	   *cands;
 	TupleDesc	tupdesc;
 	Datum		values[13];
 	bool		nulls[13];
-
-	for (int a = 0; a <= 6; a++)
-		if (PG_ARGISNULL(a) && a != 6)
-			raise_bad("htk_logits: only history_weight and search_radius may be NULL");
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
-	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
-	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
-	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
-	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
-	if (n_keys < 3 || n_keys % 3 != 0)
-		raise_bad("htk_logits: keys must hold 3 * (1 + m) numbers");
-	if (n_w != n_knn || n_d != n_knn)
-		raise_bad("htk_logits: the KNN arrays must be of one length");
-	m = n_keys / 3 - 1;
-	if (m > n_ctx - 1 && m > 0)
-		raise_bad("htk_logits: more history keys than context elements before the last");
-	gaussian = PG_GETARG_BOOL(5);
-	if (PG_ARGISNULL(6))
-		raise_bad("htk_logits: bandwidth must not be NULL");
-	bandwidth = PG_GETARG_FLOAT8(6);
-	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
-	has_radius = !PG_ARGISNULL(8);
-	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
 
 	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
 						  history_weight, has_radius, radius, NULL, &n_terms);	/* signals: every term */
@@ -815,7 +784,51 @@ htk_logits(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_logits: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	return HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls));
+}
+
+/*
+ * One step's raw token logits (per-token log-sum-exp of the kernel terms: before the repetition
+ * penalty, temperature, top-k and top-p, which the caller applies with the shared sampler) and the
+ * step's signals, from the same candidates (next_token_signals, sql/050_signals.sql): so a caller
+ * that needs both pays for one KNN and one pass. The KNN rows come without search_radius (the
+ * nearest stored atom is measured before it); the radius is applied here, as next_token does.
+ * Columns: token_ids (ascending), logits, then next_token_signals' first eleven.
+ */
+Datum
+htk_logits(PG_FUNCTION_ARGS)
+{
+	int			n_ctx, n_keys, n_knn, n_w, n_d, m;
+	int32	   *ctx, *knn_ids;
+	double	   *keys, *knn_w, *knn_d;
+	bool		gaussian, has_radius;
+	double		bandwidth, history_weight, radius;
+
+	for (int a = 0; a <= 6; a++)
+		if (PG_ARGISNULL(a) && a != 6)
+			raise_bad("htk_logits: only history_weight and search_radius may be NULL");
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
+	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
+	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
+	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
+	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
+	if (n_keys < 3 || n_keys % 3 != 0)
+		raise_bad("htk_logits: keys must hold 3 * (1 + m) numbers");
+	if (n_w != n_knn || n_d != n_knn)
+		raise_bad("htk_logits: the KNN arrays must be of one length");
+	m = n_keys / 3 - 1;
+	if (m > n_ctx - 1 && m > 0)
+		raise_bad("htk_logits: more history keys than context elements before the last");
+	gaussian = PG_GETARG_BOOL(5);
+	if (PG_ARGISNULL(6))
+		raise_bad("htk_logits: bandwidth must not be NULL");
+	bandwidth = PG_GETARG_FLOAT8(6);
+	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	has_radius = !PG_ARGISNULL(8);
+	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
+
+	PG_RETURN_DATUM(logits_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+								  history_weight, has_radius, radius));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1810,4 +1823,74 @@ htk_pick(PG_FUNCTION_ARGS)
 			last_positive = i + 1;
 	}
 	PG_RETURN_INT32(last_positive > 0 ? last_positive : n);
+}
+
+/*
+ * htk_logits for a context, with the session's state: htk_step_logits(atom_set_id, centroid_window,
+ * centroid_decay, history_window, gaussian, bandwidth, history_weight, context, max_neighbors,
+ * search_radius) -> htk_logits' record, for checked arguments. The keys come from the context state
+ * (the new tokens' only) and the KNN from the index's own order without the radius (the nearest
+ * stored atom is measured before it), as ht_step_logits' SQL path does; every term is scored (the
+ * signals count every candidate). NULL where htk_next_token would not serve the call.
+ */
+Datum
+htk_step_logits(PG_FUNCTION_ARGS)
+{
+	int32		set_id;
+	bool		has_window, has_radius;
+	int			window, history, max_neighbors, n_ctx, m, n_knn = 0;
+	double		decay, bandwidth, history_weight, radius;
+	bool		gaussian;
+	int32	   *ctx, *knn_ids;
+	double	   *knn_w, *knn_d, *keys;
+	PositionCache *slot;
+	ContextState *st;
+	Datum		result = (Datum) 0;
+	bool		served = false;
+	MemoryContext caller;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
+		|| PG_ARGISNULL(8))
+		raise_bad("htk_step_logits: only centroid_window, history_window, history_weight and search_radius may be NULL");
+	set_id = PG_GETARG_INT32(0);
+	has_window = !PG_ARGISNULL(1);
+	window = has_window ? PG_GETARG_INT32(1) : 0;
+	decay = PG_GETARG_FLOAT8(2);
+	history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+	gaussian = PG_GETARG_BOOL(4);
+	bandwidth = PG_GETARG_FLOAT8(5);
+	history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
+	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &n_ctx, "context");
+	max_neighbors = PG_GETARG_INT32(8);
+	has_radius = !PG_ARGISNULL(9);
+	radius = has_radius ? PG_GETARG_FLOAT8(9) : 0.0;
+	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1) || max_neighbors < 1
+		|| max_neighbors > 100000)
+		raise_bad("htk_step_logits: a checked context, window, decay and max_neighbors are expected");
+
+	caller = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	slot = cached_set(set_id);
+	MemoryContextSwitchTo(caller);
+	st = slot->served ? context_state(slot, has_window, window, decay, ctx, n_ctx,
+									  bandwidth * (gaussian ? sqrt(1500.0) : 1500.0)) : NULL;
+	if (st != NULL)
+	{
+		/* htk_keys' layout: the centre, then the keys of prefixes n - m .. n - 1 */
+		m = history_weight > 0 && history > 0 && n_ctx > 1 ? Min(history, n_ctx - 1) : 0;
+		keys = palloc(sizeof(double) * 3 * (1 + m));
+		memcpy(keys, st->keys + 3 * (n_ctx - 1), 3 * sizeof(double));
+		if (m > 0)
+			memcpy(keys + 3, st->keys + 3 * (n_ctx - m - 1), 3 * m * sizeof(double));
+		knn_rows(set_id, keys, max_neighbors, false, 0.0, &knn_ids, &knn_w, &knn_d, &n_knn);
+		MemoryContextSwitchTo(caller);
+		result = logits_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+							   history_weight, has_radius, radius);
+		served = true;
+	}
+	SPI_finish();
+	if (!served)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
 }

@@ -130,17 +130,17 @@ class SpatialBackend:
     def context_for(self, state: SpatialState, sampler: SamplerArgs | None) -> list[int]:
         """The ids next_token needs, so the work per step stays bounded as the text grows.
 
-        For next_token's one C call (the native kernel, the rows layout), the whole context: the
-        connection's session keeps the keys of the contexts it served (ext/hartonomous_kernel,
-        docs/design.md "Where a generation's state lives") and computes only the new token's, so
-        a context that grows by one token costs one key. Elsewhere (the PL/pgSQL path, the tiles
-        layout, the signals' ht_step_logits, which keep no state), with a centroid window w and
+        On the native kernel with a set of the rows layout, the whole context: next_token's and
+        ht_step_logits' C steps keep, per session, the keys of the contexts they served
+        (ext/hartonomous_kernel, docs/design.md "Where a generation's state lives") and compute
+        only the new token's, so a context that grows by one token costs one key. Elsewhere (the
+        PL/pgSQL path, the tiles layout, which keep no state), with a centroid window w and
         history atoms over the last H positions, the last H + w ids give exactly the same keys and
         atoms as the whole context; a repetition penalty reads every id, and a set without a
         window averages them all.
         """
-        if self.native and sampler is not None and self.atom_set.layout != "tiles":
-            return state.ids    # next_token's C step: the session extends its kept keys by the new token
+        if self.native and self.atom_set.layout != "tiles":
+            return state.ids    # the C step (next_token, ht_step_logits): the session extends its kept keys
         window = self.atom_set.centroid_window
         needed = None if window is None else window + self.history_reach()
         penalty = 1 if sampler is None else sampler.repetition_penalty      # None: no penalty reads the ids
