@@ -154,12 +154,12 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 -- One step's raw token logits and its signals in one call, on the native kernel (htk_step_logits,
--- else htk_logits): the
--- hybrid path and adaptive sampling need both per step, and apply the shared sampler to the
--- logits themselves (hartonomous/backends/spatial.py), instead of calling next_token_signals and
--- next_token, which would find the same candidates twice. logits[i] is token_ids[i]'s (ascending
--- ids; before the repetition penalty and temperature); the rest are next_token_signals' columns,
--- risk and predicted_gap included, for the same arguments. Raises 0A000 on the PL/pgSQL path.
+-- else htk_logits): the hybrid path and adaptive sampling need both per step, and apply the
+-- shared sampler to the logits themselves (hartonomous/backends/spatial.py), instead of calling
+-- next_token_signals and next_token, which would find the same candidates twice. logits[i] is
+-- token_ids[i]'s (ascending ids; before the repetition penalty and temperature); the rest are
+-- next_token_signals' columns, risk and predicted_gap included, for the same arguments. Raises
+-- 0A000 on the PL/pgSQL path.
 DECLARE
     s       record;
     pos     record;
