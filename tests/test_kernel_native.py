@@ -172,6 +172,24 @@ def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_
     assert kernel() == ("plpgsql", False)
 
 
+def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: str) -> None:
+    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.1) until
+    `migrate` updates it."""
+    migrate.upgrade(scratch_database, "0008")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        if not conn.execute("SELECT count(*) FROM pg_available_extension_versions "
+                            "WHERE name = 'hartonomous_kernel' AND version = '1.0'").fetchone()[0]:
+            require_native_kernel()
+        conn.execute("CREATE EXTENSION hartonomous_kernel VERSION '1.0'")
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'"
+                            ).fetchone()[0] == "1.1"
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
+        assert conn.execute("SELECT steps FROM htk_stats()").fetchone()[0] >= 0
+
+
 # --- one call per step: the raw logits and the signals together ---------------------------------
 
 SIGNALS = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, distinct_tokens, "
