@@ -51,3 +51,32 @@ def first_difference(a: list, b: list) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def rounding_decides(relaxed: list, top_k: int | None, top_p: float | None, rel: float = 1e-9) -> bool:
+    """Whether rounding may decide a step's rows: two candidates whose probabilities tie (to `rel`)
+    across the top-k boundary, or across the top-p cut. `relaxed` is the reference's rows for the
+    step at its temperature and penalty without top-k and top-p (probability descending). Repeated
+    tokens make exactly equal keys, so such ties are real; the two kernels sum in other orders and
+    may break them differently, which moves a whole distribution by its renormalisation."""
+    ps = [r[1] for r in relaxed]
+
+    def tie(a: float, b: float) -> bool:
+        return abs(a - b) <= rel * max(abs(a), abs(b))
+
+    k = top_k or 0
+    if k and len(ps) > k and tie(ps[k - 1], ps[k]):
+        return True
+    kept = ps if not k or len(ps) <= k else ps[:k] + [p for p in ps[k:] if p >= ps[k - 1]]
+    total = sum(kept)
+    if top_p is None or top_p >= 1 or total <= 0:
+        return False
+    before = 0.0
+    for i, p in enumerate(kept):
+        if abs(before / total - top_p) <= rel:
+            return True
+        after = before + p
+        if before / total < top_p <= after / total and i + 1 < len(kept) and tie(p, kept[i + 1]):
+            return True
+        before = after
+    return False
