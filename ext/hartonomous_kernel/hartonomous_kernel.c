@@ -406,6 +406,34 @@ typedef struct
 } Pruning;
 
 /*
+ * The stored atoms' kernel terms, ln(weight) - kernel(distance / h), of the KNN rows within
+ * search_radius, appended to terms; with `prune`, returns the lower bound of the step's largest
+ * scaled logit that prune_reach starts from (else -infinity).
+ */
+static double
+stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
+			 double bandwidth, bool has_radius, double radius, const Pruning *prune, Term *terms, int *n)
+{
+	double		z_lb = -get_float8_infinity();
+
+	for (int i = 0; i < n_knn; i++)
+	{
+		Term	   *t = &terms[*n];
+
+		if (has_radius && !(knn_d[i] <= radius))
+			continue;
+		t->tid = knn_ids[i];
+		t->c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
+		t->d = knn_d[i];
+		t->hist = false;
+		if (prune != NULL && isfinite(t->c))
+			z_lb = fmax(z_lb, scaled_floor(t->c, prune->temperature, prune->penalty));
+		(*n)++;
+	}
+	return z_lb;
+}
+
+/*
  * Kernel terms, ln(weight) - kernel(distance / h): the KNN rows within search_radius, then (with
  * history_weight > 0) the m history atoms within it; key k (1-based) is the atom of context
  * element n - m + k. With `prune`, the history atoms beyond prune_reach are left out. Sorted by
@@ -419,20 +447,8 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 	Term	   *terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
 	int			n = 0;
 	int			after = n_ctx - m;
-	double		z_lb = -get_float8_infinity();
-
-	for (int i = 0; i < n_knn; i++)
-	{
-		if (has_radius && !(knn_d[i] <= radius))
-			continue;
-		terms[n].tid = knn_ids[i];
-		terms[n].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
-		terms[n].d = knn_d[i];
-		terms[n].hist = false;
-		if (prune != NULL && isfinite(terms[n].c))
-			z_lb = fmax(z_lb, scaled_floor(terms[n].c, prune->temperature, prune->penalty));
-		n++;
-	}
+	double		z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth, has_radius, radius,
+									prune, terms, &n);
 	if (history_weight > 0 && m > 0)
 	{
 		double		ln_w = log(history_weight);
@@ -614,37 +630,60 @@ rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *
 						top_p, penalty);
 }
 
+/*
+ * The arrays htk_distribution and htk_logits share, arguments 0-4: the context, its keys (htk_keys'
+ * layout: the centre, then m history keys) and the KNN rows, their shapes checked (`fn` names the
+ * caller in the messages).
+ */
+typedef struct
+{
+	int32	   *ctx;
+	int			n_ctx;
+	double	   *keys;
+	int			m;
+	int32	   *knn_ids;
+	double	   *knn_w;
+	double	   *knn_d;
+	int			n_knn;
+} StepArrays;
+
+static void
+step_arrays(FunctionCallInfo fcinfo, const char *fn, StepArrays *a)
+{
+	int			n_keys, n_w, n_d;
+
+	a->ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &a->n_ctx, "context");
+	a->keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
+	a->knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &a->n_knn, "knn_token_ids");
+	a->knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
+	a->knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
+	if (n_keys < 3 || n_keys % 3 != 0)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s: keys must hold 3 * (1 + m) numbers", fn)));
+	if (n_w != a->n_knn || n_d != a->n_knn)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s: the KNN arrays must be of one length", fn)));
+	a->m = n_keys / 3 - 1;
+	if (a->m > a->n_ctx - 1 && a->m > 0)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s: more history keys than context elements before the last", fn)));
+}
+
 Datum
 htk_distribution(PG_FUNCTION_ARGS)
 {
-	int			n_ctx, n_keys, n_knn, n_w, n_d;
-	int32	   *ctx;
-	double	   *keys;
-	int32	   *knn_ids;
-	double	   *knn_w, *knn_d;
+	StepArrays	a;
 	bool		gaussian;
 	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		has_top_k, has_top_p, has_radius;
 	int			top_k;
-	int			m;
 
 	for (int a = 0; a <= 8; a++)
 		if (PG_ARGISNULL(a) && a != 7)
 			raise_bad("htk_distribution: only history_weight, top_k, top_p and search_radius may be NULL");
 	if (PG_ARGISNULL(12))
 		raise_bad("htk_distribution: repetition_penalty must not be NULL");
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
-	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
-	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
-	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
-	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
-	if (n_keys < 3 || n_keys % 3 != 0)
-		raise_bad("htk_distribution: keys must hold 3 * (1 + m) numbers");
-	if (n_w != n_knn || n_d != n_knn)
-		raise_bad("htk_distribution: the KNN arrays must be of one length");
-	m = n_keys / 3 - 1;
-	if (m > n_ctx - 1 && m > 0)
-		raise_bad("htk_distribution: more history keys than context elements before the last");
+	step_arrays(fcinfo, "htk_distribution", &a);
 	gaussian = PG_GETARG_BOOL(5);
 	bandwidth = PG_GETARG_FLOAT8(6);
 	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
@@ -657,9 +696,9 @@ htk_distribution(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	penalty = PG_GETARG_FLOAT8(12);
 
-	PG_RETURN_DATUM(rows_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
-								bandwidth, history_weight, has_radius, radius, temperature, has_top_k,
-								top_k, has_top_p, top_p, penalty));
+	PG_RETURN_DATUM(rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
+								gaussian, bandwidth, history_weight, has_radius, radius, temperature,
+								has_top_k, top_k, has_top_p, top_p, penalty));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -798,27 +837,14 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
 Datum
 htk_logits(PG_FUNCTION_ARGS)
 {
-	int			n_ctx, n_keys, n_knn, n_w, n_d, m;
-	int32	   *ctx, *knn_ids;
-	double	   *keys, *knn_w, *knn_d;
+	StepArrays	a;
 	bool		gaussian, has_radius;
 	double		bandwidth, history_weight, radius;
 
 	for (int a = 0; a <= 6; a++)
 		if (PG_ARGISNULL(a) && a != 6)
 			raise_bad("htk_logits: only history_weight and search_radius may be NULL");
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &n_ctx, "context");
-	keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
-	knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &n_knn, "knn_token_ids");
-	knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
-	knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
-	if (n_keys < 3 || n_keys % 3 != 0)
-		raise_bad("htk_logits: keys must hold 3 * (1 + m) numbers");
-	if (n_w != n_knn || n_d != n_knn)
-		raise_bad("htk_logits: the KNN arrays must be of one length");
-	m = n_keys / 3 - 1;
-	if (m > n_ctx - 1 && m > 0)
-		raise_bad("htk_logits: more history keys than context elements before the last");
+	step_arrays(fcinfo, "htk_logits", &a);
 	gaussian = PG_GETARG_BOOL(5);
 	if (PG_ARGISNULL(6))
 		raise_bad("htk_logits: bandwidth must not be NULL");
@@ -827,8 +853,8 @@ htk_logits(PG_FUNCTION_ARGS)
 	has_radius = !PG_ARGISNULL(8);
 	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
 
-	PG_RETURN_DATUM(logits_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-								  history_weight, has_radius, radius));
+	PG_RETURN_DATUM(logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
+								  gaussian, bandwidth, history_weight, has_radius, radius));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1453,6 +1479,16 @@ context_state(const PositionCache *pos, bool has_window, int window, double deca
 	return st;
 }
 
+/*
+ * The grid's cell size for a set: about the pruning reach at T = 1 (a kernel value of ~1,500
+ * between the step's best term and the cut), so a step visits the 27 cells around the centre.
+ */
+static double
+grid_cell(bool gaussian, double bandwidth)
+{
+	return bandwidth * (gaussian ? sqrt(1500.0) : 1500.0);
+}
+
 /* History atom e's term, appended to terms[*n] when it lies within the reach: 1 if so, else 0. */
 static int
 history_term(const ContextState *st, int e, const double *center, double reach, double ln_w, bool gaussian,
@@ -1556,15 +1592,15 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	ContextState *st;
 	int			m, n_knn = 0, n_terms = 0;
 	int32	   *knn_ids;
-	double	   *knn_w, *knn_d, z_lb = -get_float8_infinity();
+	double	   *knn_w, *knn_d, z_lb;
 	const double *center;
 	Term	   *terms;
+	Pruning		prune = {temperature, penalty};
 
 	if (!slot->served)
 		return false;
 	MemoryContextSwitchTo(caller);
-	st = context_state(slot, has_window, window, decay, ctx, n_ctx,
-					   bandwidth * (gaussian ? sqrt(1500.0) : 1500.0));
+	st = context_state(slot, has_window, window, decay, ctx, n_ctx, grid_cell(gaussian, bandwidth));
 	if (st == NULL)
 		return false;			/* a foreign token (the SQL path names it) or a context too long to keep */
 	stats.steps++;
@@ -1574,16 +1610,8 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	MemoryContextSwitchTo(caller);	/* SPI left its own context current; the rows outlive it */
 
 	terms = palloc(sizeof(Term) * (n_knn + m + 1));
-	for (int i = 0; i < n_knn; i++)
-	{
-		terms[n_terms].tid = knn_ids[i];
-		terms[n_terms].c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
-		terms[n_terms].d = knn_d[i];
-		terms[n_terms].hist = false;
-		if (isfinite(terms[n_terms].c))
-			z_lb = fmax(z_lb, scaled_floor(terms[n_terms].c, temperature, penalty));
-		n_terms++;
-	}
+	z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth, false, 0.0, &prune, terms,
+						&n_terms);		/* the rows are within the radius already */
 	if (m > 0)
 		history_terms(st, m, center, gaussian, bandwidth, history_weight, has_radius, radius, z_lb,
 					  n_knn, temperature, penalty, terms, &n_terms);
@@ -1591,6 +1619,42 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						   top_p, penalty);
 	return true;
+}
+
+/*
+ * The arguments htk_next_token and htk_step_logits share, 0-7: the atom set's id, centroid window,
+ * decay, history window, kernel, bandwidth and history weight (its own, as ht_atom_set gives them)
+ * and the context. The callers check which may be NULL; here only what would make the C unsafe.
+ */
+typedef struct
+{
+	int32		set_id;
+	bool		has_window;
+	int			window;
+	double		decay;
+	int			history;
+	bool		gaussian;
+	double		bandwidth;
+	double		history_weight;
+	int32	   *ctx;
+	int			n_ctx;
+} SetStep;
+
+static void
+set_step_args(FunctionCallInfo fcinfo, const char *fn, SetStep *a)
+{
+	a->set_id = PG_GETARG_INT32(0);
+	a->has_window = !PG_ARGISNULL(1);
+	a->window = a->has_window ? PG_GETARG_INT32(1) : 0;
+	a->decay = PG_GETARG_FLOAT8(2);
+	a->history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+	a->gaussian = PG_GETARG_BOOL(4);
+	a->bandwidth = PG_GETARG_FLOAT8(5);
+	a->history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
+	a->ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &a->n_ctx, "context");
+	if (a->n_ctx == 0 || !(a->decay > 0.0 && a->decay <= 1.0) || (a->has_window && a->window < 1))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("%s: a checked context, window and decay are expected", fn)));
 }
 
 /*
@@ -1603,27 +1667,18 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 Datum
 htk_next_token(PG_FUNCTION_ARGS)
 {
-	int32		set_id;
-	bool		has_window, served;
-	int			window, history, top_k, max_neighbors, n_ctx;
-	double		decay, bandwidth, history_weight, temperature, top_p, radius, penalty;
-	bool		gaussian, has_top_k, has_top_p, has_radius;
-	int32	   *ctx;
+	SetStep		a;
+	bool		served;
+	int			top_k, max_neighbors;
+	double		temperature, top_p, radius, penalty;
+	bool		has_top_k, has_top_p, has_radius;
 	Datum		result = (Datum) 0;
 	MemoryContext caller;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
 		|| PG_ARGISNULL(8) || PG_ARGISNULL(12) || PG_ARGISNULL(13))
 		raise_bad("htk_next_token: only centroid_window, history_window, history_weight, top_k, top_p and search_radius may be NULL");
-	set_id = PG_GETARG_INT32(0);
-	has_window = !PG_ARGISNULL(1);
-	window = has_window ? PG_GETARG_INT32(1) : 0;
-	decay = PG_GETARG_FLOAT8(2);
-	history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
-	gaussian = PG_GETARG_BOOL(4);
-	bandwidth = PG_GETARG_FLOAT8(5);
-	history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &n_ctx, "context");
+	set_step_args(fcinfo, "htk_next_token", &a);
 	temperature = PG_GETARG_FLOAT8(8);
 	has_top_k = !PG_ARGISNULL(9);
 	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
@@ -1633,15 +1688,15 @@ htk_next_token(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	max_neighbors = PG_GETARG_INT32(12);
 	penalty = PG_GETARG_FLOAT8(13);
-	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1) || max_neighbors < 1)
-		raise_bad("htk_next_token: a checked context, window, decay and max_neighbors are expected");
+	if (max_neighbors < 1 || max_neighbors > 100000)
+		raise_bad("htk_next_token: max_neighbors must be in 1 .. 100000");
 
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, bandwidth,
-						 history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
-						 has_radius, radius, max_neighbors, penalty, &result);
+	served = native_step(fcinfo, caller, a.set_id, a.has_window, a.window, a.decay, a.history, a.gaussian,
+						 a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
+						 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
 	if (!served)
 		PG_RETURN_NULL();
@@ -1836,12 +1891,11 @@ htk_pick(PG_FUNCTION_ARGS)
 Datum
 htk_step_logits(PG_FUNCTION_ARGS)
 {
-	int32		set_id;
-	bool		has_window, has_radius;
-	int			window, history, max_neighbors, n_ctx, m, n_knn = 0;
-	double		decay, bandwidth, history_weight, radius;
-	bool		gaussian;
-	int32	   *ctx, *knn_ids;
+	SetStep		a;
+	bool		has_radius;
+	int			max_neighbors, m, n_knn = 0;
+	double		radius;
+	int32	   *knn_ids;
 	double	   *knn_w, *knn_d, *keys;
 	PositionCache *slot;
 	ContextState *st;
@@ -1852,41 +1906,32 @@ htk_step_logits(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
 		|| PG_ARGISNULL(8))
 		raise_bad("htk_step_logits: only centroid_window, history_window, history_weight and search_radius may be NULL");
-	set_id = PG_GETARG_INT32(0);
-	has_window = !PG_ARGISNULL(1);
-	window = has_window ? PG_GETARG_INT32(1) : 0;
-	decay = PG_GETARG_FLOAT8(2);
-	history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
-	gaussian = PG_GETARG_BOOL(4);
-	bandwidth = PG_GETARG_FLOAT8(5);
-	history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
-	ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &n_ctx, "context");
+	set_step_args(fcinfo, "htk_step_logits", &a);
 	max_neighbors = PG_GETARG_INT32(8);
 	has_radius = !PG_ARGISNULL(9);
 	radius = has_radius ? PG_GETARG_FLOAT8(9) : 0.0;
-	if (n_ctx == 0 || !(decay > 0.0 && decay <= 1.0) || (has_window && window < 1) || max_neighbors < 1
-		|| max_neighbors > 100000)
-		raise_bad("htk_step_logits: a checked context, window, decay and max_neighbors are expected");
+	if (max_neighbors < 1 || max_neighbors > 100000)
+		raise_bad("htk_step_logits: max_neighbors must be in 1 .. 100000");
 
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	slot = cached_set(set_id);
+	slot = cached_set(a.set_id);
 	MemoryContextSwitchTo(caller);
-	st = slot->served ? context_state(slot, has_window, window, decay, ctx, n_ctx,
-									  bandwidth * (gaussian ? sqrt(1500.0) : 1500.0)) : NULL;
+	st = slot->served ? context_state(slot, a.has_window, a.window, a.decay, a.ctx, a.n_ctx,
+									  grid_cell(a.gaussian, a.bandwidth)) : NULL;
 	if (st != NULL)
 	{
 		/* htk_keys' layout: the centre, then the keys of prefixes n - m .. n - 1 */
-		m = history_weight > 0 && history > 0 && n_ctx > 1 ? Min(history, n_ctx - 1) : 0;
+		m = a.history_weight > 0 && a.history > 0 && a.n_ctx > 1 ? Min(a.history, a.n_ctx - 1) : 0;
 		keys = palloc(sizeof(double) * 3 * (1 + m));
-		memcpy(keys, st->keys + 3 * (n_ctx - 1), 3 * sizeof(double));
+		memcpy(keys, st->keys + 3 * (a.n_ctx - 1), 3 * sizeof(double));
 		if (m > 0)
-			memcpy(keys + 3, st->keys + 3 * (n_ctx - m - 1), 3 * m * sizeof(double));
-		knn_rows(set_id, keys, max_neighbors, false, 0.0, &knn_ids, &knn_w, &knn_d, &n_knn);
+			memcpy(keys + 3, st->keys + 3 * (a.n_ctx - m - 1), 3 * m * sizeof(double));
+		knn_rows(a.set_id, keys, max_neighbors, false, 0.0, &knn_ids, &knn_w, &knn_d, &n_knn);
 		MemoryContextSwitchTo(caller);
-		result = logits_record(fcinfo, ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
-							   history_weight, has_radius, radius);
+		result = logits_record(fcinfo, a.ctx, a.n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, a.gaussian,
+							   a.bandwidth, a.history_weight, has_radius, radius);
 		served = true;
 	}
 	SPI_finish();
