@@ -11,12 +11,13 @@ and the session's counters (htk_stats) show that the pruning and the state were 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hand_sets import add_set, pruning_sets, sets_digest
@@ -172,6 +173,8 @@ operations = st.lists(st.tuples(st.sampled_from(["grow", "cut", "switch"]), st.i
 
 
 @settings(max_examples=25, deadline=None)
+@example(which="narrow_expo", start=1, ops=[("grow", 1), ("grow", 36)] + [("grow", 40)] * 5, seed=877,
+         temperature=0.05)          # scaled logits in the thousands: rounding moves a probability by ~1e-12
 @given(which=st.sampled_from(["narrow_gauss", "narrow_expo", "repeats"]), start=st.integers(1, 300),
        ops=operations, seed=st.integers(0, 2**31), temperature=st.sampled_from([0.7, 1.0, 0.05]))
 def test_contexts_that_grow_shrink_and_switch_keep_the_references_rows(native_db, which, start, ops, seed,
@@ -194,7 +197,21 @@ def test_contexts_that_grow_shrink_and_switch_keep_the_references_rows(native_db
         args = (context, temperature, 0, 1.0, None, 100, s.name, 1.0)
         got = native_db.execute(NEXT_TOKEN, args).fetchall()
         want = on_reference(native_db, NEXT_TOKEN, args)
-        assert_same_rows(nonzero(got), nonzero(want), TOL)
+        assert_same_rows(nonzero(got), nonzero(want), conditioned_tolerance(native_db, context, s.name, temperature,
+                                                                           nonzero(want)))
+
+
+def conditioned_tolerance(db: psycopg.Connection, context: list[int], atom_set: str, temperature: float,
+                          rows: list) -> float:
+    """TOL, or what double precision can promise when the rows' scaled logits are large: the two
+    kernels compute the keys and the sums in other orders, each to a few ulps, so a scaled logit z
+    may differ by ~8 ulp(|z|) (a narrow kernel at T = 0.05 gives |z| in the thousands, and a
+    probability that moves by |dz| * p). 64 machine epsilons per unit of the largest |z| of the
+    rows compared."""
+    ids, logits = db.execute("SELECT token_ids, logits FROM ht_step_logits(%s, NULL, 100, %s)",
+                             (context, atom_set)).fetchone()
+    scaled = {t: abs(x) / temperature for t, x in zip(ids, logits)}
+    return max(TOL, 64 * sys.float_info.epsilon * max((scaled[r[0]] for r in rows), default=0.0))
 
 
 @pytest.mark.parametrize("case", RECORDED["drafts"],
