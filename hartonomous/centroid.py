@@ -74,8 +74,28 @@ def history_atoms(context: list[int] | np.ndarray, positions: np.ndarray, window
     return keys, context[n - m:].astype(np.int64)
 
 
+DIRECT_WINDOW = 64   # windows up to this long are summed directly (as the native kernel does)
+
+
+def direct_prefix_centroids(positions: np.ndarray, window: int, decay: float) -> np.ndarray:
+    """prefix_centroids for a finite window by direct sums, the oldest element first, with weights
+    decay**k (0 where k ln decay < -300): the native kernel's arithmetic (ext/hartonomous_kernel,
+    centroid_direct), so a key computed here and one computed there are the same bits. O(T W)."""
+    positions = np.asarray(positions, dtype=np.float64)
+    T = positions.shape[0]
+    sums = np.zeros_like(positions)
+    norm = np.zeros(T)
+    ln_decay = float(np.log(decay)) if decay != 1.0 else 0.0
+    for k in range(min(window, T) - 1, -1, -1):          # oldest first: k steps back from the newest
+        w = 1.0 if decay == 1.0 else (0.0 if k * ln_decay < -300.0 else decay ** k)
+        sums[k:] += w * positions[:T - k]
+        norm[k:] += w
+    return sums / norm[:, None]
+
+
 def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: float = 1.0) -> np.ndarray:
-    """Row t is the centroid of the context positions[: t + 1]; O(T) for a whole sequence."""
+    """Row t is the centroid of the context positions[: t + 1]; O(T) for a whole sequence (direct
+    sums for windows of at most DIRECT_WINDOW tokens, bit for bit the native kernel's keys)."""
     from scipy.signal import lfilter  # heavy import: loaded on first use
 
     validate(window, decay)
@@ -83,6 +103,8 @@ def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: fl
     T = positions.shape[0]
     if T == 0:
         return positions.copy()
+    if window is not None and window <= DIRECT_WINDOW:
+        return direct_prefix_centroids(positions, window, decay)
     b = np.zeros(1 if window is None or window >= T else window + 1)
     b[0] = 1.0
     if window is not None and window < T:

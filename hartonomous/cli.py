@@ -173,7 +173,9 @@ def build_cmd(
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
                                        "3D distance into one weighted atom (0 = exact duplicates only)."),
     full_keys: bool = typer.Option(False, "--full-keys", help="Also store full-dimensional keys (pgvector)."),
-    kernel: str = typer.Option("gaussian", "--kernel", help="gaussian or exponential."),
+    kernel: str = typer.Option(None, "--kernel", help="gaussian, exponential or backoff (counts the atoms "
+                               "sharing the longest suffix with the context; for deep keys). Default: backoff "
+                               "with --positions lattice, else gaussian."),
     bandwidth: float = typer.Option(None, "--bandwidth", help="Kernel bandwidth h (default: calibrated)."),
     bandwidth_objective: str = typer.Option("log-likelihood", "--bandwidth-objective",
                                             help="Calibrate h for log-likelihood (of the exact argmax) or top1."),
@@ -200,7 +202,9 @@ def build_cmd(
                                "results in fewer buffers per call). Default: the faster one in docs/benchmarks.md."),
     positions: str = typer.Option("projection", "--positions", help="projection (the 3D projection's token "
                                   "positions) or learned (trained from them by gradient descent against the exact "
-                                  "model's labels, early-stopped on the calibration half; context sets)."),
+                                  "model's labels, early-stopped on the calibration half; context sets) or lattice (one cell of a 37^3 "
+                                  "lattice per token, along Hilbert curves through the projection: deep keys whose "
+                                  "nearest atoms share the longest suffix with the context; window 8, decay 1/128)."),
     epochs: int = typer.Option(30, "--epochs", help="--positions learned: at most this many epochs (KNN "
                                "recomputed each epoch)."),
     learning_rate: float = typer.Option(0.01, "--learning-rate", help="--positions learned: Adam step size, in "

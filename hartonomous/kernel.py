@@ -5,7 +5,16 @@ Each atom a, a stored KNN neighbour or one of the context's own history atoms
 context centroid contributes
     gaussian:     w_a * exp(-d_a^2 / h^2)   (h = bandwidth; h = 1 is the original exp(-d^2))
     exponential:  w_a * exp(-d_a / h)       (the original's exp(-d) score)
+    backoff:      w_a if d_a <= R, else nothing, where R = h * decay^j is the smallest radius of
+                  the ladder h, h*decay, h*decay^2, ... (j = floor(ln(D / h) / ln decay), any integer)
+                  that holds the nearest candidate, at distance D; R = 0 when D = 0
 and a token's logit is log(sum of its atoms' contributions), computed with log-sum-exp.
+
+The backoff kernel is for deep keys (hartonomous.lattice): there a key contracts by `decay` per
+token back, so the candidates sharing the longest suffix with the context are the nearest, and
+they all lie inside one rung of the ladder while shorter matches lie outside it. Counting the
+atoms inside that rung is the backoff ∞-gram: the longest match's counts, nothing from shorter
+ones. A Gaussian of fixed h instead fixes the match length it counts (docs/fidelity.md).
 The SQL function computes exactly this; tests compare the two.
 """
 
@@ -14,12 +23,24 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-KERNELS = ("gaussian", "exponential")
+KERNELS = ("gaussian", "exponential", "backoff")
+
+
+def backoff_radius(nearest: np.ndarray | float, bandwidth: float, decay: float) -> np.ndarray:
+    """R = bandwidth * decay^floor(ln(D / bandwidth) / ln decay) for each nearest distance D (0 -> 0)."""
+    if not 0.0 < decay < 1.0:
+        raise ValueError(f"the backoff kernel needs a centroid decay in (0, 1), got {decay}")
+    d = np.asarray(nearest, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        rung = np.floor(np.log(np.where(d > 0, d, 1.0) / bandwidth) / np.log(decay))
+    return np.where(d > 0, bandwidth * np.power(decay, rung), 0.0)
 
 
 def log_contributions(distances: np.ndarray, weights: np.ndarray | None = None,
-                      kernel: str = "gaussian", bandwidth: float = 1.0) -> np.ndarray:
-    """log(w_a * K(d_a)) for every atom."""
+                      kernel: str = "gaussian", bandwidth: float = 1.0, *, radius: np.ndarray | float | None = None
+                      ) -> np.ndarray:
+    """log(w_a * K(d_a)) for every atom; the backoff kernel needs each atom's `radius`
+    (backoff_radius of its query's nearest candidate) and gives -inf outside it."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if not bandwidth > 0:
@@ -28,14 +49,27 @@ def log_contributions(distances: np.ndarray, weights: np.ndarray | None = None,
     log_w = np.zeros_like(d) if weights is None else np.log(np.asarray(weights, dtype=np.float64))
     if kernel == "gaussian":
         return log_w - (d / bandwidth) ** 2
-    return log_w - d / bandwidth
+    if kernel == "exponential":
+        return log_w - d / bandwidth
+    if radius is None:
+        raise ValueError("the backoff kernel needs the radius of each atom's query (backoff_radius)")
+    return np.where(d <= radius, log_w, -np.inf)
 
 
 def token_logits(token_ids: np.ndarray, distances: np.ndarray, weights: np.ndarray | None = None,
-                 kernel: str = "gaussian", bandwidth: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(unique token ids ascending, their logits) from the K nearest atoms."""
+                 kernel: str = "gaussian", bandwidth: float = 1.0, decay: float | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(unique token ids ascending, their logits) from one query's candidate atoms; tokens whose
+    atoms all fall outside the backoff radius are left out."""
     token_ids = np.asarray(token_ids)
-    contrib = log_contributions(distances, weights, kernel, bandwidth)
+    radius = None
+    if kernel == "backoff":
+        if decay is None:
+            raise ValueError("the backoff kernel needs the atom set's centroid decay")
+        radius = backoff_radius(np.min(distances) if len(distances) else 0.0, bandwidth, decay)
+    contrib = log_contributions(distances, weights, kernel, bandwidth, radius=radius)
+    keep = np.isfinite(contrib) | (kernel != "backoff")
+    token_ids, contrib = token_ids[keep], contrib[keep]
     unique, inverse = np.unique(token_ids, return_inverse=True)
     logits = np.array([logsumexp(contrib[inverse == i]) for i in range(len(unique))])
     return unique.astype(np.int64), logits

@@ -72,20 +72,24 @@ def distribution_signals(p: np.ndarray) -> dict[str, float]:
 
 
 def kernel_distribution(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, kernel: str,
-                        bandwidth: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        bandwidth: float, decay: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(token ids ascending, their probabilities, each candidate's share of the kernel mass): the
-    kernel's own distribution over the candidates (next_token at T = 1, no top-k/top-p/penalty)."""
-    from hartonomous.kernel import log_contributions      # scipy: imported where it is used
+    kernel's own distribution over the candidates (next_token at T = 1, no top-k/top-p/penalty);
+    `decay` is the set's centroid decay, which the backoff kernel needs."""
+    from hartonomous.kernel import backoff_radius, log_contributions      # scipy: imported where it is used
 
-    contrib = log_contributions(distances, weights, kernel, bandwidth)
+    radius = backoff_radius(np.min(distances), bandwidth, decay) if kernel == "backoff" else None
+    contrib = log_contributions(distances, weights, kernel, bandwidth, radius=radius)
     mass = np.exp(contrib - contrib.max())
     unique, inverse = np.unique(np.asarray(tokens), return_inverse=True)
     per_token = np.bincount(inverse, weights=mass, minlength=len(unique))
-    return unique, per_token / per_token.sum(), mass / mass.sum()
+    voted = per_token > 0 if kernel == "backoff" else slice(None)   # backoff: tokens outside the radius drop out
+    return unique[voted], per_token[voted] / per_token.sum(), mass / mass.sum()
 
 
 def candidate_signals(tokens: np.ndarray, distances: np.ndarray, weights: np.ndarray, history: np.ndarray,
-                      kernel: str, bandwidth: float, nearest_stored: float | None) -> StepSignals:
+                      kernel: str, bandwidth: float, nearest_stored: float | None,
+                      decay: float | None = None) -> StepSignals:
     """The signals of one step from its candidate atoms (stored and history, after search_radius):
     their tokens, distances to the centroid, weights and which are history atoms; `nearest_stored`
     is the distance to the nearest stored atom (before search_radius)."""
@@ -93,8 +97,13 @@ def candidate_signals(tokens: np.ndarray, distances: np.ndarray, weights: np.nda
     if len(tokens) == 0:
         return StepSignals(None, None, None, None, None, nearest, None, 0)
     tokens, distances = np.asarray(tokens), np.asarray(distances, dtype=np.float64)
-    history = np.asarray(history, dtype=bool)
-    unique, probs, share = kernel_distribution(tokens, distances, weights, kernel, bandwidth)
+    history, weights = np.asarray(history, dtype=bool), np.asarray(weights, dtype=np.float64)
+    if kernel == "backoff":      # only the candidates inside the radius vote (next_token_signals)
+        from hartonomous.kernel import backoff_radius
+
+        inside = distances <= backoff_radius(distances.min(), bandwidth, decay)
+        tokens, distances, weights, history = tokens[inside], distances[inside], weights[inside], history[inside]
+    unique, probs, share = kernel_distribution(tokens, distances, weights, kernel, bandwidth, decay)
     top = tokens == unique[int(np.argmax(probs))]           # argmax: the first, i.e. lowest id, of ties
     top_history = distances[top & history]
     return StepSignals(**distribution_signals(probs), nearest_bandwidths=nearest,

@@ -87,7 +87,10 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
     projected = timed("project", stages.project, options, loaded, ui)
     labelled = timed("label", stages.label, options, loaded, ui)
     centroid = timed("choose_centroid", stages.choose_centroid, options, loaded, projected, labelled, ui)
-    learned, positions = None, projected.positions
+    learned, lattice, positions = None, None, projected.positions
+    if options.positions == "lattice":
+        lattice = timed("place_on_lattice", stages.place_on_lattice, options, loaded, projected, ui)
+        positions = lattice.positions
     if options.positions == "learned":
         learned = timed("learn_positions", stages.learn_positions, options, loaded, projected, labelled, centroid, ui)
         positions, centroid = learned.positions, learned.centroid
@@ -100,7 +103,7 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
     control = None
     if options.controls:
         control = timed("random_positions", stages.random_positions, options, loaded, projected, labelled,
-                        centroid, ui)
+                        centroid, ui, None if lattice is None else lattice.positions)
     stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated, history, control, learned)
     control_result = None
     if control is not None:
@@ -115,7 +118,7 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
         options = replace(options, make_default=default)
     try:
         report = timed("ingest", stages.ingest, conn, options, loaded, projected, atoms, history, stats, ui, learned,
-                       risk_model=risk_model)
+                       risk_model=risk_model, lattice=lattice)
     except BaseException:
         if control is not None:
             stages.drop_control(conn, control)

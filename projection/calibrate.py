@@ -20,11 +20,12 @@ from scipy.optimize import minimize_scalar
 from scipy.spatial import cKDTree
 
 from hartonomous.errors import UserError
-from hartonomous.kernel import log_contributions
+from hartonomous.kernel import backoff_radius, log_contributions
 
 SMOOTHING = 1e-3
 GRID_STEPS_PER_OCTAVE = 4
 GRID_OCTAVES = (-10, 6)
+BACKOFF_GRID_POINTS = 64   # per period of the backoff kernel's ladder (a factor of the decay)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Neighbours:
     query_starts: np.ndarray  # first group of each query
     queries: int
     max_neighbors: int  # stored neighbours per query
+    decay: float | None = None  # the keys' centroid decay: the backoff kernel's ladder (hartonomous.kernel)
 
     @property
     def stored_distances(self) -> np.ndarray:
@@ -76,7 +78,7 @@ def knn(points: np.ndarray, queries: np.ndarray, k: int, tree: cKDTree | None = 
 
 
 def _grouped(query: np.ndarray, tokens: np.ndarray, distances: np.ndarray, log_weights: np.ndarray,
-             history: np.ndarray | None, queries: int, max_neighbors: int) -> Neighbours:
+             history: np.ndarray | None, queries: int, max_neighbors: int, decay: float | None = None) -> Neighbours:
     """Sort flat candidates by (query, token) (stable: stored before history within a group)."""
     order = np.lexsort((tokens, query))
     keys_q, keys_t = query[order], tokens[order]
@@ -87,12 +89,14 @@ def _grouped(query: np.ndarray, tokens: np.ndarray, distances: np.ndarray, log_w
     qnew = np.ones(len(starts), dtype=bool)
     qnew[1:] = group_query[1:] != group_query[:-1]
     return Neighbours(query, tokens, distances, log_weights, history, order, starts, group_query, keys_t[starts],
-                      np.flatnonzero(qnew), queries, max_neighbors)
+                      np.flatnonzero(qnew), queries, max_neighbors, decay)
 
 
 def nearest_atoms(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weights: np.ndarray | None,
-                  queries: np.ndarray, k: int = 100, tree: cKDTree | None = None) -> Neighbours:
-    """KNN of every query among the atoms (k capped at the number of atoms), grouped by token."""
+                  queries: np.ndarray, k: int = 100, tree: cKDTree | None = None,
+                  decay: float | None = None) -> Neighbours:
+    """KNN of every query among the atoms (k capped at the number of atoms), grouped by token;
+    `decay` is the keys' centroid decay, which the backoff kernel needs."""
     if len(atom_positions) == 0 or len(queries) == 0:
         raise UserError("bandwidth calibration needs atoms and held-out positions")
     dist, idx = knn(np.asarray(atom_positions), np.asarray(queries), k, tree)
@@ -100,7 +104,7 @@ def nearest_atoms(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weig
     tokens = np.asarray(atom_tokens, dtype=np.int64)[idx].ravel()
     weights = np.ones(len(atom_positions)) if atom_weights is None else np.asarray(atom_weights, dtype=np.float64)
     q = np.repeat(np.arange(len(queries)), k)
-    return _grouped(q, tokens, dist.ravel(), np.log(weights[idx]).ravel(), None, len(queries), k)
+    return _grouped(q, tokens, dist.ravel(), np.log(weights[idx]).ravel(), None, len(queries), k, decay)
 
 
 def with_history(nb: Neighbours, query: np.ndarray, tokens: np.ndarray, distances: np.ndarray) -> Neighbours:
@@ -113,7 +117,7 @@ def with_history(nb: Neighbours, query: np.ndarray, tokens: np.ndarray, distance
                     np.concatenate([nb.distances, np.asarray(distances, dtype=np.float64)]),
                     np.concatenate([nb.log_weights, np.zeros(n_hist)]),
                     np.concatenate([np.zeros(len(nb.query), dtype=bool), np.ones(n_hist, dtype=bool)]),
-                    nb.queries, nb.max_neighbors)
+                    nb.queries, nb.max_neighbors, nb.decay)
 
 
 def _segment_logsumexp(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -122,6 +126,20 @@ def _segment_logsumexp(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     safe = np.where(np.isfinite(peak), peak, 0.0)
     with np.errstate(divide="ignore"):  # a group of -inf (history atoms at weight 0) has logit -inf
         return safe + np.log(np.add.reduceat(np.exp(values - np.repeat(safe, sizes)), starts))
+
+
+def _backoff_radii(nb: Neighbours, log_w: np.ndarray, bandwidth: float) -> np.ndarray:
+    """Each candidate's backoff radius: that of its query's nearest candidate that counts (history
+    candidates count only at a positive history weight)."""
+    if nb.decay is None:
+        raise ValueError("the backoff kernel needs the neighbours' centroid decay (nearest_atoms(decay=...))")
+    live = np.where(np.isfinite(log_w), nb.distances, np.inf)[nb.order]
+    nearest = np.minimum.reduceat(live, nb.starts[nb.query_starts])
+    per_query = np.full(nb.queries, np.inf)
+    per_query[nb.group_query[nb.query_starts]] = nearest
+    with np.errstate(invalid="ignore"):
+        radii = backoff_radius(np.where(np.isfinite(per_query), per_query, 0.0), bandwidth, nb.decay)
+    return radii[nb.query]
 
 
 @dataclass
@@ -140,7 +158,8 @@ def score(nb: Neighbours, targets: np.ndarray, bandwidth: float, kernel: str, vo
     log_w = nb.log_weights
     if nb.history is not None:
         log_w = np.where(nb.history, np.log(history_weight) if history_weight > 0 else -np.inf, log_w)
-    contrib = (log_contributions(nb.distances, None, kernel, bandwidth) + log_w)[nb.order]
+    radius = _backoff_radii(nb, log_w, bandwidth) if kernel == "backoff" else None
+    contrib = (log_contributions(nb.distances, None, kernel, bandwidth, radius=radius) + log_w)[nb.order]
     logits = _segment_logsumexp(contrib, nb.starts)
     log_z = _segment_logsumexp(logits, nb.query_starts)
     q_sizes = np.diff(np.append(nb.query_starts, len(logits)))
@@ -181,6 +200,8 @@ def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_
     lo, hi = octaves
     centre = scale if centre is None else centre
     grid = centre * 2.0 ** (np.arange(lo * GRID_STEPS_PER_OCTAVE, hi * GRID_STEPS_PER_OCTAVE + 1) / GRID_STEPS_PER_OCTAVE)
+    if kernel == "backoff":   # h and h * decay give the same radii: one period of the ladder, finely
+        grid = centre * np.exp(np.linspace(0.5, -0.5, BACKOFF_GRID_POINTS, endpoint=False) * np.log(nb.decay))
     curve = []
     for h in grid:
         s = score(nb, targets, float(h), kernel, vocab_size, history_weight=history_weight)
@@ -193,9 +214,10 @@ def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_
         curve.append({"h": float(np.exp(log_h)), "log_likelihood": s.log_likelihood, "top1": s.top1})
         return -s.log_likelihood
 
-    centre = np.log(curve[best]["h"])
-    minimize_scalar(negative_ll, bounds=(centre - np.log(step), centre + np.log(step)), method="bounded",
-                    options={"xatol": 1e-3})
+    if kernel != "backoff":   # the backoff scores are steps in h: nothing to refine between grid points
+        centre = np.log(curve[best]["h"])
+        minimize_scalar(negative_ll, bounds=(centre - np.log(step), centre + np.log(step)), method="bounded",
+                        options={"xatol": 1e-3})
     curve.sort(key=lambda c: c["h"])
     by_ll = max(curve, key=lambda c: c["log_likelihood"])
     by_top1 = max(curve, key=lambda c: (c["top1"], c["log_likelihood"]))
@@ -207,7 +229,7 @@ def calibrate_bandwidth(nb: Neighbours, targets: np.ndarray, kernel: str, vocab_
             "coverage": final.coverage, "kernel": kernel, "max_neighbors": nb.max_neighbors,
             "history_weight": history_weight,
             "positions": int(nb.queries), "smoothing": SMOOTHING, "median_neighbour_distance": scale,
-            "at_grid_edge": bool(chosen["h"] in (curve[0]["h"], curve[-1]["h"])),
+            "at_grid_edge": kernel != "backoff" and bool(chosen["h"] in (curve[0]["h"], curve[-1]["h"])),
             "log_likelihood_definition": "mean log((1-eps) p_spatial(exact argmax) + eps/V) on the holdout",
             "curve": curve}
 
@@ -222,9 +244,10 @@ class Fit:
 
 def fit(atom_positions: np.ndarray, atom_tokens: np.ndarray, atom_weights: np.ndarray | None,
         queries: np.ndarray, targets: np.ndarray, kernel: str, max_neighbors: int, vocab_size: int,
-        objective: str = "log-likelihood") -> Fit:
-    """KNN of the queries among the atoms, then the bandwidth that best predicts `targets`."""
-    nb = nearest_atoms(atom_positions, atom_tokens, atom_weights, queries, max_neighbors)
+        objective: str = "log-likelihood", decay: float | None = None) -> Fit:
+    """KNN of the queries among the atoms, then the bandwidth that best predicts `targets`
+    (`decay`: the keys' centroid decay, for the backoff kernel)."""
+    nb = nearest_atoms(atom_positions, atom_tokens, atom_weights, queries, max_neighbors, decay=decay)
     return Fit(nb, calibrate_bandwidth(nb, targets, kernel, vocab_size, objective))
 
 

@@ -15,6 +15,7 @@ from hartonomous.errors import UserError
 from projection.calibrate import OBJECTIVES
 from projection.learned import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, MAX_WINDOW, check_training
 from projection.history import CRITERIA, DEFAULT_CRITERION
+from projection.lattice import DEFAULT_LATTICE_WINDOW, lattice_decay, lattice_side
 
 # Chosen by centroid sweeps on SmolLM2 + the default corpus (docs/atoms.md): window 3 / decay
 # 0.01 was at the top of held-out top-1 at both 20K and 100K training tokens ((2|4, 0.01) within
@@ -28,8 +29,10 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 TARGETS = ("soft", "argmax", "corpus")
 DEFAULT_SOFT_K = 8
 MAX_SOFT_K = 64
-POSITIONS = ("projection", "learned")
+POSITIONS = ("projection", "learned", "lattice")
+KERNELS = ("gaussian", "exponential", "backoff")
 RANDOM_POSITIONS_SUFFIX = ".random-positions"
+SMOLLM2_VOCAB = 49152  # the default model's vocabulary: the lattice decay checked before the model loads
 KEEP = object()
 
 
@@ -52,7 +55,7 @@ class BuildOptions:
     soft_k: int = DEFAULT_SOFT_K
     merge_radius: float = 0.0
     full_keys: bool = False
-    kernel: str = "gaussian"
+    kernel: str | None = None  # None = backoff with --positions lattice, else gaussian
     bandwidth: float | None = None  # None = calibrate on the holdout
     bandwidth_objective: str = "log-likelihood"
     max_neighbors: int = 100
@@ -68,7 +71,7 @@ class BuildOptions:
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
     layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
-    positions: str = "projection"  # learned: trained from the projection (projection/learned.py)
+    positions: str = "projection"  # learned: trained from the projection (projection/learned.py); lattice: deep keys
     epochs: int = DEFAULT_EPOCHS
     learning_rate: float = DEFAULT_LEARNING_RATE
     learn_decay: bool = False
@@ -76,17 +79,27 @@ class BuildOptions:
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
 
+    def __post_init__(self) -> None:
+        if self.kernel is None:
+            self.kernel = "backoff" if self.positions == "lattice" else "gaussian"
+
     @property
     def random_positions_name(self) -> str:
         return self.name + RANDOM_POSITIONS_SUFFIX
 
     def resolved_window(self) -> int | None:
         if self.window is KEEP:
+            if self.positions == "lattice":
+                return DEFAULT_LATTICE_WINDOW
             return DEFAULT_CONTEXT_WINDOW if self.kind == "context" else DEFAULT_TOKEN_WINDOW
         return self.window  # type: ignore[return-value]
 
-    def resolved_decay(self) -> float:
+    def resolved_decay(self, vocab_size: int = SMOLLM2_VOCAB) -> float:
+        """--decay, or the default: with --positions lattice the lattice's contraction for the
+        vocabulary (projection/lattice.py), else the kind's."""
         if self.decay is None:
+            if self.positions == "lattice":
+                return lattice_decay(lattice_side(vocab_size))
             return DEFAULT_CONTEXT_DECAY if self.kind == "context" else DEFAULT_TOKEN_DECAY
         return self.decay
 
@@ -113,8 +126,11 @@ class BuildOptions:
         if self.controls and not NAME_PATTERN.match(self.random_positions_name):
             raise UserError(f"--name is too long for --controls: the control set '{self.random_positions_name}' "
                             "needs a name of at most 63 characters")
-        if self.kernel not in ("gaussian", "exponential"):
-            raise UserError(f"--kernel must be 'gaussian' or 'exponential', got '{self.kernel}'")
+        if self.kernel not in KERNELS:
+            raise UserError(f"--kernel must be one of {', '.join(KERNELS)}, got '{self.kernel}'")
+        if self.kernel == "backoff" and not self.resolved_decay() < 1:
+            raise UserError("--kernel backoff needs a --decay below 1 (its radii are the bandwidth times powers "
+                            "of the decay)")
         if self.bandwidth is not None and not (self.bandwidth > 0 and np.isfinite(self.bandwidth)):
             raise UserError(f"--bandwidth must be a positive number, got {self.bandwidth}")
         if self.calibrate_by not in CRITERIA:
@@ -142,8 +158,17 @@ class BuildOptions:
     def _check_positions(self) -> None:
         if self.positions not in POSITIONS:
             raise UserError(f"--positions must be one of {', '.join(POSITIONS)}, got '{self.positions}'")
+        if self.positions == "lattice":
+            if self.kind != "context":
+                raise UserError("--positions lattice keys context atoms; pass --kind context")
+            if self.sweep:
+                raise UserError("--positions lattice has its own window and decay (projection/lattice.py); "
+                                "drop --sweep")
+            return
         if self.positions != "learned":
             return
+        if self.kernel == "backoff":
+            raise UserError("--positions learned trains a gaussian or exponential kernel; drop --kernel backoff")
         if self.kind != "context" or self.target not in ("soft", "argmax", "corpus"):
             raise UserError("--positions learned trains the positions of a context set; pass --kind context")
         window = self.resolved_window()

@@ -77,8 +77,8 @@ def step_table(stored: cal.Neighbours, chunks: list[np.ndarray], token_positions
         idx = order[bounds[i]:bounds[i + 1]]
         stored_d = dist[idx][~hist[idx]]
         signals = candidate_signals(tok[idx], dist[idx], w[idx], hist[idx], kernel, bandwidth,
-                                    float(stored_d.min()) if len(stored_d) else None)
-        unique, probs, _ = kernel_distribution(tok[idx], dist[idx], w[idx], kernel, bandwidth)
+                                    float(stored_d.min()) if len(stored_d) else None, decay)
+        unique, probs, _ = kernel_distribution(tok[idx], dist[idx], w[idx], kernel, bandwidth, decay)
         top = int(unique[int(np.argmax(probs))])           # ties: the lowest token id, as next_token
         rows.append([signals.features()[name] for name in FEATURES])
         wrong.append(top != int(targets[i]))

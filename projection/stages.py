@@ -43,6 +43,7 @@ from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, C
                                  DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,
                                  drop_atom_set, write_atom_set)
 from projection import learned as learning
+from projection.lattice import Lattice, lattice_positions
 from hartonomous.atomset.record import LearnedPositionsStats
 from projection.history import (CRITERION_DEFINITIONS, HISTORY_GRID, TOP1_TOLERANCE, choose_history_weight,
                                 history_pairs)
@@ -231,9 +232,9 @@ def calibration_queries(labelled: Labelled, vectors: np.ndarray, window: int | N
 
 
 def fit_3d(options: BuildOptions, atoms: AtomRows, queries: np.ndarray, labelled: Labelled,
-           vocab_size: int) -> cal.Fit:
+           vocab_size: int, decay: float) -> cal.Fit:
     return cal.fit(atoms.positions, atoms.token_ids, atoms.weights, queries, labelled.calibration_targets,
-                   options.kernel, options.max_neighbors, vocab_size, options.bandwidth_objective)
+                   options.kernel, options.max_neighbors, vocab_size, options.bandwidth_objective, decay=decay)
 
 
 def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
@@ -241,12 +242,12 @@ def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected,
     """The options' window and decay, or with --sweep the candidate with the best calibration top-1
     (each candidate's 3D atoms and calibrated bandwidth are made and dropped in turn)."""
     if not options.sweep:
-        return Centroid(options.resolved_window(), options.resolved_decay(), None)
+        return Centroid(options.resolved_window(), options.resolved_decay(loaded.vocab_size), None)
 
     def evaluate(window: int | None, decay: float) -> Evaluated:
         atoms = atom_rows(options, labelled, projected.positions, window, decay)
         queries = calibration_queries(labelled, projected.positions, window, decay)
-        fitted = fit_3d(options, atoms, queries, labelled, loaded.vocab_size)
+        fitted = fit_3d(options, atoms, queries, labelled, loaded.vocab_size, decay)
         return Evaluated(window, decay, int(len(atoms.token_ids)), fitted.calibration)
 
     with ui.bar("centroid sweep", len(CANDIDATES), "cand") as advance:
@@ -254,6 +255,17 @@ def choose_centroid(options: BuildOptions, loaded: Loaded, projected: Projected,
     ui.step(f"sweep chose window={best.window or 'all'}, decay={best.decay} "
             f"(calibration top-1 {best.calibration['top1']:.3f})")
     return Centroid(best.window, best.decay, rows)
+
+
+# --- place_on_lattice ----------------------------------------------------------------------
+
+def place_on_lattice(options: BuildOptions, loaded: Loaded, projected: Projected, ui: Reporter) -> Lattice:
+    """With --positions lattice: one lattice cell per token, along Hilbert curves through the projection
+    (projection/lattice.py), for deep keys whose distance order is longest-suffix order."""
+    lattice = lattice_positions(projected.positions)
+    ui.step(f"lattice positions: {loaded.vocab_size:,} tokens on a {lattice.side}^3 lattice, contraction "
+            f"{lattice.decay:g} per token back")
+    return lattice
 
 
 # --- learn_positions -----------------------------------------------------------------------
@@ -368,7 +380,7 @@ def calibrate(options: BuildOptions, loaded: Loaded, labelled: Labelled, atoms: 
     """The bandwidth that best predicts the calibration half's exact argmax from the stored atoms
     (--bandwidth: keep the curve, score the given h), and with --full-keys the bandwidth of the
     full-dimensional keys."""
-    fitted = fit_3d(options, atoms.rows, atoms.queries, labelled, loaded.vocab_size)
+    fitted = fit_3d(options, atoms.rows, atoms.queries, labelled, loaded.vocab_size, atoms.centroid.decay)
     calibration = fitted.calibration
     if options.bandwidth is not None:
         calibration = cal.with_given_bandwidth(fitted, labelled.calibration_targets, options.bandwidth,
@@ -472,11 +484,12 @@ def random_token_positions(positions: np.ndarray, seed: int) -> np.ndarray:
 
 
 def random_positions(options: BuildOptions, loaded: Loaded, projected: Projected, labelled: Labelled,
-                     centroid: Centroid, ui: Reporter) -> Control:
-    """The control set `<name>.random-positions`: does the projection carry information?"""
+                     centroid: Centroid, ui: Reporter, placed: np.ndarray | None = None) -> Control:
+    """The control set `<name>.random-positions`: does the projection carry information? The
+    projection's positions are permuted, or `placed` ones (the lattice's cells) when given."""
     ui.step(f"control '{options.random_positions_name}': the same atoms at randomly permuted token positions")
     seed = options.seed + 1  # not the projection's own seed, so the permutation is not tied to its landmarks
-    positions = random_token_positions(projected.positions, seed)
+    positions = random_token_positions(projected.positions if placed is None else placed, seed)
     atoms = make_atoms(options, loaded, positions, labelled, centroid, ui, full_keys=False)
     calibrated = calibrate(options, loaded, labelled, atoms, ui)
     history = calibrate_history(options, loaded, positions, labelled, atoms, calibrated, ui)
@@ -557,10 +570,10 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
 
 def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, atoms: Atoms,
            history: History, stats: BuildStats, ui: Reporter,
-           learned: LearnedPositions | None = None, risk_model=None) -> IngestReport:
+           learned: LearnedPositions | None = None, risk_model=None, lattice: Lattice | None = None) -> IngestReport:
     """Write the set (its row, tokens, landmarks, atoms and risk predictor) in one transaction;
-    learned positions are stored as projection 'learned' without landmarks (they are no
-    projection of the embeddings)."""
+    learned and lattice positions are stored as projection 'learned' / 'lattice' without landmarks
+    (they are no projection of the embeddings)."""
     fitted, positions, embeddings = projected.fitted, projected.positions, loaded.embeddings
     params = fitted.params(landmark_method=options.landmark_method if options.projection == "lmds" else None,
                            seed=options.seed,
@@ -568,15 +581,24 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
     projection = options.projection
     if learned is not None:
         positions, projection, params = learned.positions, "learned", {**params, "initialised_from": projection}
+    if lattice is not None:
+        positions, projection = lattice.positions, "lattice"
+        params = {**params, "placed_from": projection_name(options), "side": lattice.side,
+                  "contraction": lattice.decay, "assignment": "Hilbert order of the projection -> Hilbert order of "
+                  "the lattice's cells"}
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, projection,
                        options.kind, params, atoms.centroid.window, atoms.centroid.decay, options.kernel,
                        history.bandwidth, stats, options.make_default, model_key=options.model,
                        history_weight=history.weight, history_window=history.window, layout=options.layout,
                        risk_model=None if risk_model is None else risk_model.model_dump(mode="json"))
     landmarks = None
-    if fitted.landmark_idx is not None and learned is None:
+    if fitted.landmark_idx is not None and learned is None and lattice is None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])
     return _write(conn, options, loaded, spec, positions, landmarks, atoms.rows, ui)
+
+
+def projection_name(options: BuildOptions) -> str:
+    return options.projection
 
 
 def ingest_control(conn, options: BuildOptions, loaded: Loaded, control: Control, stats: BuildStats,

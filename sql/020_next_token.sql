@@ -30,7 +30,12 @@
 --     same definition in NumPy.
 --  5. Kernel: an atom of weight w at distance d contributes w * exp(-d^2 / h^2) (gaussian,
 --     h = atom_sets.bandwidth; h = 1 is the original's exp(-d^2)) or w * exp(-d / h)
---     (exponential, the original's exp(-d) score). A token's logit is the log of the sum of its
+--     (exponential, the original's exp(-d) score), or, for the backoff kernel, w if d <= R and
+--     nothing otherwise, where R = ht_backoff_radius(D, h, decay): the smallest of h, h decay,
+--     h decay^2, ... (any integer power of the set's centroid decay) that holds the nearest
+--     candidate, at distance D (R = 0 when D = 0). On deep keys (hartonomous/lattice.py) that
+--     rung holds exactly the candidates sharing the longest suffix with the context, so the
+--     kernel counts the longest match: a backoff ∞-gram. A token's logit is the log of the sum of its
 --     atoms' contributions, stored and history atoms alike, computed with log-sum-exp
 --     (hartonomous/kernel.py). Tokens without an atom among the candidates have probability 0
 --     and are not returned.
@@ -153,6 +158,20 @@ END
 $$;
 
 
+CREATE OR REPLACE FUNCTION ht_backoff_radius(
+    p_nearest double precision, p_bandwidth double precision, p_decay double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+-- The backoff kernel's radius (hartonomous/kernel.py backoff_radius): the smallest of the radii
+-- h, h d, h d^2, ... (any integer power of the set's decay d) that holds the nearest candidate, at
+-- distance p_nearest; 0 when that is 0, NULL when there is no candidate.
+SELECT CASE WHEN p_nearest IS NULL THEN NULL
+            WHEN p_nearest <= 0 THEN 0
+            ELSE p_bandwidth * power(p_decay, floor(ln(p_nearest / p_bandwidth) / ln(p_decay))) END
+$$;
+
+
 CREATE OR REPLACE FUNCTION ht_next_token(
     p_set_id integer, p_kernel text, p_bandwidth double precision, p_center geometry,
     p_context integer[], p_temperature double precision, p_top_k integer,
@@ -174,6 +193,8 @@ AS $$
 DECLARE
     v_after  integer := array_upper(p_context, 1) - coalesce(cardinality(p_history_keys), 0);
     v_ln_w   double precision := CASE WHEN p_history_weight > 0 THEN ln(p_history_weight) END;
+    v_decay  double precision := CASE WHEN p_kernel = 'backoff'
+                                      THEN (SELECT a.centroid_decay FROM atom_sets a WHERE a.id = p_set_id) END;
 BEGIN
     RETURN QUERY
     WITH nearest AS (
@@ -183,18 +204,22 @@ BEGIN
         SELECT p_context[v_after + h.k] AS tid, h.key <<->> p_center AS d
           FROM unnest(CASE WHEN p_history_weight > 0 THEN p_history_keys END)
                WITH ORDINALITY AS h(key, k)
-    ), contribution AS (
-        SELECT n.tid,
-               ln(n.w) - CASE WHEN p_kernel = 'gaussian' THEN (n.d / p_bandwidth) ^ 2
-                              ELSE n.d / p_bandwidth END AS c
+    ), candidate AS (
+        SELECT n.tid, ln(n.w) AS ln_w, n.d
           FROM nearest n
          WHERE p_search_radius IS NULL OR n.d <= p_search_radius
         UNION ALL
-        SELECT h.tid,
-               v_ln_w - CASE WHEN p_kernel = 'gaussian' THEN (h.d / p_bandwidth) ^ 2
-                             ELSE h.d / p_bandwidth END
+        SELECT h.tid, v_ln_w, h.d
           FROM history h
          WHERE p_search_radius IS NULL OR h.d <= p_search_radius
+    ), contribution AS (
+        SELECT a.tid,
+               a.ln_w - CASE WHEN p_kernel = 'gaussian' THEN (a.d / p_bandwidth) ^ 2
+                             WHEN p_kernel = 'exponential' THEN a.d / p_bandwidth
+                             ELSE 0 END AS c
+          FROM candidate a
+         WHERE p_kernel <> 'backoff'
+            OR a.d <= (SELECT ht_backoff_radius(min(b.d), p_bandwidth, v_decay) FROM candidate b)
     ), logit AS (
         SELECT g.tid,
                max(g.m) + ln(sum(CASE WHEN g.c - g.m < -744 THEN 0 ELSE exp(g.c - g.m) END)) AS x
@@ -279,9 +304,10 @@ BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    IF ht_kernel() = 'native' THEN
+    IF ht_kernel() = 'native' AND s.kernel <> 'backoff' THEN
         -- The same rows from the C kernel (sql/060_kernel.sql): the whole step in C where
         -- htk_next_token serves the set, else (tiles layout, a foreign token) ht_native_step.
+        -- The backoff kernel runs in PL/pgSQL below (the C kernel has the other two).
         SELECT * INTO d FROM htk_next_token(s.id, s.centroid_window, s.centroid_decay, s.history_window,
                                             s.kernel = 'gaussian', s.bandwidth, s.history_weight,
                                             context, temperature, top_k, top_p, search_radius,

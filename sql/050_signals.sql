@@ -148,19 +148,25 @@ BEGIN
     WITH nearest AS (
         SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
           FROM ht_knn(s.id, c.center, max_neighbors) k
-    ), contribution AS (
+    ), candidate AS (
         SELECT n.tid, false AS hist, n.d,
                ln(n.w) - CASE WHEN s.kernel = 'gaussian' THEN (n.d / s.bandwidth) ^ 2
-                              ELSE n.d / s.bandwidth END AS lc
+                              WHEN s.kernel = 'exponential' THEN n.d / s.bandwidth
+                              ELSE 0 END AS lc
           FROM nearest n
          WHERE search_radius IS NULL OR n.d <= search_radius
         UNION ALL
         SELECT context[v_after + k.k], true, k.key <<->> c.center,
                v_ln_w - CASE WHEN s.kernel = 'gaussian' THEN ((k.key <<->> c.center) / s.bandwidth) ^ 2
-                             ELSE (k.key <<->> c.center) / s.bandwidth END
+                             WHEN s.kernel = 'exponential' THEN (k.key <<->> c.center) / s.bandwidth
+                             ELSE 0 END
           FROM unnest(CASE WHEN s.history_weight > 0 THEN c.history_keys END)
                WITH ORDINALITY AS k(key, k)
          WHERE search_radius IS NULL OR (k.key <<->> c.center) <= search_radius
+    ), contribution AS (   -- the backoff kernel keeps the candidates inside its radius (next_token)
+        SELECT a.* FROM candidate a
+         WHERE s.kernel <> 'backoff'
+            OR a.d <= (SELECT ht_backoff_radius(min(b.d), s.bandwidth, s.centroid_decay) FROM candidate b)
     ), scaled AS (
         SELECT t.tid, t.hist, t.d,
                CASE WHEN t.lc - t.m < -700 THEN 0 ELSE exp(t.lc - t.m) END AS e

@@ -107,7 +107,22 @@ DECLARE
     ids  integer[];
     ws   double precision[];
     ds   double precision[];
+    c    record;
 BEGIN
+    IF p_kernel = 'backoff' THEN
+        -- The C kernel has the gaussian and exponential kernels; the backoff kernel's step is the
+        -- PL/pgSQL one (sql/020_next_token.sql).
+        SELECT * INTO c FROM ht_context_centroid(p_set_id, p_centroid_window, p_centroid_decay, p_context,
+                                                 p_history_window);
+        SELECT coalesce(array_agg(n.token_id ORDER BY n.probability DESC, n.token_id), '{}'),
+               coalesce(array_agg(n.probability ORDER BY n.probability DESC, n.token_id), '{}'),
+               coalesce(array_agg(n.cumulative_probability ORDER BY n.probability DESC, n.token_id), '{}')
+          INTO token_ids, probabilities, cumulative
+          FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, c.center, p_context, p_temperature, p_top_k,
+                             p_top_p, p_search_radius, p_max_neighbors, p_repetition_penalty,
+                             c.history_keys, p_history_weight) n;
+        RETURN;
+    END IF;
     IF p_xyz IS NULL THEN
         SELECT n.token_ids, n.probabilities, n.cumulative INTO token_ids, probabilities, cumulative
           FROM htk_next_token(p_set_id, p_centroid_window, p_centroid_decay, p_history_window,
@@ -178,6 +193,12 @@ BEGIN
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
                                   history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
+    IF s.kernel = 'backoff' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('ht_step_logits does not serve atom set %s: its backoff kernel runs in PL/pgSQL only',
+                             quote_literal(s.name)),
+            HINT = 'Call next_token and next_token_signals instead.';
+    END IF;
     -- In one C call with the session's context state (the rows layout; only new tokens' keys), else
     -- (the tiles layout, a token the set lacks, which ht_context_positions names) step by step.
     SELECT * INTO v FROM htk_step_logits(s.id, s.centroid_window, s.centroid_decay, s.history_window,

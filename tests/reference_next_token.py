@@ -92,7 +92,7 @@ def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k
     near = cand.near
     if len(cand.tokens) == 0:
         return [], near
-    ids, logits = kernel.token_logits(cand.tokens, cand.distances, cand.weights, s.kernel, s.bandwidth)
+    ids, logits = kernel.token_logits(cand.tokens, cand.distances, cand.weights, s.kernel, s.bandwidth, s.decay)
     dense = torch.full((s.vocab_size,), -math.inf, dtype=torch.float64)
     dense[torch.as_tensor(ids)] = torch.as_tensor(logits)
     args = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)

@@ -1714,8 +1714,9 @@ htk_next_token(PG_FUNCTION_ARGS)
 static SPIPlanPtr set_by_name_plan = NULL;
 static SPIPlanPtr default_set_plan = NULL;
 
+/* The 8th column: whether the C kernel has the set's kernel (the backoff kernel is PL/pgSQL only). */
 #define SET_COLUMNS "SELECT s.id, s.centroid_window, s.centroid_decay, s.kernel = 'gaussian', s.bandwidth," \
-	" s.history_weight, s.history_window FROM atom_sets s"
+	" s.history_weight, s.history_window, s.kernel IN ('gaussian', 'exponential') FROM atom_sets s"
 
 Datum
 htk_step(PG_FUNCTION_ARGS)
@@ -1817,7 +1818,8 @@ htk_step(PG_FUNCTION_ARGS)
 	history = PG_ARGISNULL(9) ? DatumGetInt32(SPI_getbinval(row, desc, 7, &isnull)) : PG_GETARG_INT32(9);
 	if (!(history_weight > 0))
 		history = 0;
-	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1))
+	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1)
+		&& DatumGetBool(SPI_getbinval(row, desc, 8, &isnull)))
 		served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, bandwidth,
 							 history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
 							 has_radius, radius, max_neighbors, penalty, &result);

@@ -66,7 +66,8 @@ class SpatialBackend:
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(self.atom_set)
-        self.native = sqlcalls.kernel(conn) == "native"   # ht_step_logits is there: one call per step
+        # ht_step_logits is there (one call per step) and serves the set: the C kernel has its kernel
+        self.native = sqlcalls.kernel(conn) == "native" and self.atom_set.kernel != "backoff"
 
     @classmethod
     def connect(cls, url: str, atom_set: str | None = None, **kwargs) -> "SpatialBackend":

@@ -32,7 +32,8 @@ class AtomSet(Base):
     __tablename__ = "atom_sets"
     __table_args__ = (
         CheckConstraint("kind IN ('token', 'context')", name="atom_sets_kind_check"),
-        CheckConstraint("kernel IN ('gaussian', 'exponential')", name="atom_sets_kernel_check"),
+        CheckConstraint("kernel IN ('gaussian', 'exponential', 'backoff')", name="atom_sets_kernel_check"),
+        CheckConstraint("kernel <> 'backoff' OR centroid_decay < 1", name="atom_sets_backoff_decay_check"),
         CheckConstraint("bandwidth > 0", name="atom_sets_bandwidth_check"),
         CheckConstraint("centroid_window IS NULL OR centroid_window > 0", name="atom_sets_window_check"),
         CheckConstraint("centroid_decay > 0 AND centroid_decay <= 1", name="atom_sets_decay_check"),
