@@ -105,6 +105,7 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
         control = timed("random_positions", stages.random_positions, options, loaded, projected, labelled,
                         centroid, ui, None if lattice is None else lattice.positions)
     stats = stages.collect_stats(options, loaded, projected, labelled, atoms, calibrated, history, control, learned)
+    stats = stats.model_copy(update={"stage_seconds": dict(seconds)})   # the stages before the ingest (its own: stats.ingest)
     control_result = None
     if control is not None:
         default = becomes_default(conn, options)

@@ -32,6 +32,8 @@ MAX_SOFT_K = 64
 POSITIONS = ("projection", "learned", "lattice")
 KERNELS = ("gaussian", "exponential", "backoff")
 RANDOM_POSITIONS_SUFFIX = ".random-positions"
+FULL_KEYS_MAX_TOKENS = 1_000_000   # --full-keys above this is refused: 2.3 KB per atom (576 float4 for SmolLM2)
+FULL_KEY_BYTES = 576 * 4
 SMOLLM2_VOCAB = 49152  # the default model's vocabulary: the lattice decay checked before the model loads
 KEEP = object()
 
@@ -140,6 +142,10 @@ class BuildOptions:
                             f"got '{self.bandwidth_objective}'")
         if not 1 <= self.max_neighbors <= 100_000:
             raise UserError(f"--max-neighbors must be between 1 and 100000, got {self.max_neighbors}")
+        if self.full_keys and self.max_tokens > FULL_KEYS_MAX_TOKENS:
+            raise UserError(f"--full-keys stores a {FULL_KEY_BYTES:,}-byte key per atom: about "
+                            f"{self.max_tokens * FULL_KEY_BYTES / 1e9:.0f} GB at --max-tokens {self.max_tokens:,}; "
+                            f"it is refused above {FULL_KEYS_MAX_TOKENS:,} training tokens")
         if self.merge_radius < 0 or not np.isfinite(self.merge_radius):
             raise UserError(f"--merge-radius must be >= 0, got {self.merge_radius}")
         if self.batch_tokens < 1:

@@ -70,6 +70,12 @@ def test_lattice_positions_need_a_context_set_and_learned_positions_refuse_the_b
     assert (options.kernel, options.resolved_window(), options.resolved_decay(49152)) == ("backoff", 8, 1 / 128)
 
 
+def test_full_keys_are_refused_at_scale_with_the_reason() -> None:
+    with pytest.raises(UserError, match="GB at --max-tokens 10,000,000"):
+        BuildOptions(name="x", full_keys=True, max_tokens=10_000_000).check()
+    BuildOptions(name="x", full_keys=True, max_tokens=100_000).check()
+
+
 # --- the lattice --------------------------------------------------------------------------------
 
 def test_the_lattice_is_the_smallest_cube_and_its_decay_the_largest_that_keeps_suffix_order() -> None:
@@ -155,6 +161,9 @@ def test_the_gist_knn_returns_atoms_in_longest_suffix_order(conn, smollm2_lattic
     assert np.array_equal(np.array(sql_center), center)  # SQL keys the context exactly as the atoms were
     assert [t for t, _ in got] == sorted((t for t, _ in got), reverse=True)
     assert [t for t, _ in got][:3] == [WINDOW] * 3 and got[0][1] == 0.0
+    (disk,) = conn.execute("SELECT (stats->'ingest'->>'disk_bytes')::bigint FROM atom_sets WHERE id = %s",
+                           (set_id,)).fetchone()
+    assert disk >= 8192 * 2                              # the partition's heap and its GiST index, at least a page each
 
 
 # --- SQL next_token on a lattice set against the NumPy reference --------------------------------
@@ -222,6 +231,15 @@ def test_next_token_matches_the_numpy_reference(db, sets, data) -> None:
                                   args["history_window"])).fetchall()
     assert [r[0] for r in got] == [r[0] for r in want]
     assert [r[1] for r in got] == pytest.approx([r[1] for r in want], abs=1e-9)
+
+
+def test_next_token_runs_in_one_c_step_on_the_native_kernel(db, sets) -> None:
+    if db.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+        pytest.skip("the PL/pgSQL path has no C steps")
+    (before,) = db.execute("SELECT steps FROM htk_stats()").fetchone()
+    db.execute(NEXT_TOKEN, ([1, 2, 3, 1, 2], 1.0, 40, 0.9, None, 100, sets["history"].name, 1.0, None, None))
+    (after,) = db.execute("SELECT steps FROM htk_stats()").fetchone()
+    assert after == before + 1
 
 
 def test_a_deep_match_outvotes_a_frequent_short_one(db, sets) -> None:

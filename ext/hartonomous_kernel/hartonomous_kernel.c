@@ -1579,12 +1579,67 @@ htk_serves(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The backoff kernel's radius (sql/020_next_token.sql ht_backoff_radius, the same arithmetic): the
+ * smallest of h, h d, h d^2, ... (any integer power of the decay d) that holds the nearest
+ * candidate, at distance nearest; 0 when that is 0.
+ */
+static double
+backoff_radius(double nearest, double bandwidth, double decay)
+{
+	if (!(nearest > 0))
+		return 0.0;
+	return bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay)));
+}
+
+/*
+ * The backoff kernel's terms (hartonomous/kernel.py): every candidate scores ln(weight), and only
+ * those within the nearest candidate's radius count. The stored terms come in scored by
+ * stored_terms (one per KNN row); the history atoms are scored here, all of them (no pruning: the
+ * radius depends on the nearest of them). Compacts terms[0 .. *n - 1] in place.
+ */
+static void
+backoff_terms(const ContextState *st, int m, const double *center, const double *knn_w, double decay,
+			  double bandwidth, double history_weight, bool has_radius, double radius, Term *terms, int *n)
+{
+	double		nearest = get_float8_infinity(), r;
+	int			kept = 0;
+
+	for (int i = 0; i < *n; i++)
+	{
+		terms[i].c = log(knn_w[i]);
+		nearest = fmin(nearest, terms[i].d);
+	}
+	for (int e = st->n - m; e < st->n && m > 0; e++)
+	{
+		const double *key = st->keys + 3 * (e - 1);
+		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
+		double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+		if (has_radius && !(d <= radius))
+			continue;
+		terms[*n].tid = st->tokens[e];
+		terms[*n].c = log(history_weight);
+		terms[*n].d = d;
+		terms[*n].hist = true;
+		nearest = fmin(nearest, d);
+		(*n)++;
+	}
+	stats.history_scored += m;
+	r = backoff_radius(nearest, bandwidth, decay);
+	for (int i = 0; i < *n; i++)
+		if (terms[i].d <= r)
+			terms[kept++] = terms[i];
+	*n = kept;
+}
+
+/*
  * One next_token step in C for checked arguments; false where it does not serve (htk_serves) or
  * a context token is not in the set. Called inside SPI; the rows record is built in `caller`.
+ * backoff: the set's kernel is the backoff kernel (then `gaussian` is false and unused).
  */
 static bool
 native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool has_window, int window,
-			double decay, int history, bool gaussian, double bandwidth, double history_weight,
+			double decay, int history, bool gaussian, bool backoff, double bandwidth, double history_weight,
 			const int32 *ctx, int n_ctx, double temperature, bool has_top_k, int top_k, bool has_top_p,
 			double top_p, bool has_radius, double radius, int max_neighbors, double penalty, Datum *result)
 {
@@ -1612,7 +1667,10 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	terms = palloc(sizeof(Term) * (n_knn + m + 1));
 	z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth, false, 0.0, &prune, terms,
 						&n_terms);		/* the rows are within the radius already */
-	if (m > 0)
+	if (backoff)
+		backoff_terms(st, m, center, knn_w, decay, bandwidth, history_weight, has_radius, radius, terms,
+					  &n_terms);
+	else if (m > 0)
 		history_terms(st, m, center, gaussian, bandwidth, history_weight, has_radius, radius, z_lb,
 					  n_knn, temperature, penalty, terms, &n_terms);
 	qsort(terms, n_terms, sizeof(Term), term_order);
@@ -1694,7 +1752,7 @@ htk_next_token(PG_FUNCTION_ARGS)
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	served = native_step(fcinfo, caller, a.set_id, a.has_window, a.window, a.decay, a.history, a.gaussian,
+	served = native_step(fcinfo, caller, a.set_id, a.has_window, a.window, a.decay, a.history, a.gaussian, false,
 						 a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
 						 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
@@ -1714,9 +1772,9 @@ htk_next_token(PG_FUNCTION_ARGS)
 static SPIPlanPtr set_by_name_plan = NULL;
 static SPIPlanPtr default_set_plan = NULL;
 
-/* The 8th column: whether the C kernel has the set's kernel (the backoff kernel is PL/pgSQL only). */
+/* The 8th column: whether the set's kernel is the backoff kernel (next_token's C step has all three). */
 #define SET_COLUMNS "SELECT s.id, s.centroid_window, s.centroid_decay, s.kernel = 'gaussian', s.bandwidth," \
-	" s.history_weight, s.history_window, s.kernel IN ('gaussian', 'exponential') FROM atom_sets s"
+	" s.history_weight, s.history_window, s.kernel = 'backoff' FROM atom_sets s"
 
 Datum
 htk_step(PG_FUNCTION_ARGS)
@@ -1725,7 +1783,7 @@ htk_step(PG_FUNCTION_ARGS)
 	int			n_ctx, top_k, max_neighbors, window = 0, history;
 	int32	   *ctx, set_id;
 	double		temperature, top_p, radius, penalty, history_weight, decay, bandwidth;
-	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, served = false, isnull;
+	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, backoff, served = false, isnull;
 	Datum		result = (Datum) 0, arg;
 	MemoryContext caller;
 	HeapTuple	row;
@@ -1818,10 +1876,10 @@ htk_step(PG_FUNCTION_ARGS)
 	history = PG_ARGISNULL(9) ? DatumGetInt32(SPI_getbinval(row, desc, 7, &isnull)) : PG_GETARG_INT32(9);
 	if (!(history_weight > 0))
 		history = 0;
-	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1)
-		&& DatumGetBool(SPI_getbinval(row, desc, 8, &isnull)))
-		served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, bandwidth,
-							 history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
+	backoff = DatumGetBool(SPI_getbinval(row, desc, 8, &isnull));
+	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1) && (!backoff || decay < 1.0))
+		served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, backoff,
+							 bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
 							 has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
 	if (!served)

@@ -56,7 +56,7 @@ AtomStats = _section(
 IngestStats = _section(
     "IngestStats", "Timings of the write (hartonomous/atomset/write.py); `layout` names the index layout.",
     atoms=int, copy_seconds=float, index_seconds=float, cluster_seconds=float, total_seconds=float,
-    atoms_per_second=float, layout=str)
+    atoms_per_second=float, layout=str, disk_bytes=int, bytes_per_million_atoms=float)
 SyntheticStats = _section(
     "SyntheticStats", "Benchmark sets of uniform random atoms (benchmarks/synthetic.py).",
     distribution=str, seed=int, layout=str)

@@ -102,6 +102,7 @@ class IngestReport:
     index_seconds: float
     cluster_seconds: float
     total_seconds: float
+    disk_bytes: int = 0     # the atoms partition with its indexes (this server's part of it on Citus)
 
     @property
     def atoms_per_second(self) -> float:
@@ -111,7 +112,8 @@ class IngestReport:
         """Timings for atom_sets.stats.ingest (the commit itself is not included)."""
         return IngestStats(atoms=self.atoms, copy_seconds=self.copy_seconds, index_seconds=self.index_seconds,
                            cluster_seconds=self.cluster_seconds, total_seconds=self.total_seconds,
-                           atoms_per_second=self.atoms_per_second, layout=INDEX_LAYOUT)
+                           atoms_per_second=self.atoms_per_second, layout=INDEX_LAYOUT, disk_bytes=self.disk_bytes,
+                           bytes_per_million_atoms=self.disk_bytes / self.atoms * 1e6 if self.atoms else None)
 
     def as_dict(self) -> dict:
         return self.stats().model_dump(mode="json")
@@ -181,7 +183,9 @@ def write_atom_set(
         has_default = conn.execute("SELECT 1 FROM atom_sets WHERE is_default").fetchone()
         if spec.make_default or was_default or not has_default:
             mark_default(conn, set_id)
-        report = IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - start)
+        (disk,) = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (table,)).fetchone()
+        report = IngestReport(set_id, len(atoms.token_ids), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - start,
+                              int(disk))
         conn.execute("UPDATE atom_sets SET stats = stats || %s::jsonb WHERE id = %s",
                      (json.dumps({"ingest": report.as_dict()}), set_id))
     return report
