@@ -167,7 +167,11 @@ def build_cmd(
     decay: float = typer.Option(None, "--decay", help="Centroid decay in (0, 1]; default 0.01 for context "
                                 "sets, 1 for token sets."),
     target: str = typer.Option("soft", "--target", help="soft (the exact model's top-k next tokens as atoms "
-                               "weighing their probabilities), argmax (its next token) or corpus (the text's)."),
+                               "weighing their probabilities), argmax (its next token), corpus (the text's: no "
+                               "model pass, scales to 10^7 tokens) or mixed (soft on the first --teacher-tokens, "
+                               "corpus on the rest)."),
+    teacher_tokens: int = typer.Option(100_000, "--teacher-tokens", help="--target mixed: how many of the first "
+                                       "training tokens get the exact model's soft labels."),
     soft_k: int = typer.Option(8, "--soft-k", help="How many of the exact model's most probable next tokens "
                                "--target soft keeps per position (1-64)."),
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
@@ -232,7 +236,7 @@ def build_cmd(
     settings = get_settings()
     options = BuildOptions(
         name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
-        max_tokens=max_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
+        max_tokens=max_tokens, teacher_tokens=teacher_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
         metric=metric, window=_parse_window(window), decay=decay, target=target, soft_k=soft_k,
         merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls,
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,

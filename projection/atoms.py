@@ -7,7 +7,8 @@ A context atom for position t of a chunk (t = 0 .. n-2) has
             token t+1 (`target='corpus'`).
 Soft distillation (`target='soft'`, soft_context_atoms) keeps the exact model's top-k next
 tokens at each key instead, one atom each, weighing its probability p: the kernel sum then
-votes with the model's distribution rather than its argmax. Identical (key, token) pairs are
+votes with the model's distribution rather than its argmax. `target='mixed'` (projection/stages.py)
+is soft atoms on the first chunks and corpus atoms on the rest (concat_atoms), merged together. Identical (key, token) pairs are
 merged by merge_atoms like any others: one atom whose weight is the SUM of their weights, which
 scores exactly like the separate atoms (the kernel sum is linear in the weights).
 """
@@ -78,6 +79,15 @@ def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_
         full = np.repeat(context_keys(chunks, np.asarray(token_embeddings), window, decay, np.float32), k,
                          axis=0)[keep]
     return AtomRows(ids.ravel()[keep], keys[keep], probs.ravel()[keep], full)
+
+
+def concat_atoms(parts: list[AtomRows]) -> AtomRows:
+    """One AtomRows of several (weights 1 where a part has none; full keys only if every part has them)."""
+    weights = [np.ones(len(p.token_ids)) if p.weights is None else np.asarray(p.weights, dtype=np.float64)
+               for p in parts]
+    keys = None if any(p.keys is None for p in parts) else np.concatenate([p.keys for p in parts])
+    return AtomRows(np.concatenate([p.token_ids for p in parts]).astype(np.int64),
+                    np.concatenate([p.positions for p in parts]), np.concatenate(weights), keys)
 
 
 def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:

@@ -26,7 +26,8 @@ DEFAULT_CONTEXT_DECAY = 0.01
 DEFAULT_TOKEN_WINDOW: int | None = None
 DEFAULT_TOKEN_DECAY = 1.0
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-TARGETS = ("soft", "argmax", "corpus")
+TARGETS = ("soft", "argmax", "corpus", "mixed")
+DEFAULT_TEACHER_TOKENS = 100_000   # --target mixed: training tokens labelled by the exact model
 DEFAULT_SOFT_K = 8
 MAX_SOFT_K = 64
 POSITIONS = ("projection", "learned", "lattice")
@@ -55,6 +56,7 @@ class BuildOptions:
     decay: float | None = None  # None = the kind's default
     target: str = "soft"  # soft: the exact top-k as weighted atoms; argmax: one atom; corpus: the text's token
     soft_k: int = DEFAULT_SOFT_K
+    teacher_tokens: int = DEFAULT_TEACHER_TOKENS  # --target mixed: the first N training tokens get soft labels
     merge_radius: float = 0.0
     full_keys: bool = False
     kernel: str | None = None  # None = backoff with --positions lattice, else gaussian
@@ -117,6 +119,8 @@ class BuildOptions:
             raise UserError(f"--max-tokens must be at least 2, got {self.max_tokens}")
         if self.target not in TARGETS:
             raise UserError(f"--target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+        if self.teacher_tokens < 0:
+            raise UserError(f"--teacher-tokens must be >= 0, got {self.teacher_tokens}")
         if not 1 <= self.soft_k <= MAX_SOFT_K:
             raise UserError(f"--soft-k must be between 1 and {MAX_SOFT_K}, got {self.soft_k}")
         if self.history_weight is not None and not (self.history_weight >= 0 and np.isfinite(self.history_weight)):
@@ -175,8 +179,10 @@ class BuildOptions:
             return
         if self.kernel == "backoff":
             raise UserError("--positions learned trains a gaussian or exponential kernel; drop --kernel backoff")
-        if self.kind != "context" or self.target not in ("soft", "argmax", "corpus"):
+        if self.kind != "context":
             raise UserError("--positions learned trains the positions of a context set; pass --kind context")
+        if self.target == "mixed":
+            raise UserError("--positions learned trains on one kind of label; pass --target soft, argmax or corpus")
         window = self.resolved_window()
         if window is None or window > MAX_WINDOW:
             raise UserError(f"--positions learned needs a finite --window of at most {MAX_WINDOW}, got {window}")

@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from hartonomous.compare.labels import teacher_chunk_count
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from hartonomous.teacher import Forced
 from projection import calibrate as cal
-from projection.atoms import (context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
+from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
                               token_atoms)
 from hartonomous.corpus import Corpus, load_corpus
 from hartonomous.corpus_origin import origin_stats
@@ -180,8 +181,10 @@ def label(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Labelled:
     texts = loaded.texts
     train_chunks = texts.train_chunks if options.kind == "context" else []
     train_labelled = train_chunks if options.target in ("argmax", "soft") else []
+    if options.target == "mixed":
+        train_labelled = train_chunks[:teacher_chunk_count(train_chunks, options.teacher_tokens)]
     label_chunks = train_labelled + texts.calibration_chunks
-    top_k = options.soft_k if options.target == "soft" and train_labelled else 0
+    top_k = options.soft_k if options.target in ("soft", "mixed") and train_labelled else 0
     ui.step(f"corpus: {texts.corpus.description}; {sum(map(len, train_chunks))} training tokens, "
             f"{sum(map(len, texts.calibration_chunks))} calibration + {sum(map(len, texts.test_chunks))} "
             "test held-out tokens")
@@ -219,6 +222,13 @@ def atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, 
     if options.target == "soft":
         raw = soft_context_atoms(labelled.train_chunks, labelled.train_top_ids, labelled.train_top_probs, positions,
                                  window, decay, full)
+    elif options.target == "mixed":   # soft atoms on the teacher's chunks, corpus atoms on the rest
+        n = len(labelled.train_top_ids or [])
+        parts = [soft_context_atoms(labelled.train_chunks[:n], labelled.train_top_ids, labelled.train_top_probs,
+                                    positions, window, decay, full)] if n else []
+        if n < len(labelled.train_chunks):
+            parts.append(context_atoms(labelled.train_chunks[n:], None, positions, window, decay, "corpus", full))
+        raw = concat_atoms(parts)
     else:
         raw = context_atoms(labelled.train_chunks, labelled.train_argmax, positions, window, decay, options.target,
                             full)
@@ -342,8 +352,10 @@ def make_atoms(options: BuildOptions, loaded: Loaded, positions: np.ndarray, lab
     rows = atom_rows(options, labelled, positions, window, decay, loaded.embeddings if full_keys else None)
     if options.kind != "context":
         before = loaded.vocab_size
-    elif options.target == "soft":
-        before = sum(int((p[:-1] > 0).sum()) for p in labelled.train_top_probs)
+    elif options.target in ("soft", "mixed"):
+        taught = len(labelled.train_top_ids or [])
+        before = sum(int((p[:-1] > 0).sum()) for p in labelled.train_top_probs or []) + \
+            sum(len(c) - 1 for c in labelled.train_chunks[taught:])
     else:
         before = sum(len(c) - 1 for c in labelled.train_chunks)
     return Atoms(centroid, rows, calibration_queries(labelled, positions, window, decay), int(before))
@@ -527,7 +539,9 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
                              seconds=labelled.forced.seconds, tokens_per_second=labelled.forced.tokens_per_second,
                              device=labelled.device, batch_tokens=options.batch_tokens,
                              cached_tokens=labelled.forced.cached_tokens,
-                             soft_k=options.soft_k if is_context and options.target == "soft" else None),
+                             soft_k=options.soft_k if is_context and options.target in ("soft", "mixed") else None,
+                             teacher_tokens=(int(sum(map(len, labelled.train_chunks[:len(labelled.train_top_ids or [])])))
+                                             if is_context and options.target == "mixed" else None)),
         atoms=AtomStats(count=int(len(atoms.rows.token_ids)), before_merge=atoms.before_merge,
                         merge_radius=options.merge_radius if is_context else None,
                         full_keys=atoms.rows.keys is not None),
@@ -563,7 +577,9 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
     tokens = TokenRows(np.arange(loaded.vocab_size), token_texts(loaded.tokenizer, loaded.vocab_size), positions,
                        loaded.embeddings)
     ui.step(f"ingesting {len(rows.token_ids):,} atoms into '{spec.name}'")
-    report = write_atom_set(conn, spec, tokens, rows, landmarks, replace=options.replace, progress=ui.step)
+    with ui.bar("COPY atoms", len(rows.token_ids), "atom") as copied:
+        report = write_atom_set(conn, spec, tokens, rows, landmarks, replace=options.replace, progress=ui.step,
+                                copied=copied)
     ui.step(f"ingest: {report.atoms:,} atoms in {report.total_seconds:.1f}s ({report.atoms_per_second:,.0f} atoms/s)")
     return report
 

@@ -345,3 +345,38 @@ def test_cli_build_list_default_drop(server_url: str, corpus_file: Path, tmp_pat
         bad = cli(*args, url=server_url)
         assert bad.returncode == 1 and bad.stderr.startswith(message), bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_mixed_labels_are_soft_on_the_first_chunks_and_counts_after(server_url: str, corpus_file: Path) -> None:
+    """--target mixed: the teacher labels the first chunks (soft top-k mass, one per position), the
+    corpus the rest (weight 1 each); identical (key, token) atoms merge, so the total weight is the
+    soft mass plus the corpus positions, and the stats say where the cut fell."""
+    result = run_build(server_url, options("tiny-mixed", "context", corpus_file, target="mixed", teacher_tokens=200,
+                                           soft_k=4, replace=True))
+    distill = result.stats.distill
+    assert distill.target == "mixed" and distill.soft_k == 4
+    assert 200 <= distill.teacher_tokens < 200 + 64              # whole chunks of --context-length 64
+    train = result.stats.corpus.train_tokens
+    chunks = -(-train // 64)
+    taught_chunks = distill.teacher_tokens // 64
+    (total,) = one(server_url, "SELECT sum(weight) FROM atoms a JOIN atom_sets s ON s.id = a.atom_set_id "
+                               "WHERE s.name = 'tiny-mixed'")
+    corpus_positions = train - distill.teacher_tokens - (chunks - taught_chunks)
+    taught_positions = distill.teacher_tokens - taught_chunks
+    soft_mass = total - corpus_positions          # each taught position adds its top-k probabilities, at most 1
+    assert 0 < soft_mass <= taught_positions * (1 + 1e-6)      # (the tiny model spreads its mass thin)
+    assert result.stats.stage_seconds["label"] > 0 and result.stats.ingest.disk_bytes > 0
+
+
+def test_lattice_builds_key_every_token_on_its_own_cell(server_url: str, corpus_file: Path) -> None:
+    result = run_build(server_url, options("tiny-lattice", "context", corpus_file, target="corpus",
+                                           positions="lattice", replace=True))
+    assert (result.window, result.kind) == (8, "context")
+    with psycopg.connect(server_url) as conn:
+        kernel, decay, projection = conn.execute("SELECT kernel, centroid_decay, projection FROM atom_sets "
+                                                 "WHERE name = 'tiny-lattice'").fetchone()
+        cells = conn.execute("SELECT count(DISTINCT (ST_X(t.position), ST_Y(t.position), ST_Z(t.position))), "
+                             "count(*), bool_and(ST_X(t.position) = round(ST_X(t.position))) FROM tokens t "
+                             "JOIN atom_sets s ON s.id = t.atom_set_id WHERE s.name = 'tiny-lattice'").fetchone()
+    assert (kernel, projection) == ("backoff", "lattice") and decay == result.decay < 1
+    assert cells[0] == cells[1] == result.tokens and cells[2]

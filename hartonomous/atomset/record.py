@@ -46,9 +46,9 @@ HoldoutStats = _section(
     "HoldoutStats", "The held-out slice of the corpus, never used for atoms.",
     source=str, text=str, chars=int, tokens=int, context_length=int)
 DistillStats = _section(
-    "DistillStats", "The exact model's teacher-forcing pass of the build; `target` (soft | argmax | corpus, context "
-    "sets) and `soft_k` say what the atoms store.",
-    target=str, soft_k=int, tokens=int, cached_tokens=int, seconds=float, tokens_per_second=float, device=str,
+    "DistillStats", "The exact model's teacher-forcing pass of the build; `target` (soft | argmax | corpus | mixed, "
+    "context sets), `soft_k` and (mixed) `teacher_tokens` say what the atoms store.",
+    target=str, soft_k=int, teacher_tokens=int, tokens=int, cached_tokens=int, seconds=float, tokens_per_second=float, device=str,
     batch_tokens=int)
 AtomStats = _section(
     "AtomStats", "The atoms written: how many, how many before merging (merge_radius), full-dimensional keys or not.",

@@ -129,8 +129,10 @@ def write_atom_set(
     replace: bool = False,
     cluster: bool = False,
     progress: Callable[[str], None] | None = None,
+    copied: Callable[[int], None] | None = None,
 ) -> IngestReport:
-    """Insert the whole atom set in one transaction and return timings; commits on success."""
+    """Insert the whole atom set in one transaction and return timings; commits on success.
+    `progress` hears each step; `copied(n)` hears every chunk of n atoms the COPY sends."""
     say = progress or (lambda _msg: None)
     _validate(spec, tokens, atoms)
     start = time.perf_counter()
@@ -161,7 +163,7 @@ def write_atom_set(
         distributed = distribute_partition(conn, table)  # Citus: shards first, then COPY routes rows
         t0 = time.perf_counter()
         say(f"COPY {len(atoms.token_ids)} atoms (binary, Hilbert order)")
-        _copy_atoms(conn, table, set_id, atoms, freeze=not distributed)
+        _copy_atoms(conn, table, set_id, atoms, freeze=not distributed, copied=copied)
         t1 = time.perf_counter()
         say("building the GiST nd index")
         conn.execute(f"SET LOCAL maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
@@ -310,7 +312,8 @@ def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRo
         copy.write(fixed_width_payload(columns))
 
 
-def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, freeze: bool = True) -> None:
+def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, freeze: bool = True,
+                copied: Callable[[int], None] | None = None) -> None:
     positions = np.asarray(atoms.positions, dtype=np.float64)
     order = hilbert_order(positions)
     n = len(order)
@@ -330,6 +333,8 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
             if atoms.keys is not None:
                 columns.append(("vector", np.asarray(atoms.keys, dtype=np.float32)[idx]))
             copy.write(fixed_width_payload(columns, header=lo == 0, trailer=lo + COPY_CHUNK_ROWS >= n))
+            if copied is not None:
+                copied(len(idx))
 
 
 def _stats_json(stats: BuildStats | dict) -> dict:

@@ -137,15 +137,17 @@ def training_target(info: AtomSet) -> tuple[str, int | None]:
     """(target, soft_k) of the labels the set's atoms store; token sets store none: the exact argmax."""
     distill = info.stats.distill
     target = distill.target if info.kind == "context" and distill is not None else None
-    if target == "soft":
-        return "soft", int(distill.soft_k or 8)    # every soft build recorded soft_k; 8 was the default
+    if target in ("soft", "mixed"):
+        return target, int(distill.soft_k or 8)    # every soft build recorded soft_k; 8 was the default
     if target in ("argmax", "corpus"):
         return target, None
     return "argmax", None
 
 
 LABEL_WORDS = {"soft": "the exact model's top-{k} next tokens weighing their probabilities",
-               "argmax": "the exact model's argmax", "corpus": "the corpus's own next token"}
+               "argmax": "the exact model's argmax", "corpus": "the corpus's own next token",
+               "mixed": "the exact model's top-{k} next tokens on the first training chunks, the corpus's own "
+                        "next token on the rest"}
 
 
 def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoader, distill_tokens: int | None,
@@ -171,12 +173,13 @@ def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoa
         return {}, Distillation(False, note="the training text has fewer than 2 tokens; the counting baselines "
                                             "were skipped", **described)
     if target != "corpus":
-        progress.stage(f"{'soft top-' + str(soft_k) if target == 'soft' else 'argmax'} labels of the training "
+        progress.stage(f"{'soft top-' + str(soft_k) if target in ('soft', 'mixed') else 'argmax'} labels of the training "
                        "text (teacher-label cache)", int(sum(map(len, chunks))))
     distill = info.stats.distill
     batch = int(distill.batch_tokens) if distill is not None and distill.batch_tokens else \
         teacher.DEFAULT_BATCH_TOKENS
-    labelled, ran = labels_mod.label(chunks, target, soft_k, model, batch, cache_dir, progress.advance)
+    taught = labels_mod.teacher_chunk_count(chunks, int(distill.teacher_tokens or 0)) if target == "mixed" else 0
+    labelled, ran = labels_mod.label(chunks, target, soft_k, model, batch, cache_dir, progress.advance, taught)
     progress.stage("∞-gram index (suffix array of the training text)", 1)
     start = time.perf_counter()
     index = InfiniGram(labelled)

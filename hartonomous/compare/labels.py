@@ -5,6 +5,8 @@ A context set records what its atoms store (stats.distill.target):
     soft    the exact model's top-k next tokens, each weighing its probability (k = stats.distill.soft_k)
     argmax  the exact model's argmax, weight 1
     corpus  the corpus's own next token, weight 1
+    mixed   soft on the training chunks holding the first stats.distill.teacher_tokens tokens, corpus
+            on the rest (a corpus label is a row of k with one id of weight 1)
 
 at position t = 0 .. n-2 of every training chunk of n tokens (the positions that became atoms; the
 chunk's last token has no next token in it). The baselines count exactly these labels, so that a
@@ -26,7 +28,7 @@ import numpy as np
 
 from hartonomous import teacher
 
-TARGETS = ("soft", "argmax", "corpus")
+TARGETS = ("soft", "argmax", "corpus", "mixed")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class TrainingLabels:
 
     def describe(self) -> str:
         """'soft top-8', 'argmax', 'corpus' (what the report's distillation section calls them)."""
+        if self.target == "mixed":
+            return f"mixed (soft top-{self.k}, then corpus)"
         return f"soft top-{self.k}" if self.target == "soft" else self.target
 
 
@@ -88,6 +92,21 @@ def from_soft(chunks: Sequence[Sequence[int]], top_ids: Sequence[np.ndarray],
     return TrainingLabels(chunks, ids, mass, "soft")
 
 
+def teacher_chunk_count(chunks: Sequence[Sequence[int]], teacher_tokens: int) -> int:
+    """--target mixed: how many leading training chunks get the exact model's labels (the fewest that
+    hold teacher_tokens tokens, or all of them); the build and the baselines cut at the same chunk."""
+    total = np.cumsum([len(c) for c in chunks])
+    return int(min(len(chunks), np.searchsorted(total, teacher_tokens) + 1)) if teacher_tokens > 0 else 0
+
+
+def mixed(taught: TrainingLabels, rest: TrainingLabels) -> TrainingLabels:
+    """Soft labels of the first chunks, then corpus labels padded to k columns (weight 0 beyond the first)."""
+    k = taught.k
+    pad_ids = [np.pad(i, ((0, 0), (0, k - 1))) for i in rest.ids]
+    pad_mass = [np.pad(np.asarray(m, dtype=np.float32), ((0, 0), (0, k - 1))) for m in rest.mass]
+    return TrainingLabels(taught.chunks + rest.chunks, taught.ids + pad_ids, taught.mass + pad_mass, "mixed")
+
+
 def from_sequences(sequences: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> TrainingLabels:
     """Hand-made labels: labels[i][t] is the one label after sequences[i][: t + 1] (weight 1); a label
     sequence may be shorter than its tokens (the positions after it are unlabelled), never longer."""
@@ -112,13 +131,18 @@ class TeacherPass:
 
 def label(chunks: list[np.ndarray], target: str, soft_k: int | None, model=None,
           batch_tokens: int = teacher.DEFAULT_BATCH_TOKENS, cache_dir: Path | None = None,
-          advance: Callable[[int], None] | None = None) -> tuple[TrainingLabels, TeacherPass | None]:
+          advance: Callable[[int], None] | None = None, taught_chunks: int = 0
+          ) -> tuple[TrainingLabels, TeacherPass | None]:
     """The `target` labels of `chunks`: corpus labels without the model; soft (top-`soft_k`) and argmax
-    labels from one teacher-forcing pass, read from the teacher-label cache where the build left them."""
+    labels from one teacher-forcing pass, read from the teacher-label cache where the build left them;
+    mixed: soft on the first `taught_chunks` chunks, corpus on the rest."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
-    if target == "corpus":
+    if target == "corpus" or (target == "mixed" and taught_chunks == 0):
         return from_corpus(chunks), None
+    if target == "mixed":
+        taught, ran = label(chunks[:taught_chunks], "soft", soft_k, model, batch_tokens, cache_dir, advance)
+        return mixed(taught, from_corpus(chunks[taught_chunks:])), ran
     if target == "soft" and not (soft_k and soft_k >= 1):
         raise ValueError(f"soft labels need soft_k >= 1, got {soft_k}")
     top_k = int(soft_k) if target == "soft" else 0

@@ -24,7 +24,7 @@ from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 class Progress(Protocol):
