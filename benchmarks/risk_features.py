@@ -64,7 +64,7 @@ def gather(args) -> None:
     from hartonomous.db.connection import owner_url
     from hartonomous.exact import ExactModel
     from hartonomous.generation_config import SamplerArgs
-    from hartonomous.splits import split_holdout
+    from hartonomous.splits import recorded_halves
     from hartonomous.teacher import teacher_force
 
     torch.set_num_threads(1)
@@ -75,7 +75,7 @@ def gather(args) -> None:
     if args.text:
         text = Path(args.text).read_text(encoding="utf-8")
     else:
-        text = getattr(split_holdout(record.stats.holdout.text), args.split)
+        text = getattr(recorded_halves(record.stats), args.split)
     ids = list(exact_model.tokenizer.encode(text))[:args.positions + 1]
     exact_argmax = teacher_force(exact_model.model, [np.asarray(ids)]).argmax[0][:-1]
     texts = dict(conn.execute("SELECT token_id, text FROM tokens WHERE atom_set_id = %s", (set_id,)).fetchall())

@@ -43,7 +43,7 @@ from hartonomous.compare.routing import risk_auc, routing_curve
 from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine, GenerationConfig
 from hartonomous.exact import ExactModel
-from hartonomous.splits import split_holdout
+from hartonomous.splits import recorded_halves
 from hartonomous.teacher import teacher_force
 from projection.risk import calibration_gap
 
@@ -143,7 +143,7 @@ def main() -> None:
     if args.text:
         text, source = Path(args.text).read_text(encoding="utf-8"), args.text
     else:
-        text, source = split_holdout(record.stats.holdout.text).test, f"{args.atom_set} test half"
+        text, source = recorded_halves(record.stats).test, f"{args.atom_set} test half"
     ids = list(tokenizer.encode(text))[:args.positions + 1]
 
     t0 = time.perf_counter()

@@ -158,7 +158,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
     import torch
 
     from hartonomous import measure
-    from hartonomous.splits import split_holdout
+    from hartonomous.splits import recorded_halves
 
     cores = measure.host()["cores"] or 1
     torch.set_num_threads(threads or min(cores, 4))
@@ -172,7 +172,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
             raise UserError(f"atom set '{record.name}' records no held-out text; build a context set "
                             "(`hartonomous build --kind context`) to get document prompts")
         kinds = {"short": list(SHORT_PROMPTS[:short_n]),
-                 "document": document_prompts(split_holdout(holdout).test, runner.tokenizer, docs_n)}
+                 "document": document_prompts(recorded_halves(record.stats).test, runner.tokenizer, docs_n)}
         for method in METHODS:                       # warm-up: first-call costs out of the timings
             runner.run(method, "Warm up the")
         results: dict[str, dict] = {}

@@ -155,8 +155,13 @@ def build_cmd(
                              "(distilled: key = context centroid, value = the model's next token)."),
     model: str = typer.Option(None, "--model", help="'smollm2' or a local Hugging Face model dir "
                               "(default: HARTONOMOUS_MODEL or smollm2)."),
-    corpus: list[str] = typer.Option(None, "--corpus", help="UTF-8 text file(s) to distill; repeatable. "
-                                     "Default: the Python standard library's docstrings."),
+    corpus: list[str] = typer.Option(None, "--corpus", help="What to distill; repeatable: UTF-8 text files, "
+                                     "directories (walked recursively; binary, non-UTF-8 and duplicate files are "
+                                     "skipped), or a built-in corpus: python-docstrings (the default: the Python "
+                                     "standard library's docstrings) or python-source (the *.py source of the "
+                                     "standard library and the installed packages, without tests)."),
+    include: list[str] = typer.Option(None, "--include", help="With --corpus DIRECTORY: read only the files whose "
+                                      "name matches this glob, e.g. '*.py'; repeatable (default: every file)."),
     max_tokens: int = typer.Option(100_000, "--max-tokens", help="Training tokens to distill (context sets)."),
     projection: str = typer.Option("lmds", "--projection", help="lmds (Landmark MDS) or pca."),
     landmarks: int = typer.Option(512, "--landmarks", help="Number of LMDS landmarks."),
@@ -189,7 +194,8 @@ def build_cmd(
     context_length: int = typer.Option(512, "--context-length", help="Tokens per teacher-forcing context."),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per forward batch."),
     holdout_chars: int = typer.Option(None, "--holdout-chars", help="Held-out characters (default: about "
-                                      "10% of --max-tokens, at most 50000)."),
+                                      "10% of --max-tokens, at most 50000; for directories and python-source 50000 "
+                                      "characters of whole files, the same at every --max-tokens)."),
     seed: int = typer.Option(0, "--seed", help="Seed for landmarks, the corpus shuffle and sampling."),
     device: str = typer.Option(None, "--device", help="auto, cpu or cuda (default: HARTONOMOUS_DEVICE)."),
     replace: bool = typer.Option(False, "--replace", help="Replace an atom set of the same name."),
@@ -236,6 +242,7 @@ def build_cmd(
     settings = get_settings()
     options = BuildOptions(
         name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
+        include=list(include or []),
         max_tokens=max_tokens, teacher_tokens=teacher_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
         metric=metric, window=_parse_window(window), decay=decay, target=target, soft_k=soft_k,
         merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls,

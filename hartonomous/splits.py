@@ -4,7 +4,10 @@ The build tunes what it tunes (bandwidth, centroid window and decay, history wei
 calibration half; `compare` scores the test half by default. Calibrating and scoring on the same
 text would flatter the spatial path, so the halves never overlap. The holdout is a sequence of
 segments joined by a blank line (already shuffled with the build's seed); the split keeps whole
-segments: the first ones up to half the characters calibrate, the rest test.
+segments: the first ones up to half the characters calibrate, the rest test. A corpus held out by
+document (hartonomous.corpus: directories, python-source) records its halves itself: the holdout is
+the calibration documents, a blank line, then the test documents, and `recorded_halves` cuts it at
+the calibration half's recorded length.
 """
 
 from __future__ import annotations
@@ -46,3 +49,15 @@ def split_holdout(text: str) -> HoldoutSplits:
     newline = text.rfind("\n", 0, middle)
     cut = newline + 1 if newline > 0 else middle
     return HoldoutSplits(text[:cut], text[cut:])
+
+
+def recorded_halves(stats) -> HoldoutSplits:
+    """The halves of an atom set's recorded holdout (stats: its BuildStats): cut at the calibration
+    half's recorded length where the build held out whole documents (stats.corpus.split =
+    'documents'), else split_holdout."""
+    text = str(stats.holdout.text)
+    corpus, calibration = stats.corpus, stats.calibration_split
+    if corpus is not None and corpus.split == "documents" and calibration is not None and calibration.chars:
+        cut = int(calibration.chars)
+        return HoldoutSplits(text[:cut], text[cut + len(SEPARATOR):])
+    return split_holdout(text)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
+from hartonomous.corpus import resolve_source
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
@@ -46,7 +47,8 @@ class BuildOptions:
     name: str
     kind: str = "context"
     model: str = "smollm2"
-    corpus: list[Path] = field(default_factory=list)
+    corpus: list[Path] = field(default_factory=list)  # files, directories, or a built-in name (hartonomous.corpus)
+    include: list[str] = field(default_factory=list)  # globs on the names of the files in --corpus directories
     max_tokens: int = 100_000
     projection: str = "lmds"
     landmarks: int = 512
@@ -156,9 +158,7 @@ class BuildOptions:
             raise UserError(f"--batch-tokens must be positive, got {self.batch_tokens}")
         if self.holdout_chars is not None and self.holdout_chars < 1:
             raise UserError(f"--holdout-chars must be positive, got {self.holdout_chars}")
-        for path in self.corpus:
-            if not Path(path).is_file():
-                raise UserError(f"corpus file '{path}' does not exist")
+        resolve_source(self.corpus, self.include)   # the paths exist, or name a built-in corpus
         self._check_positions()
         try:
             validate_centroid(self.resolved_window(), self.resolved_decay())

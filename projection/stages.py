@@ -32,7 +32,6 @@ import numpy as np
 
 from hartonomous.compare.labels import teacher_chunk_count
 from hartonomous.errors import UserError
-from hartonomous.splits import split_holdout
 from hartonomous.teacher import Forced
 from projection import calibrate as cal
 from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
@@ -94,21 +93,31 @@ class Loaded:
         return int(self.embeddings.shape[1])
 
 
-def load_texts(options: BuildOptions, tokenizer) -> Texts:
+def load_texts(options: BuildOptions, tokenizer, ui: Reporter | None = None) -> Texts:
+    """The corpus (hartonomous.corpus: --corpus, --include) tokenized: the holdout's calibration and test
+    halves as the corpus gives them, and for context sets the training tokens cut at --max-tokens (a
+    streamed corpus's documents are read and tokenized only as they are taken, under a progress bar in
+    tokens), each cut into chunks of --context-length. A streamed corpus keeps no training text, so
+    `train_text` is then empty (stats.corpus records where the text came from)."""
+    from hartonomous.corpus import TrainingTokens, training_tokens
+
     is_context = options.kind == "context"
-    corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context)
-    halves = split_holdout(corpus.holdout_text)
-    calibration_chunks = chunk_ids(tokenize(tokenizer, halves.calibration)[0], options.context_length)
-    test_chunks = chunk_ids(tokenize(tokenizer, halves.test)[0], options.context_length)
-    train_ids, train_text = tokenize(tokenizer, corpus.train_text, options.max_tokens)
-    train_chunks = chunk_ids(train_ids, options.context_length)
+    corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context,
+                         include=options.include)
+    calibration_chunks = chunk_ids(tokenize(tokenizer, corpus.calibration_text)[0], options.context_length)
+    test_chunks = chunk_ids(tokenize(tokenizer, corpus.test_text)[0], options.context_length)
+    train = TrainingTokens(np.zeros(0, dtype=np.int64), "")
+    if is_context:
+        with (ui or Reporter()).bar("training tokens", options.max_tokens, "tok") as advance:
+            train = training_tokens(corpus, tokenizer, options.max_tokens, advance)
+    train_chunks = chunk_ids(train.ids, options.context_length)
     if is_context and not train_chunks:
         raise UserError("the corpus left no training text after the holdout; pass more text with --corpus")
     if not calibration_chunks or not test_chunks:
         raise UserError("the holdout is too short to split into calibration and test halves; pass more text "
                         "with --corpus or raise --holdout-chars")
-    return Texts(corpus, train_ids, train_text, train_chunks, halves.calibration, calibration_chunks, halves.test,
-                 test_chunks)
+    return Texts(corpus, train.ids, train.text or "", train_chunks, corpus.calibration_text, calibration_chunks,
+                 corpus.test_text, test_chunks)
 
 
 def load(options: BuildOptions, model, tokenizer, ui: Reporter) -> Loaded:
@@ -122,7 +131,7 @@ def load(options: BuildOptions, model, tokenizer, ui: Reporter) -> Loaded:
         tokenizer = load_tokenizer(options.model)
     model_name = getattr(model.config, "name_or_path", None) or options.model
     embeddings = model.get_input_embeddings().weight.detach().float().cpu().numpy()
-    return Loaded(model, tokenizer, model_name, embeddings, load_texts(options, tokenizer))
+    return Loaded(model, tokenizer, model_name, embeddings, load_texts(options, tokenizer, ui))
 
 
 # --- project -------------------------------------------------------------------------------
@@ -521,17 +530,19 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
     """atom_sets.stats of the build (the ingest adds its own timings under `ingest`)."""
     texts, is_context = loaded.texts, options.kind == "context"
     train_tokens = int(sum(map(len, labelled.train_chunks)))
+    origin = origin_stats(options.corpus, texts.corpus)
+    pieces = "documents" if origin.get("split") == "documents" else "segments"
     return BuildStats(
         projection=projected.quality,
         bandwidth=history.calibration,
         centroid_sweep=atoms.centroid.sweep,
-        corpus=CorpusStats(source=texts.corpus.description, **origin_stats(options.corpus, texts.corpus),
+        corpus=CorpusStats(source=texts.corpus.description, **origin,
                            train_tokens=train_tokens, train_segments=texts.corpus.train_segments,
                            max_tokens=options.max_tokens, holdout_chars=options.holdout_chars,
                            context_length=options.context_length, seed=options.seed,
                            python=platform.python_version()),
         holdout=HoldoutStats(source=f"{texts.corpus.description}: seeded holdout ({texts.corpus.holdout_segments} "
-                                    f"segments, seed {options.seed}), never used for atoms",
+                                    f"{pieces}, seed {options.seed}), never used for atoms",
                              text=texts.corpus.holdout_text, chars=len(texts.corpus.holdout_text),
                              tokens=int(sum(map(len, texts.calibration_chunks + texts.test_chunks))),
                              context_length=options.context_length),

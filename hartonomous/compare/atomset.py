@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hartonomous.atomset import AtomSet
 from hartonomous.errors import UserError
-from hartonomous.splits import SPLITS, split_holdout
+from hartonomous.splits import SPLITS, recorded_halves
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def holdout_text(info: AtomSet, split: str = "test") -> Text:
     if not text or not str(text).strip():
         raise UserError(f"atom set '{info.name}' records no held-out text; pass --text FILE "
                         "(use text that was not used to build the set)")
-    part = split_holdout(str(text)).get(split, str(text))
+    part = recorded_halves(info.stats).get(split, str(text))
     if not part.strip():
         raise UserError(f"the {split} half of atom set '{info.name}'s held-out text is empty; "
                         "pass --split all or --text FILE")
