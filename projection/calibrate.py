@@ -14,6 +14,7 @@ scalar search between its grid neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -53,6 +54,15 @@ class Neighbours:
     @property
     def stored_distances(self) -> np.ndarray:
         return self.distances if self.history is None else self.distances[~self.history]
+
+    @cached_property
+    def stored_only(self) -> "Neighbours":
+        """The stored candidates alone (what a history weight of 0 scores), grouped once."""
+        if self.history is None:
+            return self
+        keep = ~self.history
+        return _grouped(self.query[keep], self.tokens[keep], self.distances[keep], self.log_weights[keep], None,
+                        self.queries, self.max_neighbors, self.decay)
 
 
 def knn(points: np.ndarray, queries: np.ndarray, k: int, tree: cKDTree | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -155,6 +165,8 @@ def score(nb: Neighbours, targets: np.ndarray, bandwidth: float, kernel: str, vo
           smoothing: float = SMOOTHING, history_weight: float = 0.0) -> Score:
     """The spatial distribution's fit to `targets` at one bandwidth (and history weight, when
     `nb` has history candidates: each weighs `history_weight`; 0 leaves them out exactly)."""
+    if nb.history is not None and not history_weight > 0:
+        nb = nb.stored_only    # exactly the stored-only score: no -inf terms to shift numpy's pairwise sums
     log_w = nb.log_weights
     if nb.history is not None:
         log_w = np.where(nb.history, np.log(history_weight) if history_weight > 0 else -np.inf, log_w)

@@ -161,7 +161,8 @@ $$;
 CREATE OR REPLACE FUNCTION ht_backoff_radius(
     p_nearest double precision, p_bandwidth double precision, p_decay double precision)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
 AS $$
 -- The backoff kernel's radius (hartonomous/kernel.py backoff_radius): the smallest of the radii
 -- h, h d, h d^2, ... (any integer power of the set's decay d) that holds the nearest candidate, at
