@@ -587,7 +587,11 @@ def test_paired_comparisons_cover_each_headline_row_and_word_it_by_the_verdict(a
     validate_report(report)
     rows = [r for r in report["headline"] if "key" in r]
     comparisons = report["comparisons"]
-    assert len(comparisons) == 3 * len(rows) == 15       # best baseline, control, --against per row
+    # best baseline, control, --against per row, and ∞-gram + cache where it is not the best baseline
+    cache_rows = [r for r in rows if r["baseline_name"] != "∞-gram + cache"]
+    assert len(comparisons) == 3 * len(rows) + len(cache_rows) and len(rows) == 5
+    assert {c["row"] for c in comparisons if c["role"] == "infinigram_cache"} == {r["metric"] for r in cache_rows}
+    assert all(c["b"] == "∞-gram + cache" for c in comparisons if c["role"] == "infinigram_cache")
     by_row = {(c["row"], c["role"]): c for c in comparisons}
     per = report["fidelity"]["per_position"]
     groups = _blocks(report)

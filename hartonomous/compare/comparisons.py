@@ -16,9 +16,10 @@ from hartonomous.compare import intervals
 from hartonomous.compare.controls import RANDOM_POSITIONS
 from hartonomous.compare.fidelity import Fidelity
 
-ROLES = ("baseline", "random_positions", "against")     # the headline's keys of the compared paths
-ROLE_WORDS = {"baseline": "best baseline", "random_positions": "random-positions control",
-              "against": "other atom set"}
+ROLES = ("baseline", "infinigram_cache", "random_positions", "against")   # the compared paths of a headline row
+ROLE_WORDS = {"baseline": "best baseline", "infinigram_cache": "∞-gram + cache (the strongest counting model)",
+              "random_positions": "random-positions control", "against": "other atom set"}
+INFINIGRAM_CACHE = "∞-gram + cache"   # hartonomous.compare.baselines.INFINIGRAM_CACHE_PATH
 
 
 def per_position_metric(key: str) -> str:
@@ -29,6 +30,8 @@ def per_position_metric(key: str) -> str:
 def _compared_path(row: dict, role: str) -> str | None:
     if role == "baseline":
         return row.get("baseline_name")
+    if role == "infinigram_cache":   # always tested, unless it already is the best baseline
+        return INFINIGRAM_CACHE if row.get("baseline_name") != INFINIGRAM_CACHE else None
     if role == "random_positions":
         return RANDOM_POSITIONS if row.get("random_positions") is not None else None
     return row.get("against_name")
