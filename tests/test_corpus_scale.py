@@ -296,3 +296,20 @@ def test_python_docstrings_is_the_default_byte_for_byte():
     record = origin_stats([Path("python-docstrings")], named)
     assert record == origin_stats([], default) and record["split"] == "segments"
     assert record["name"] == corpus_mod.BUILTIN_CORPUS
+
+
+def test_recorded_halves_cut_a_document_holdout_where_the_build_did() -> None:
+    """compare, the benchmarks and the build read the same halves: at the calibration half's recorded
+    length for a corpus held out by document, split_holdout's segments otherwise."""
+    from types import SimpleNamespace
+
+    from hartonomous.splits import recorded_halves, split_holdout
+
+    calibration, test = "def a():\n\n    return 1\n", "class B:\n    pass\n\n\nx = 2\n"
+    stats = SimpleNamespace(holdout=SimpleNamespace(text=calibration + "\n\n" + test),
+                            corpus=SimpleNamespace(split="documents"),
+                            calibration_split=SimpleNamespace(chars=len(calibration)))
+    halves = recorded_halves(stats)
+    assert (halves.calibration, halves.test) == (calibration, test)
+    stats.corpus.split = "segments"
+    assert recorded_halves(stats) == split_holdout(calibration + "\n\n" + test)
