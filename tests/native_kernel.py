@@ -8,7 +8,10 @@ headers) the tests that need it are skipped with the reason.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import psycopg
 import pytest
 
 REASON = ("the native kernel hartonomous_kernel is not installed on this server "
@@ -19,6 +22,22 @@ def require_native_kernel() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI needs the native kernel: {REASON}")
     pytest.skip(REASON)
+
+
+@contextmanager
+def module_connection(server_url: str, kernel: str) -> Iterator[psycopg.Connection]:
+    """One connection whose transaction spans a test module (atom sets are written inside it and
+    rolled back at the end), on `kernel`: 'native' (the hartonomous_kernel C extension) or 'plpgsql'
+    (its reference, SET hartonomous.kernel = 'plpgsql'); skips (fails under CI) without the native one."""
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")  # open the transaction, so write_atom_set cannot commit
+        if kernel == "plpgsql":
+            conn.execute("SET hartonomous.kernel = 'plpgsql'")
+        (active,) = conn.execute("SELECT ht_kernel()").fetchone()
+        if active != kernel:
+            require_native_kernel()
+        yield conn
+        conn.rollback()
 
 
 # --- comparing next_token rows across implementations -------------------------------------------

@@ -23,7 +23,7 @@ from hand_sets import add_set
 from hartonomous.centroid import context_centroid, prefix_centroids
 from hartonomous.kernel import backoff_radius, token_logits
 from hartonomous.signals import candidate_signals
-from native_kernel import require_native_kernel
+from native_kernel import module_connection
 from projection.lattice import lattice_cells, lattice_decay, lattice_positions, lattice_side
 from projection.options import BuildOptions
 from reference_next_token import AtomSetData, reference_candidates, reference_rows
@@ -190,15 +190,8 @@ def lattice_set(name: str, seed: int, history_weight: float = 0.0, window: int =
 @pytest.fixture(scope="module", params=["native", "plpgsql"])
 def db(server_url: str, request) -> Iterator[psycopg.Connection]:
     """A connection whose transaction spans the module, on either kernel setting."""
-    with psycopg.connect(server_url) as conn:
-        conn.execute("SELECT 1")
-        if request.param == "plpgsql":
-            conn.execute("SET hartonomous.kernel = 'plpgsql'")
-        (active,) = conn.execute("SELECT ht_kernel()").fetchone()
-        if active != request.param:
-            require_native_kernel()
+    with module_connection(server_url, request.param) as conn:
         yield conn
-        conn.rollback()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from hartonomous import centroid
 from hartonomous.db import migrate
 from hartonomous.sampling import pick_by_uniform, seeded_uniform
 from hand_sets import add_set, reference_sets, sets_digest
-from native_kernel import require_native_kernel
+from native_kernel import module_connection
 from reference_next_token import AtomSetData, reference_rows
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
@@ -41,15 +41,8 @@ def db(server_url: str, request) -> Iterator[psycopg.Connection]:
     extension, which `make install` builds and `migrate` creates) and on the PL/pgSQL reference
     (SET hartonomous.kernel = 'plpgsql'), so both answer the same shared vectors.
     """
-    with psycopg.connect(server_url) as conn:
-        conn.execute("SELECT 1")  # open the transaction, so write_atom_set cannot commit
-        if request.param == "plpgsql":
-            conn.execute("SET hartonomous.kernel = 'plpgsql'")
-        (active,) = conn.execute("SELECT ht_kernel()").fetchone()
-        if active != request.param:
-            require_native_kernel()
+    with module_connection(server_url, request.param) as conn:
         yield conn
-        conn.rollback()
 
 
 def vector_set(case: dict) -> AtomSetData:
