@@ -610,7 +610,7 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
         positions, projection, params = learned.positions, "learned", {**params, "initialised_from": projection}
     if lattice is not None:
         positions, projection = lattice.positions, "lattice"
-        params = {**params, "placed_from": projection_name(options), "side": lattice.side,
+        params = {**params, "placed_from": options.projection, "side": lattice.side,
                   "contraction": lattice.decay, "assignment": "Hilbert order of the projection -> Hilbert order of "
                   "the lattice's cells"}
     spec = AtomSetSpec(options.name, loaded.model_name, loaded.vocab_size, loaded.dim, projection,
@@ -622,10 +622,6 @@ def ingest(conn, options: BuildOptions, loaded: Loaded, projected: Projected, at
     if fitted.landmark_idx is not None and learned is None and lattice is None:
         landmarks = LandmarkRows(embeddings[fitted.landmark_idx], positions[fitted.landmark_idx])
     return _write(conn, options, loaded, spec, positions, landmarks, atoms.rows, ui)
-
-
-def projection_name(options: BuildOptions) -> str:
-    return options.projection
 
 
 def ingest_control(conn, options: BuildOptions, loaded: Loaded, control: Control, stats: BuildStats,
