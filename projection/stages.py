@@ -588,9 +588,8 @@ def _write(conn, options: BuildOptions, loaded: Loaded, spec: AtomSetSpec, posit
     tokens = TokenRows(np.arange(loaded.vocab_size), token_texts(loaded.tokenizer, loaded.vocab_size), positions,
                        loaded.embeddings)
     ui.step(f"ingesting {len(rows.token_ids):,} atoms into '{spec.name}'")
-    with ui.bar("COPY atoms", len(rows.token_ids), "atom") as copied:
-        report = write_atom_set(conn, spec, tokens, rows, landmarks, replace=options.replace, progress=ui.step,
-                                copied=copied)
+    report = write_atom_set(conn, spec, tokens, rows, landmarks, replace=options.replace, progress=ui.step,
+                            bar=ui.bar)
     ui.step(f"ingest: {report.atoms:,} atoms in {report.total_seconds:.1f}s ({report.atoms_per_second:,.0f} atoms/s)")
     return report
 

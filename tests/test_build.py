@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -313,6 +314,34 @@ def test_a_killed_build_leaves_nothing_and_the_next_build_succeeds(server_url: s
     assert one(server_url, "SELECT count(*) FROM atom_sets WHERE name = %s", f"killed-{phase}")[0] == 0
     result = run_build(server_url, options(f"killed-{phase}", "token", corpus_file))
     assert one(server_url, "SELECT count(*) FROM atoms WHERE atom_set_id = %s", result.atom_set_id)[0] == result.atoms
+
+
+def test_the_ingest_shows_the_copy_and_the_index_build_as_bars(server_url: str) -> None:
+    """Two bars: atoms sent by the COPY, then heap blocks the GiST build has scanned, followed
+    while the build runs (from a second connection) and complete when it ends."""
+    from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+    rng = np.random.default_rng(1)
+    n, vocab = 400_000, 1000
+    bars: dict[str, tuple[int, list[int]]] = {}
+
+    @contextmanager
+    def bar(description: str, total: int, unit: str):
+        steps: list[int] = []
+        bars[description] = (total, steps)
+        yield steps.append
+
+    with psycopg.connect(server_url) as conn:
+        write_atom_set(conn, AtomSetSpec("progress-bars", "synthetic", vocab, 3, "none", "context"),
+                       TokenRows(np.arange(vocab), [None] * vocab, rng.normal(size=(vocab, 3))),
+                       AtomRows(rng.integers(0, vocab, n), rng.normal(size=(n, 3))), replace=True, bar=bar)
+    heap = one(server_url, "SELECT pg_relation_size(('atoms_' || id)::regclass) / 8192 FROM atom_sets "
+                           "WHERE name = 'progress-bars'")[0]
+    assert list(bars) == ["COPY atoms", "GiST nd index (heap scan)"]
+    copy_total, copy_steps = bars["COPY atoms"]
+    assert copy_total == n and sum(copy_steps) == n and len(copy_steps) == -(-n // ingest.COPY_CHUNK_ROWS)
+    index_total, index_steps = bars["GiST nd index (heap scan)"]
+    assert index_total == heap > 0 and sum(index_steps) == heap
+    assert len(index_steps) >= 2 and all(step > 0 for step in index_steps), "no progress seen mid-build"
 
 
 def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ import json
 import struct
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ from hartonomous.db.citus import begin_build, distribute_partition
 from hartonomous.atomset.record import BuildStats, IngestStats
 from hartonomous.errors import UserError
 from hartonomous.atomset.hilbert import hilbert_order
+from hartonomous.atomset.index_progress import heap_blocks, watch_index_build
 from hartonomous.atomset.pgcopy import HEADER, TRAILER, ewkb_pointz, fixed_width_payload, vector_bytes
 
 COPY_CHUNK_ROWS = 200_000
@@ -41,6 +43,13 @@ DEFAULT_LAYOUT = "rows"
 TILE_ATOMS = 32
 MAX_TILE_ATOMS = 128  # a tile row is ~60 bytes per atom, stored PLAIN: at most one 8 KiB page
 TOKEN_BLOCK = 256  # token positions per token_blocks row (sql/010_context_centroid.sql ht_token_positions)
+
+# A progress bar: bar(description, total, unit) opens one and yields its advance(n) (projection.progress).
+Bar = Callable[[str, int, str], AbstractContextManager[Callable[[int], None]]]
+
+
+def _no_bar(_description: str, _total: int, _unit: str) -> AbstractContextManager[Callable[[int], None]]:
+    return nullcontext(lambda _n=1: None)
 
 
 @dataclass
@@ -129,11 +138,13 @@ def write_atom_set(
     replace: bool = False,
     cluster: bool = False,
     progress: Callable[[str], None] | None = None,
-    copied: Callable[[int], None] | None = None,
+    bar: Bar | None = None,
 ) -> IngestReport:
     """Insert the whole atom set in one transaction and return timings; commits on success.
-    `progress` hears each step; `copied(n)` hears every chunk of n atoms the COPY sends."""
+    `progress` hears each step; `bar` opens a progress bar for the COPY (atoms sent) and one for
+    the GiST build (heap blocks scanned, followed from a second connection)."""
     say = progress or (lambda _msg: None)
+    bar = bar or _no_bar
     _validate(spec, tokens, atoms)
     start = time.perf_counter()
     with conn.transaction():
@@ -163,12 +174,16 @@ def write_atom_set(
         distributed = distribute_partition(conn, table)  # Citus: shards first, then COPY routes rows
         t0 = time.perf_counter()
         say(f"COPY {len(atoms.token_ids)} atoms (binary, Hilbert order)")
-        _copy_atoms(conn, table, set_id, atoms, freeze=not distributed, copied=copied)
+        with bar("COPY atoms", len(atoms.token_ids), "atom") as copied:
+            _copy_atoms(conn, table, set_id, atoms, freeze=not distributed, copied=copied)
         t1 = time.perf_counter()
         say("building the GiST nd index")
         conn.execute(f"SET LOCAL maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
-        conn.execute(f"CREATE INDEX {table}_position_idx ON {table} USING gist (position gist_geometry_ops_nd) "
-                     f"WITH ({GIST_OPTIONS})")
+        blocks = heap_blocks(conn, table)  # 0 on a Citus coordinator: the shards build their own
+        with bar("GiST nd index (heap scan)", blocks, "block") as scanned, \
+                watch_index_build(conn, blocks, scanned) if blocks else nullcontext():
+            conn.execute(f"CREATE INDEX {table}_position_idx ON {table} USING gist (position gist_geometry_ops_nd) "
+                         f"WITH ({GIST_OPTIONS})")
         t2 = time.perf_counter()
         if cluster:
             say("CLUSTER on the GiST index")
@@ -312,8 +327,8 @@ def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRo
         copy.write(fixed_width_payload(columns))
 
 
-def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, freeze: bool = True,
-                copied: Callable[[int], None] | None = None) -> None:
+def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, freeze: bool,
+                copied: Callable[[int], None]) -> None:
     positions = np.asarray(atoms.positions, dtype=np.float64)
     order = hilbert_order(positions)
     n = len(order)
@@ -333,8 +348,7 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
             if atoms.keys is not None:
                 columns.append(("vector", np.asarray(atoms.keys, dtype=np.float32)[idx]))
             copy.write(fixed_width_payload(columns, header=lo == 0, trailer=lo + COPY_CHUNK_ROWS >= n))
-            if copied is not None:
-                copied(len(idx))
+            copied(len(idx))
 
 
 def _stats_json(stats: BuildStats | dict) -> dict:
