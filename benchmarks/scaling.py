@@ -8,6 +8,13 @@ For each atom set, on one quiet machine, one after the other:
   held-out text (its history weight and window), native kernel, timed in the server
   (benchmarks.kernel.measure: the same loop and alternation as `hartonomous bench --kernel`), and the
   shared buffers one call reads (EXPLAIN (ANALYZE, BUFFERS) of next_token, median);
+- **the float4 recheck**: the GiST keeps float4 boxes, so atoms whose keys differ only beyond float4's
+  resolution (deep keys sharing a long suffix) tie in the index and each must be fetched and its
+  exact distance computed before the k nearest are known. Counted as the index entries one bare
+  KNN-100 reads (the partition index's tuples-returned counter of the transaction,
+  pg_stat_get_xact_tuples_returned) and the exact distances of those entries that tie the 100th
+  at float4 (the entries read past the 100th are the recheck's extra work), with each call's
+  execution time and the fitted cost of one entry read;
 - **build**: training tokens, atoms, the seconds of every build stage and of the ingest, the atoms
   partition's size on disk (stats.stage_seconds, stats.ingest);
 - **fidelity**, when `--reports DIR` holds `DIR/SET/report.json` from `hartonomous compare`: the spatial
@@ -46,6 +53,43 @@ def buffers(conn: psycopg.Connection, name: str, contexts: list[list[int]]) -> f
     return float(np.median(counts))
 
 
+KNN_K = 100
+FIT_SPREAD = 1000
+KNN_READS = """
+SELECT pg_stat_get_xact_tuples_returned(%(index)s::regclass)
+"""
+
+
+def index_reads(conn: psycopg.Connection, name: str, contexts: list[list[int]]) -> dict:
+    """Index entries one bare KNN-100 reads at the centroid of each context (p50, p95, max), the
+    share of calls reading more than 101 (the 100 it returns and at most one that ends the scan), and
+    what reading costs: each call's warm execution time (EXPLAIN ANALYZE, second of two runs) and
+    a least-squares line ms = a + b * entries read over the calls (None unless the reads span at
+    least FIT_SPREAD entries)."""
+    (set_id,) = conn.execute("SELECT id FROM atom_sets WHERE name = %s", (name,)).fetchone()
+    index = f"atoms_{set_id}_position_idx"
+    knn = (f"SELECT a.token_id FROM atoms a WHERE a.atom_set_id = {int(set_id)} "
+           f"ORDER BY a.position <<->> %s::geometry LIMIT {KNN_K}")
+    reads, ms = [], []
+    for ctx in contexts:
+        (center,) = conn.execute("SELECT context_centroid(%s, %s)::text", (ctx, name)).fetchone()
+        for _ in range(2):
+            (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + knn, (center,)).fetchone()
+        ms.append(plan[0]["Execution Time"])
+        with conn.transaction():
+            (before,) = conn.execute(KNN_READS, {"index": index}).fetchone()
+            conn.execute(knn, (center,))
+            (after,) = conn.execute(KNN_READS, {"index": index}).fetchone()
+        reads.append(after - before)
+    worst = int(np.argmax(reads))
+    # The line needs reads that differ: with a spread under FIT_SPREAD entries it fits timing noise.
+    slope = float(np.polyfit(reads, ms, 1)[0]) if max(reads) - min(reads) >= FIT_SPREAD else None
+    return {"knn_index_reads_p50": float(np.median(reads)), "knn_index_reads_p95": float(np.percentile(reads, 95)),
+            "knn_index_reads_max": int(reads[worst]), "knn_ms_at_max_reads": float(ms[worst]),
+            "knn_explain_p50_ms": float(np.median(ms)), "knn_us_per_index_read": None if slope is None else slope * 1000,
+            "knn_reads_past_k_share": float(np.mean([r > KNN_K + 1 for r in reads]))}
+
+
 def fidelity(reports: Path | None, name: str) -> dict | None:
     path = reports / name / "report.json" if reports is not None else None
     if path is None or not path.exists():
@@ -65,13 +109,14 @@ def row(url: str, name: str, reports: Path | None) -> dict:
         if contexts is None:
             raise SystemExit(f"atom set '{name}' has no held-out text of {CONTEXT_LENGTH + 1}+ tokens to time on")
         used = buffers(conn, name, contexts)
+        reads = index_reads(conn, name, contexts)
     stats = info.stats
     cost = measure(url, name, "native", contexts, float(info.history_weight))
     ingest = stats.ingest
     extra = stats.model_extra or {}
     return {"atom_set": name, "kernel": info.kernel, "window": info.centroid_window, "decay": info.centroid_decay,
             "projection": info.projection, "train_tokens": stats.corpus.train_tokens if stats.corpus else None,
-            "atoms": ingest.atoms if ingest else None, "next_token_buffers_p50": used,
+            "atoms": ingest.atoms if ingest else None, "next_token_buffers_p50": used, **reads,
             **{k: cost[k] for k in ("next_token_p50_ms", "next_token_p95_ms", "knn_p50_ms", "overhead_p50_ms")},
             "stage_seconds": extra.get("stage_seconds"),
             "ingest_seconds": ingest.total_seconds if ingest else None,
@@ -84,8 +129,8 @@ def markdown(result: dict) -> str:
              f"`{result['command']}` on {result['machine'].get('cpu')} ({result['machine'].get('cores')} cores); load before {result['load_before']}, "
              f"after {result['load_after']}.", "",
              "| atom set | training tokens | atoms | top-1 [95% CI] | vs ∞-gram + cache | next_token p50 / p95 (ms) "
-             "| KNN p50 (ms) | buffers | build (s) | ingest (s) | disk (MB) |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| KNN p50 (ms) | KNN index reads p50 / p95 / max (ms of the max) | µs per read | buffers | build (s) | ingest (s) | disk (MB) |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         f = r["fidelity"]
         top1 = f"{f['top1']:.3f} [{f['top1_ci95'][0]:.3f}, {f['top1_ci95'][1]:.3f}]" if f else "—"
@@ -95,8 +140,14 @@ def markdown(result: dict) -> str:
         disk = f"{r['disk_bytes'] / 1e6:.0f}" if r["disk_bytes"] else "—"
         lines.append(f"| {r['atom_set']} | {r['train_tokens']:,} | {r['atoms']:,} | {top1} | {vs} | "
                      f"{r['next_token_p50_ms']:.2f} / {r['next_token_p95_ms']:.2f} | {r['knn_p50_ms']:.2f} | "
+                     f"{r['knn_index_reads_p50']:.0f} / {r['knn_index_reads_p95']:.0f} / {r['knn_index_reads_max']} "
+                     f"({r['knn_ms_at_max_reads']:.2f} ms) | {_fitted(r['knn_us_per_index_read'])} | "
                      f"{r['next_token_buffers_p50']:.0f} | {build} | {r['ingest_seconds'] or 0:.0f} | {disk} |")
     return "\n".join(lines) + "\n"
+
+
+def _fitted(us: float | None) -> str:
+    return "—" if us is None else f"{us:.2f}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -184,3 +184,24 @@ def test_the_kernel_benchmark_measures_both_kernels_next_to_the_bare_knn(server_
     assert s["ratio_512_over_8"] > 0 and s["generate_tokens_per_s"] > 0
     text = kernel.markdown(r, "hartonomous bench --kernel --sizes 2000")
     assert "| bench-kernel-2000 | native | 512 | on |" in text and "generate_tokens" in text
+
+
+def test_the_scaling_benchmark_counts_the_entries_a_knn_rechecks(server_url):
+    """Atoms whose keys differ only beyond float4 tie in the GiST's boxes: a KNN-100 among 300 of
+    them reads all 300 to order them exactly, one among well-separated atoms at most 101."""
+    import psycopg
+
+    from benchmarks.scaling import index_reads
+    from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, drop_atom_set, write_atom_set
+
+    grid = np.stack(np.meshgrid(*[np.arange(10.0)] * 3, indexing="ij"), -1).reshape(-1, 3)   # 1,000 atoms 1 apart
+    tied = np.full((300, 3), 100.0) + np.arange(300)[:, None] * 1e-9                   # 300 within one float4
+    tokens = TokenRows(np.arange(2), [None, None], np.array([[4.5, 4.5, 4.5], [100.0, 100.0, 100.0]]))
+    atoms = AtomRows(np.r_[np.zeros(len(grid), int), np.ones(len(tied), int)], np.r_[grid, tied])
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        write_atom_set(conn, AtomSetSpec("bench-recheck", "synthetic", 2, 3, "none", "context", centroid_window=1),
+                       tokens, atoms, replace=True)
+        spread, packed = (index_reads(conn, "bench-recheck", [[t]] * 3) for t in (0, 1))
+        drop_atom_set(conn, "bench-recheck")
+    assert spread["knn_index_reads_max"] <= 101 and spread["knn_reads_past_k_share"] == 0
+    assert packed["knn_index_reads_p50"] >= 300 and packed["knn_reads_past_k_share"] == 1
