@@ -177,6 +177,12 @@ def build_cmd(
                                "corpus on the rest)."),
     teacher_tokens: int = typer.Option(100_000, "--teacher-tokens", help="--target mixed: how many of the first "
                                        "training tokens get the exact model's soft labels."),
+    self_distill: int = typer.Option(0, "--self-distill", help="Also let the exact model write this many tokens, "
+                                     "continuing prompts cut from the training text (batched; greedy and sampled), "
+                                     "and key atoms on its own words: what a speculative drafter must predict. "
+                                     "0 = off."),
+    self_distill_only: bool = typer.Option(False, "--self-distill-only", help="Atoms from the self-distilled text "
+                                           "alone (the corpus still gives the prompts and the holdout)."),
     soft_k: int = typer.Option(8, "--soft-k", help="How many of the exact model's most probable next tokens "
                                "--target soft keeps per position (1-64)."),
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
@@ -251,7 +257,8 @@ def build_cmd(
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,
         device=device or settings.device, replace=replace, make_default=default, positions=positions,
         epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay, keep_epoch=keep_epoch,
-        teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by)
+        teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by,
+        self_distill=self_distill, self_distill_only=self_distill_only)
     if layout is not None:
         options.layout = layout
     options.check()
@@ -283,6 +290,11 @@ def _print_build_summary(result) -> None:
         ("total", f"{result.seconds:.1f}s ("
                   + ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items()) + ")"),
     ]
+    if s.self_distill is not None:
+        d = s.self_distill
+        rows.append(("self-distilled", f"{d['tokens']:,} tokens the model wrote ({d['greedy_sequences']} greedy, "
+                                       f"{d['sampled_sequences']} sampled continuations"
+                                       + (", its atoms alone" if d.get("only") else "") + ")"))
     if result.control is not None:
         c = result.control
         rows.append(("control", f"'{c.name}': {c.atoms:,} atoms, h = {c.bandwidth:.4g}, history weight "

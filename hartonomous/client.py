@@ -83,12 +83,15 @@ class Client:
         return self._engines[key]
 
     def _speculative_backend(self):
-        """The exact model verifying drafts of a spatial backend of its own (same atom set options)."""
+        """The exact model verifying drafts of a spatial backend of its own (same atom set options),
+        draft lengths shaped by the exact model's forward costs measured here (hartonomous/draft_cost.py)."""
+        from hartonomous.draft_cost import forward_costs
         from hartonomous.speculative import SpeculativeBackend
 
         exact = self._exact_backend()
+        costs = forward_costs(exact.model) if exact.model.use_cache else None   # once per model: ~3 s for SmolLM2
         return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
-                                  max_draft_tokens=self.max_draft_tokens)
+                                  max_draft_tokens=self.max_draft_tokens, costs=costs)
 
     def _hybrid_backend(self):
         """Spatial steps while the predicted risk is below `risk_threshold`, exact steps otherwise."""

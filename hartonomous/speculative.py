@@ -14,8 +14,13 @@ Per round, with i the position of the next output token (0 = the first generated
    temperature, top-k, top-p), so every output token is distributed exactly as on the exact path,
    and greedy output is the exact path's token for token;
 4. the KV cache is rolled back past the rejected draft tokens.
-The draft length adapts: after a full acceptance it grows by 2, after a rejection it shrinks by 1,
-within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
+The draft length adapts. With forward costs measured at start-up (`costs`, hartonomous/draft_cost.py;
+what the client and the server pass) the first round drafts `draft_tokens` and every later one
+the length with the most expected tokens per second given the running acceptance and the measured
+cost of feeding that many tokens (CostShapedPolicy); at T > 0 its "plain" rounds draft one token
+(a forward of one token, judged by the acceptance rule), so every output position is decided by
+the same rule whatever the timings. Without costs (the legacy schedule): after a full acceptance
+it grows by 2, after a rejection it shrinks by 1, within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
 the acceptance rate over the last ACCEPTANCE_WINDOW judged draft tokens falls below
 `min_acceptance` (the break-even, see DraftPolicy), the next `probe_every` rounds draft nothing
 (a plain exact step: one token per forward, no database call), then one 1-token draft probes
@@ -49,6 +54,7 @@ from hartonomous import sqlcalls
 from hartonomous.backends.base import Cancelled, Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
+from hartonomous.draft_cost import CostShapedPolicy, ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
 from hartonomous.sampling import pick_index, seeded_uniform
@@ -137,7 +143,7 @@ class DraftPolicy:
             return 0
         return min(self.k, left)
 
-    def update(self, asked: int, drafted: int, accepted: int) -> None:
+    def update(self, asked: int, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
         """Account for a round that asked for `asked` tokens, got `drafted` and kept `accepted`."""
         if asked == 0:
             return
@@ -185,12 +191,13 @@ class SpeculativeRun:
     def _rounds(self) -> Iterator[tuple[int, float, float]]:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
-        policy = DraftPolicy(self.backend)
+        policy = self.backend.policy(self.sampler)
         produced = 0
         while produced < self.max_new_tokens:
             if self.cancel.is_set():
                 raise Cancelled()
-            n = policy.length(self.max_new_tokens - produced)
+            n = policy.length(self.max_new_tokens - produced) if stats.rounds else \
+                min(self.backend.draft_tokens, self.max_new_tokens - produced)
             t0 = time.perf_counter()
             drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
                                    self.stop_token_ids) if n else []
@@ -211,7 +218,7 @@ class SpeculativeRun:
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.decide_s += t3 - t2
-            policy.update(n, len(draft), accepted)
+            policy.update(n, len(draft), accepted, (t1 - t0) if n else None)
             for j, token in enumerate(tokens):
                 produced += 1
                 stats.tokens += 1
@@ -266,7 +273,7 @@ class SpeculativeBackend:
 
     def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
                  max_draft_tokens: int = 8, adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE,
-                 probe_every: int = PROBE_EVERY):
+                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -289,6 +296,13 @@ class SpeculativeBackend:
         self.adaptive = adaptive
         self.min_acceptance = min_acceptance
         self.probe_every = probe_every
+        self.costs = costs
+
+    def policy(self, sampler: SamplerArgs) -> "DraftPolicy | CostShapedPolicy":
+        """One generation's draft-length policy: cost-shaped when forward costs were measured."""
+        if self.adaptive and self.costs is not None:
+            return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=1 if sampler.temperature > 0 else 0)
+        return DraftPolicy(self)
 
     @property
     def atom_set_name(self) -> str:

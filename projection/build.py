@@ -86,6 +86,7 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
     loaded = timed("load", stages.load, options, model, tokenizer, ui)
     projected = timed("project", stages.project, options, loaded, ui)
     labelled = timed("label", stages.label, options, loaded, ui)
+    labelled = timed("self_distill", stages.self_distill, options, loaded, labelled, ui)
     centroid = timed("choose_centroid", stages.choose_centroid, options, loaded, projected, labelled, ui)
     learned, lattice, positions = None, None, projected.positions
     if options.positions == "lattice":

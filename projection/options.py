@@ -84,6 +84,8 @@ class BuildOptions:
     keep_epoch: str = "best"  # best (early-stopped on the calibration half) | last (a diagnostic)
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
+    self_distill: int = 0  # tokens the exact model writes as extra training text (projection/self_distill.py)
+    self_distill_only: bool = False  # atoms from the self-distilled text alone (the corpus gives prompts and holdout)
 
     def __post_init__(self) -> None:
         if self.kernel is None:
@@ -121,6 +123,12 @@ class BuildOptions:
             raise UserError(f"--max-tokens must be at least 2, got {self.max_tokens}")
         if self.target not in TARGETS:
             raise UserError(f"--target must be one of {', '.join(TARGETS)}, got '{self.target}'")
+        if self.self_distill < 0:
+            raise UserError(f"--self-distill must be >= 0 tokens, got {self.self_distill}")
+        if self.self_distill and self.kind != "context":
+            raise UserError("--self-distill adds context atoms; pass --kind context")
+        if self.self_distill_only and not self.self_distill:
+            raise UserError("--self-distill-only keeps the self-distilled atoms alone; pass --self-distill N too")
         if self.teacher_tokens < 0:
             raise UserError(f"--teacher-tokens must be >= 0, got {self.teacher_tokens}")
         if not 1 <= self.soft_k <= MAX_SOFT_K:
@@ -183,6 +191,8 @@ class BuildOptions:
             raise UserError("--positions learned trains the positions of a context set; pass --kind context")
         if self.target == "mixed":
             raise UserError("--positions learned trains on one kind of label; pass --target soft, argmax or corpus")
+        if self.self_distill:
+            raise UserError("--positions learned trains on the corpus's labels only; drop --self-distill")
         window = self.resolved_window()
         if window is None or window > MAX_WINDOW:
             raise UserError(f"--positions learned needs a finite --window of at most {MAX_WINDOW}, got {window}")

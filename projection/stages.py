@@ -1,6 +1,7 @@
 """The stages of a build, each a function from the earlier stages' frozen results to its own.
 
-    load -> project -> label -> choose_centroid [-> learn_positions] -> make_atoms -> calibrate -> calibrate_history
+    load -> project -> label [-> self_distill] -> choose_centroid [-> learn_positions] -> make_atoms -> calibrate
+         -> calibrate_history
          [-> random_positions] -> (stats) -> ingest [control first, then the set]
 
 load       the model, its input embeddings, and the tokenized corpus: training chunks, and the
@@ -8,6 +9,8 @@ load       the model, its input embeddings, and the tokenized corpus: training c
 project    the embeddings to 3D (LMDS or PCA) and the projection's quality
 label      teacher forcing: the exact model's argmax (and top-k for --target soft) at every
            training and calibration position (the test half is left to `compare`)
+self_distill  with --self-distill N: the exact model continues prompts cut from the training
+           tokens until it has written N tokens (projection/self_distill.py); atoms on its words
 choose_centroid  the centroid window/decay: the options' own, or the best of a calibration sweep
 learn_positions  with --positions learned: the token positions (and the bandwidth, with --learn-decay
            the decay) trained from the projection's (projection/learned.py), validated on the calibration half
@@ -25,7 +28,7 @@ Nothing touches the database before `ingest`.
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,8 @@ from hartonomous.compare.labels import teacher_chunk_count
 from hartonomous.errors import UserError
 from hartonomous.teacher import Forced
 from projection import calibrate as cal
-from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, merge_atoms, soft_context_atoms,
-                              token_atoms)
+from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, continuation_atoms,
+                              merge_atoms, soft_context_atoms, token_atoms)
 from hartonomous.corpus import Corpus, load_corpus
 from hartonomous.corpus_origin import origin_stats
 from projection.distill import chunk_ids, distill, tokenize
@@ -52,6 +55,7 @@ from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
 from projection.quality import projection_quality
 from projection.reproducibility import reproducibility
+from projection.self_distill import Distilled, self_distill as run_self_distill
 from projection.sweep import CANDIDATES, Evaluated, sweep
 
 KEY_CALIBRATION_QUERIES = 1000
@@ -179,6 +183,7 @@ class Labelled:
     calibration_argmax: list[np.ndarray]
     forced: Forced
     device: str
+    distilled: Distilled | None = None   # --self-distill: the model's own continuations
 
     @property
     def calibration_targets(self) -> np.ndarray:
@@ -212,6 +217,22 @@ def label(options: BuildOptions, loaded: Loaded, ui: Reporter) -> Labelled:
                     forced.argmax[n:], forced, str(next(loaded.model.parameters()).device))
 
 
+def self_distill(options: BuildOptions, loaded: Loaded, labelled: Labelled, ui: Reporter) -> Labelled:
+    """`labelled` with the model's own continuations (--self-distill N), or as it is."""
+    if not options.self_distill:
+        return labelled
+    eos = {int(t) for t in (loaded.tokenizer.eos_token_id, loaded.model.generation_config.eos_token_id)
+           if isinstance(t, int)}
+    with ui.bar("self-distilling (the model writes)", options.self_distill, "tok") as advance:
+        distilled = run_self_distill(loaded.model, loaded.texts.train_ids, options.self_distill, seed=options.seed,
+                                     eos_token_ids=eos, advance=advance, cache_dir=options.teacher_cache)
+    stats = distilled.stats()
+    ui.step(f"self-distilled: {stats['tokens']:,} tokens in {stats['sequences']} continuations "
+            f"({stats['greedy_sequences']} greedy, {stats['sampled_sequences']} sampled) in {distilled.seconds:.1f}s"
+            + (f"; {distilled.cached_batches} batches from the cache" if distilled.cached_batches else ""))
+    return replace(labelled, distilled=distilled)
+
+
 # --- choose_centroid -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -228,6 +249,16 @@ def atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, 
     """The set's atoms for one (window, decay); full-dimensional keys from `full` when given."""
     if options.kind != "context":
         return token_atoms(positions, full)
+    parts = [] if options.self_distill_only else [corpus_atom_rows(options, labelled, positions, window, decay, full)]
+    if labelled.distilled is not None:
+        parts.append(continuation_atoms(labelled.distilled.sequences, labelled.distilled.prompt_tokens, positions,
+                                        window, decay, full))
+    return merge_atoms(parts[0] if len(parts) == 1 else concat_atoms(parts), options.merge_radius)
+
+
+def corpus_atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, window: int | None,
+                     decay: float, full: np.ndarray | None = None) -> AtomRows:
+    """The context atoms of the training chunks by --target (before merging)."""
     if options.target == "soft":
         raw = soft_context_atoms(labelled.train_chunks, labelled.train_top_ids, labelled.train_top_probs, positions,
                                  window, decay, full)
@@ -241,7 +272,7 @@ def atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, 
     else:
         raw = context_atoms(labelled.train_chunks, labelled.train_argmax, positions, window, decay, options.target,
                             full)
-    return merge_atoms(raw, options.merge_radius)
+    return raw
 
 
 def calibration_queries(labelled: Labelled, vectors: np.ndarray, window: int | None, decay: float,
@@ -367,6 +398,10 @@ def make_atoms(options: BuildOptions, loaded: Loaded, positions: np.ndarray, lab
             sum(len(c) - 1 for c in labelled.train_chunks[taught:])
     else:
         before = sum(len(c) - 1 for c in labelled.train_chunks)
+    if options.self_distill_only:
+        before = 0
+    if labelled.distilled is not None:
+        before += labelled.distilled.generated
     return Atoms(centroid, rows, calibration_queries(labelled, positions, window, decay), int(before))
 
 
@@ -564,6 +599,8 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         controls=ControlStats(random_positions=control.name) if control is not None else None,
         learned_positions=learned.stats if learned is not None else None,
         reproducibility=reproducibility(labelled.forced, atoms.rows),
+        self_distill=None if labelled.distilled is None else
+        {**labelled.distilled.stats(), "only": options.self_distill_only},
     )
 
 

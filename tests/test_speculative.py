@@ -616,3 +616,46 @@ def test_greedy_identity_on_smollm2(server_url, smollm2_set):
             assert got.token_ids == expected.token_ids
             assert got.text == expected.text
             assert got.stats.drafted > 0
+
+
+# -- cost-shaped draft lengths (hartonomous/draft_cost.py) ---------------------------------------
+
+def cost_tables():
+    from hartonomous.draft_cost import ForwardCosts
+
+    flat = ForwardCosts((0.040,) + (0.045,) * 15)                 # long drafts almost free: draft long
+    linear = ForwardCosts(tuple(0.040 * n for n in range(1, 17)))  # every fed token costs: stay plain
+    return flat, linear
+
+
+@pytest.mark.parametrize("drafter", ["spatial", "random_spatial"])
+def test_greedy_output_is_the_exact_paths_with_cost_shaped_drafts(request, drafter):
+    for costs in cost_tables():
+        engine = speculative(request.getfixturevalue(drafter), draft_tokens=4, max_draft_tokens=8, costs=costs)
+        for prompt in PROMPTS:
+            got = engine.generate(prompt, GREEDY)
+            assert got.token_ids == exact_engine().generate(prompt, GREEDY).token_ids
+            assert got.stats.draft_lengths[0] == 4 and max(got.stats.draft_lengths) <= 8
+
+
+def test_cost_shaped_drafts_follow_the_costs(spatial):
+    """A drafter that is always right drafts long where long drafts are cheap and stays plain where
+    every fed token costs a forward of its own."""
+    flat, linear = cost_tables()
+    config = GREEDY.with_options(max_new_tokens=40)
+    engine = speculative(spatial, draft_tokens=2, max_draft_tokens=8, costs=flat)
+    engine.backend.drafter = OracleDrafter()
+    assert engine.generate(PROMPTS[0], config).stats.draft_lengths[1:3] == [8, 8]
+    engine = speculative(spatial, draft_tokens=2, max_draft_tokens=8, costs=linear)
+    engine.backend.drafter = OracleDrafter()
+    assert engine.generate(PROMPTS[0], config).stats.draft_lengths[1:3] == [0, 0]
+
+
+def test_a_sample_does_not_depend_on_the_measured_costs(random_spatial):
+    """At T > 0 the cost policy's plain rounds judge a 1-token draft, so two machines (cost tables)
+    give the seed's one sample: the fixed 1-token schedule's."""
+    config = SAMPLED.with_options(max_new_tokens=24)
+    reference = speculative(random_spatial, draft_tokens=1, adaptive=False).generate(PROMPTS[0], config).token_ids
+    for costs in cost_tables():
+        got = speculative(random_spatial, draft_tokens=4, costs=costs).generate(PROMPTS[0], config)
+        assert got.token_ids == reference

@@ -1,0 +1,154 @@
+"""Draft lengths shaped by what a forward costs on this machine (issue 25).
+
+A speculative round that drafts k tokens feeds the exact model k tokens (the token still pending
+plus the first k - 1 drafted; the last drafted token is judged from the logits before it) and
+yields, with a per-token acceptance rate a, E(k) = 1 + a + ... + a^(k-1) = (1 - a^k) / (1 - a)
+tokens: the kept prefix, then the exact model's correction. A plain step (k = 0) feeds one token
+and yields one. On a CPU the cost of a forward is not linear in the tokens fed (SmolLM2 on 2 cores,
+median of 10 after a 128-token prefix: 40 ms for 1 token, 64 for 2, 81 for 3, 63 for 4, 61 for 8):
+a fixed schedule that shrinks drafts after rejections lands on 2-3 tokens, the costliest shape per
+token. So the policy measures the forward cost c(n) for n = 1..MAX_MEASURED tokens once, at
+start-up (`measure_forward_costs`), keeps a running acceptance rate and a running draft-call time
+d, and each round picks
+
+    k* = argmax over k in {0} ∪ {2..K} of  E(k) / (c(k) + d)      (k = 0: 1 / c(1))
+
+(k = 1 is never better than a plain step: it costs a forward of one token and a database call and
+yields one token). While k* = 0 the rounds are plain, and every PROBE_EVERY of them one round drafts
+the best k > 0 anyway, so that a rate learnt on a bad stretch can recover.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+
+MAX_MEASURED = 16            # forward costs measured for 1..16 tokens
+MEASURE_PREFIX = 128         # tokens cached before the timed forwards (a realistic KV-cache length)
+MEASURE_REPEATS = 3          # timed forwards per length (the median is kept), after one warm-up
+PRIOR_ACCEPTANCE = 0.5       # the rate before anything is judged, worth PRIOR_WEIGHT judged tokens
+PRIOR_WEIGHT = 4
+ACCEPTANCE_WINDOW = 32       # judged draft tokens the running rate looks at
+DRAFT_SECONDS_PRIOR = 0.003  # a draft call before one is timed (PL/pgSQL backoff sets: ~3 ms)
+PROBE_EVERY = 8              # plain rounds between probes while drafting does not pay
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Seconds of one cached forward of n new tokens, n = 1..len(seconds), measured on this machine."""
+
+    seconds: tuple[float, ...]
+    prefix: int = MEASURE_PREFIX
+
+    def of(self, n: int) -> float:
+        """c(n); beyond the measured range the cost grows linearly from the last two points."""
+        if n <= len(self.seconds):
+            return self.seconds[n - 1]
+        last, before = self.seconds[-1], self.seconds[-2] if len(self.seconds) > 1 else 0.0
+        return last + (n - len(self.seconds)) * max(last - before, 0.0)
+
+    def as_dict(self) -> dict:
+        return {"prefix": self.prefix, "ms": [round(s * 1000, 3) for s in self.seconds]}
+
+
+def forward_costs(model) -> ForwardCosts:
+    """The model's forward costs, measured on first use and kept on the model object (a server
+    measures once, whatever the number of requests)."""
+    known = getattr(model, "_hartonomous_forward_costs", None)
+    if known is None:
+        known = measure_forward_costs(model)
+        model._hartonomous_forward_costs = known
+    return known
+
+
+def measure_forward_costs(model, max_tokens: int = MAX_MEASURED, prefix: int = MEASURE_PREFIX,
+                          repeats: int = MEASURE_REPEATS) -> ForwardCosts:
+    """Time `model` (hartonomous.exact.ExactModel) feeding n = 1..max_tokens tokens after a cached
+    prefix, the logits of every fed position kept (as verification keeps them); the median of
+    `repeats` runs per n after one warm-up, the cache cropped back after each."""
+    import torch
+
+    with torch.inference_mode():
+        return _measure(model, max_tokens, prefix, repeats)
+
+
+def _measure(model, max_tokens: int, prefix: int, repeats: int) -> ForwardCosts:
+    ids = [i % model.vocab_size for i in range(1000, 1000 + prefix + max_tokens)]
+    cache = model.new_cache()
+    model.prefill(ids[:prefix], cache)
+    seconds = []
+    for n in range(1, max_tokens + 1):
+        feed = ids[prefix:prefix + n]
+        runs = []
+        for attempt in range(repeats + 1):
+            t0 = time.perf_counter()
+            model.extend(feed, cache, n)
+            elapsed = time.perf_counter() - t0
+            cache.crop(prefix)
+            if attempt:
+                runs.append(elapsed)
+        seconds.append(statistics.median(runs))
+    return ForwardCosts(tuple(seconds), prefix)
+
+
+def expected_tokens(k: int, acceptance: float) -> float:
+    """E(k): tokens a round drafting k yields at per-token acceptance `acceptance` (1 for k = 0)."""
+    if k == 0:
+        return 1.0
+    if acceptance >= 1.0:
+        return float(k)
+    return (1.0 - acceptance ** k) / (1.0 - acceptance)
+
+
+class CostShapedPolicy:
+    """Draft lengths from the forward costs, the running acceptance and the draft call's time."""
+
+    def __init__(self, costs: ForwardCosts, max_draft_tokens: int, min_draft: int = 0):
+        self.costs = costs
+        self.min_draft = min_draft          # 1 at T > 0: a "plain" round still judges a 1-token draft
+        self.max_draft_tokens = max_draft_tokens
+        self.recent: deque[bool] = deque(maxlen=ACCEPTANCE_WINDOW)
+        self.draft_seconds = DRAFT_SECONDS_PRIOR
+        self.plain_rounds = 0
+
+    @property
+    def acceptance(self) -> float:
+        """The running per-token acceptance, shrunk towards PRIOR_ACCEPTANCE while few are judged."""
+        return (sum(self.recent) + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (len(self.recent) + PRIOR_WEIGHT)
+
+    def rate(self, k: int) -> float:
+        """Tokens per second of a round drafting k (0: a plain step)."""
+        if k == 0:
+            return 1.0 / (self.costs.of(1) + (self.draft_seconds if self.min_draft else 0.0))
+        return expected_tokens(k, self.acceptance) / (self.costs.of(k) + self.draft_seconds)
+
+    def best_draft(self, left: int) -> int:
+        """The k in 2..min(K, left) (or 1 when only 1 is left) with the highest rate."""
+        top = max(1, min(self.max_draft_tokens, left))
+        candidates = range(2, top + 1) if top >= 2 else [1]
+        return max(candidates, key=self.rate)
+
+    def length(self, left: int) -> int:
+        """The next round's draft length (0: a plain step)."""
+        k = self.best_draft(left)
+        if self.rate(k) > self.rate(0):
+            self.plain_rounds = 0
+            return k
+        self.plain_rounds += 1
+        if self.plain_rounds > PROBE_EVERY:       # a probe: the rate may have been learnt on a bad stretch
+            self.plain_rounds = 0
+            return k
+        return min(self.min_draft, left)
+
+    def update(self, asked: int, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
+        """Account for a round that asked for `asked` tokens, got `drafted`, kept `accepted`; the
+        tokens after a rejection were not judged. A 1-token round teaches nothing about longer drafts'
+        worth beyond its one judged token, which is counted like any other."""
+        if asked == 0:
+            return
+        judged = accepted + (1 if accepted < drafted else 0)
+        self.recent.extend([True] * accepted + [False] * (judged - accepted))
+        if draft_seconds is not None:
+            self.draft_seconds = 0.8 * self.draft_seconds + 0.2 * draft_seconds

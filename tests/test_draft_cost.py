@@ -1,0 +1,78 @@
+"""Draft lengths shaped by the measured forward costs (hartonomous/draft_cost.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hartonomous.draft_cost import (PROBE_EVERY, CostShapedPolicy, ForwardCosts, expected_tokens,
+                                    measure_forward_costs)
+from hartonomous.exact import ExactModel
+from tiny_model import tiny_model
+
+# SmolLM2 on 2 CPU cores (issue 25): 2-3 tokens cost the most per token, 4-16 about 1.5x one.
+CPU = ForwardCosts((0.040, 0.064, 0.081, 0.063, 0.061, 0.060, 0.0605, 0.061) + (0.062,) * 7 + (0.072,))
+# A device where cost grows with every token fed: drafting never pays.
+LINEAR = ForwardCosts(tuple(0.040 * n for n in range(1, 17)))
+
+
+def judged(policy: CostShapedPolicy, kept: int, rejected: int) -> None:
+    """Rounds of one judged draft token each: `kept` kept, then `rejected` rejected (2 ms drafts)."""
+    for _ in range(kept):
+        policy.update(1, 1, 1, 0.002)
+    for _ in range(rejected):
+        policy.update(1, 1, 0, 0.002)
+
+
+def test_a_round_of_k_yields_the_kept_prefix_and_one_correction() -> None:
+    assert expected_tokens(0, 0.3) == 1 and expected_tokens(1, 0.9) == 1    # a 1-token draft never gains
+    assert expected_tokens(3, 0.5) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(8, 0.0) == 1 and expected_tokens(8, 1.0) == 8
+
+
+def test_costs_beyond_the_measured_range_grow_from_the_last_two_points() -> None:
+    costs = ForwardCosts((0.01, 0.02, 0.05))
+    assert costs.of(3) == 0.05 and costs.of(5) == pytest.approx(0.05 + 2 * 0.03)
+
+
+def test_drafts_that_are_kept_grow_to_the_cheapest_long_shape() -> None:
+    policy = CostShapedPolicy(CPU, max_draft_tokens=8)
+    judged(policy, kept=32, rejected=0)
+    assert policy.acceptance > 0.9
+    assert policy.length(64) == 8
+    assert policy.length(3) == 2 or policy.length(3) == 3          # never more than is left
+    assert policy.length(1) == 0                                   # one token left: a plain step
+
+
+def test_the_costliest_shapes_are_skipped_where_longer_drafts_cost_the_same() -> None:
+    """At a middling acceptance 2-3 token drafts lose to a plain step on the CPU's costs, 6-8 win."""
+    policy = CostShapedPolicy(CPU, max_draft_tokens=16)
+    judged(policy, kept=16, rejected=16)
+    a = policy.acceptance
+    assert 0.45 < a < 0.55
+    assert policy.rate(2) < policy.rate(0) < policy.rate(policy.best_draft(64))
+    assert policy.best_draft(64) >= 6
+
+
+def test_drafting_stops_where_it_cannot_pay_and_probes_again() -> None:
+    rejected = CostShapedPolicy(CPU, max_draft_tokens=8)
+    judged(rejected, kept=0, rejected=32)
+    lengths = [rejected.length(64) for _ in range(2 * (PROBE_EVERY + 1))]
+    assert lengths == ([0] * PROBE_EVERY + [rejected.best_draft(64)]) * 2
+    linear = CostShapedPolicy(LINEAR, max_draft_tokens=8)
+    judged(linear, kept=24, rejected=8)                            # 75% kept, yet every token costs a forward
+    assert linear.length(64) == 0
+
+
+def test_at_a_temperature_a_plain_round_still_judges_one_drafted_token() -> None:
+    """So every sampled position is decided by the acceptance rule, whatever the timings decide."""
+    policy = CostShapedPolicy(CPU, max_draft_tokens=8, min_draft=1)
+    judged(policy, kept=0, rejected=32)
+    assert policy.length(64) == 1
+
+
+def test_forward_costs_are_measured_for_one_to_sixteen_tokens() -> None:
+    model, tokenizer = tiny_model(0)
+    exact = ExactModel(model, tokenizer)
+    costs = measure_forward_costs(exact, max_tokens=16, prefix=32, repeats=1)
+    assert len(costs.seconds) == 16 and all(s > 0 for s in costs.seconds)
+    assert costs.as_dict()["prefix"] == 32 and len(costs.as_dict()["ms"]) == 16

@@ -1,0 +1,103 @@
+"""--self-distill: the exact model's own continuations become atoms (projection/self_distill.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+import torch
+
+from hartonomous.errors import UserError
+from projection import self_distill as sd
+from projection.atoms import continuation_atoms, context_atoms
+from tiny_model import tiny_model
+
+from test_build import corpus_file, one, options, run_build  # noqa: F401 - the module's corpus fixture
+
+
+def greedy_continuation(model, prompt: np.ndarray, n: int) -> list[int]:
+    """n argmax steps without a cache: the reference the batched `generate` must match."""
+    ids = torch.as_tensor(prompt, dtype=torch.long)[None]
+    out: list[int] = []
+    for _ in range(n):
+        token = int(model(ids).logits[0, -1].argmax())
+        out.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+def test_the_model_writes_exactly_n_tokens_after_prompts_cut_from_the_training_text() -> None:
+    model, _ = tiny_model(0)
+    train = np.random.default_rng(0).integers(5, 200, 3000)
+    got = sd.self_distill(model, train, 1500, seed=0, eos_token_ids=set())
+    assert got.generated == 1500 and got.cached_batches == 0
+    windows = {tuple(train[i:i + sd.PROMPT_TOKENS]) for i in range(len(train) - sd.PROMPT_TOKENS + 1)}
+    assert all(tuple(s[:sd.PROMPT_TOKENS]) in windows for s in got.sequences)
+    assert got.greedy_sequences == sd.BATCH and got.sampled_sequences == len(got.sequences) - sd.BATCH
+    first = got.sequences[0]                  # batch 0 is greedy: the model's own argmax path
+    assert first[sd.PROMPT_TOKENS:].tolist() == greedy_continuation(model, first[:sd.PROMPT_TOKENS],
+                                                                    sd.CONTINUATION_TOKENS)
+    sampled = got.sequences[sd.BATCH]
+    assert sampled[sd.PROMPT_TOKENS:].tolist() != greedy_continuation(model, sampled[:sd.PROMPT_TOKENS],
+                                                                      sd.CONTINUATION_TOKENS)
+
+
+def test_a_continuation_ends_at_the_models_first_eos() -> None:
+    assert sd._until_eos(np.array([4, 9, 2, 9, -1, -1]), {9}).tolist() == [4, 9]
+    assert sd._until_eos(np.array([4, 5, -1]), {9}).tolist() == [4, 5]
+
+
+def test_a_second_run_reads_the_cache_and_gives_the_same_text(tmp_path: Path) -> None:
+    model, _ = tiny_model(0)
+    train = np.random.default_rng(1).integers(5, 200, 2000)
+    first = sd.self_distill(model, train, 700, seed=3, eos_token_ids=set(), cache_dir=tmp_path / "teacher")
+    again = sd.self_distill(model, train, 700, seed=3, eos_token_ids=set(), cache_dir=tmp_path / "teacher")
+    assert first.cached_batches == 0 and again.cached_batches == 1
+    assert [s.tolist() for s in first.sequences] == [s.tolist() for s in again.sequences]
+    other_seed = sd.self_distill(model, train, 700, seed=4, eos_token_ids=set(), cache_dir=tmp_path / "teacher")
+    assert other_seed.cached_batches == 0
+
+
+def test_too_little_training_text_for_a_prompt_is_a_user_error() -> None:
+    model, _ = tiny_model(0)
+    with pytest.raises(UserError, match="prompts of 32 tokens"):
+        sd.self_distill(model, np.arange(10), 100, seed=0, eos_token_ids=set())
+
+
+def test_continuation_atoms_are_the_positions_whose_next_token_the_model_wrote() -> None:
+    positions = np.random.default_rng(0).normal(size=(50, 3))
+    seqs = [np.array([1, 2, 3, 4, 5, 6]), np.array([7, 8, 9, 10])]
+    every = context_atoms(seqs, None, positions, 3, 0.5, "corpus")
+    cont = continuation_atoms(seqs, 3, positions, 3, 0.5)
+    # prompt of 3: the atoms predicting tokens 4, 5, 6 and 10 (keys at positions 2.. of each sequence)
+    assert cont.token_ids.tolist() == [4, 5, 6, 10]
+    np.testing.assert_array_equal(cont.positions, every.positions[[2, 3, 4, 7]])
+
+
+def test_bad_self_distill_options_are_refused_before_any_work(corpus_file: Path) -> None:  # noqa: F811
+    for extra, message in (({"self_distill": -1}, "--self-distill must be >= 0"),
+                           ({"self_distill_only": True}, "pass --self-distill N too"),
+                           ({"self_distill": 100, "kind": "token"}, "pass --kind context"),
+                           ({"self_distill": 100, "positions": "learned"}, "drop --self-distill")):
+        with pytest.raises(UserError, match=message):
+            options("bad", extra.pop("kind", "context"), corpus_file, **extra).check()
+
+
+def test_a_self_distilled_set_holds_the_models_words(server_url: str, corpus_file: Path) -> None:  # noqa: F811
+    plain = run_build(server_url, options("sd-plain", "context", corpus_file, target="corpus"))
+    both = run_build(server_url, options("sd-both", "context", corpus_file, target="corpus", self_distill=400))
+    alone = run_build(server_url, options("sd-alone", "context", corpus_file, target="corpus", self_distill=400,
+                                          self_distill_only=True))
+    record = both.stats.self_distill
+    assert record["tokens"] == 400 and record["sequences"] >= 400 // sd.CONTINUATION_TOKENS
+    assert alone.stats.self_distill["only"] is True and record["only"] is False
+    assert alone.stats.atoms.before_merge == 400
+    assert both.stats.atoms.before_merge == plain.stats.atoms.before_merge + 400
+    assert both.atoms > plain.atoms and 0 < alone.atoms <= 400
+    total = "SELECT sum(weight) FROM atoms WHERE atom_set_id = %s"
+    assert one(server_url, total, alone.atom_set_id)[0] == pytest.approx(400)
+    assert one(server_url, total, both.atom_set_id)[0] == pytest.approx(one(server_url, total, plain.atom_set_id)[0]
+                                                                         + 400)
+    assert "self_distill" in both.stage_seconds
