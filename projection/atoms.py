@@ -64,7 +64,7 @@ def context_atoms(chunks: list[np.ndarray], argmax: list[np.ndarray] | None, tok
 def continuation_atoms(sequences: list[np.ndarray], prompt_tokens: int, token_positions: np.ndarray,
                        window: int | None, decay: float, token_embeddings: np.ndarray | None = None) -> AtomRows:
     """Corpus-labelled atoms of prompt + continuation sequences at the continuation's positions only
-    (t >= prompt_tokens - 1: the atoms whose next token the model wrote; projection/self_distill.py)."""
+    (t >= prompt_tokens - 1: the atoms whose next token the model wrote; hartonomous/self_distill.py)."""
     rows = context_atoms(sequences, None, token_positions, window, decay, "corpus", token_embeddings)
     keep = np.concatenate([np.arange(len(s) - 1) >= prompt_tokens - 1 for s in sequences])
     return AtomRows(rows.token_ids[keep], rows.positions[keep], None, None if rows.keys is None else rows.keys[keep])

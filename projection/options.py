@@ -84,7 +84,7 @@ class BuildOptions:
     keep_epoch: str = "best"  # best (early-stopped on the calibration half) | last (a diagnostic)
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
-    self_distill: int = 0  # tokens the exact model writes as extra training text (projection/self_distill.py)
+    self_distill: int = 0  # tokens the exact model writes as extra training text (hartonomous/self_distill.py)
     self_distill_only: bool = False  # atoms from the self-distilled text alone (the corpus gives prompts and holdout)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ project    the embeddings to 3D (LMDS or PCA) and the projection's quality
 label      teacher forcing: the exact model's argmax (and top-k for --target soft) at every
            training and calibration position (the test half is left to `compare`)
 self_distill  with --self-distill N: the exact model continues prompts cut from the training
-           tokens until it has written N tokens (projection/self_distill.py); atoms on its words
+           tokens until it has written N tokens (hartonomous/self_distill.py); atoms on its words
 choose_centroid  the centroid window/decay: the options' own, or the best of a calibration sweep
 learn_positions  with --positions learned: the token positions (and the bandwidth, with --learn-decay
            the decay) trained from the projection's (projection/learned.py), validated on the calibration half
@@ -55,7 +55,7 @@ from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
 from projection.quality import projection_quality
 from projection.reproducibility import reproducibility
-from projection.self_distill import Distilled, self_distill as run_self_distill
+from hartonomous.self_distill import Distilled, self_distill as run_self_distill
 from projection.sweep import CANDIDATES, Evaluated, sweep
 
 KEY_CALIBRATION_QUERIES = 1000

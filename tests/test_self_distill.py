@@ -1,4 +1,4 @@
-"""--self-distill: the exact model's own continuations become atoms (projection/self_distill.py)."""
+"""--self-distill: the exact model's own continuations become atoms (hartonomous/self_distill.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hartonomous.errors import UserError
-from projection import self_distill as sd
+from hartonomous import self_distill as sd
 from projection.atoms import continuation_atoms, context_atoms
 from tiny_model import tiny_model
 
@@ -101,3 +101,34 @@ def test_a_self_distilled_set_holds_the_models_words(server_url: str, corpus_fil
     assert one(server_url, total, both.atom_set_id)[0] == pytest.approx(one(server_url, total, plain.atom_set_id)[0]
                                                                          + 400)
     assert "self_distill" in both.stage_seconds
+    baselines_learn_the_same_continuations(server_url, plain, both, alone)
+
+
+def baselines_learn_the_same_continuations(server_url: str, plain, both, alone) -> None:
+    """`compare`'s counting baselines get the continuations the atoms hold (generated again from the
+    recorded training text and seed: the same tokens), the same information as the spatial path."""
+    from hartonomous.atomset import load_atom_set
+    from hartonomous.compare.baselines import build_tokens, counting_baselines, recorded_corpus
+    from hartonomous.corpus import tokenize
+    from test_compare_baselines import Stages
+
+    model, tokenizer = tiny_model(0)
+    learned = {}
+    with psycopg.connect(server_url) as conn:
+        infos = {r.name: load_atom_set(conn, r.name) for r in (plain, both, alone)}
+    for name, info in infos.items():
+        learned[name] = counting_baselines(info, model, tokenizer, recorded_corpus, None, None, Stages())
+    info = infos[alone.name]
+    train_ids = tokenize(tokenizer, recorded_corpus(info).text)[0][:build_tokens(info)]
+    record = info.stats.self_distill
+    again = sd.self_distill(model, train_ids, record["tokens"], seed=record["seed"],
+                            eos_token_ids=set(record["eos_token_ids"]))
+    rows = sum(len(s) - 1 for s in again.sequences)
+    plain_d, both_d, alone_d = (learned[r.name][1] for r in (plain, both, alone))
+    assert alone_d.tokens == sum(map(len, again.sequences)) and alone_d.positions == rows
+    assert both_d.tokens == plain_d.tokens + alone_d.tokens and both_d.positions == plain_d.positions + rows
+    assert "400 self-distilled tokens" in both_d.note and "alone" in alone_d.note
+    infinigram = learned[alone.name][0]["∞-gram"]
+    seq = again.sequences[0]
+    t = sd.PROMPT_TOKENS + 5                        # a context inside the first continuation
+    assert int(seq[t]) in infinigram(seq[:t].tolist()).ids.tolist()

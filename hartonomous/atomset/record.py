@@ -95,7 +95,7 @@ class BuildStats(_section(
         history=dict[str, Any],            # the history-weight calibration (grid and choice)
         controls=ControlStats, learned_positions=LearnedPositionsStats,
         reproducibility=ReproducibilityStats,
-        self_distill=dict[str, Any])):     # projection/self_distill.py: what the model wrote for the set
+        self_distill=dict[str, Any])):     # hartonomous/self_distill.py: what the model wrote for the set
     """Everything a build records about itself; each section is None when the build had no such step."""
 
     @model_validator(mode="before")

@@ -168,7 +168,8 @@ def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoa
         return {}, Distillation(False, note="--distill-tokens 0: the counting baselines were skipped", **described)
     limit = distill_tokens if distill_tokens is not None else build_tokens(info)
     length = min(context_length(info), teacher.max_context(model))
-    chunks = chunk_ids(tokenize(tokenizer, corpus.text)[0][:limit], length)
+    train_ids = tokenize(tokenizer, corpus.text)[0][:limit]
+    chunks = chunk_ids(train_ids, length)
     if not chunks:
         return {}, Distillation(False, note="the training text has fewer than 2 tokens; the counting baselines "
                                             "were skipped", **described)
@@ -180,6 +181,9 @@ def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoa
         teacher.DEFAULT_BATCH_TOKENS
     taught = labels_mod.teacher_chunk_count(chunks, int(distill.teacher_tokens or 0)) if target == "mixed" else 0
     labelled, ran = labels_mod.label(chunks, target, soft_k, model, batch, cache_dir, progress.advance, taught)
+    distilled = info.stats.self_distill
+    if distilled:                        # the atoms hold the model's own continuations too: so do the baselines
+        labelled = with_self_distilled(labelled, distilled, model, train_ids, cache_dir, progress)
     progress.stage("∞-gram index (suffix array of the training text)", 1)
     start = time.perf_counter()
     index = InfiniGram(labelled)
@@ -191,12 +195,32 @@ def counting_baselines(info: AtomSet, model, tokenizer, corpus_loader: CorpusLoa
               f"{ran.cached_tokens:,} of {ran.tokens:,} tokens' labels read from the teacher-label cache")
     note = (f"labels {labelled.describe()} ({whose}): {words}, at position 0 … n − 2 of each of the build's chunks "
             f"of n ≤ {length} tokens, as the atoms ({labelled.positions:,} positions; {passed})")
+    if distilled:
+        note += (f"; with the {distilled['tokens']:,} self-distilled tokens the atoms hold (the model's own "
+                 "continuations, labelled at the continuation's positions"
+                 + (", alone: the set has no corpus atoms" if distilled.get("only") else "") + ")")
     predictors: dict[str, Predictor] = {name: model_.predict for name, model_ in ngram.ngrams(index).items()}
     predictors[INFINIGRAM_PATH] = index.predict
     return predictors, Distillation(True, tokens=labelled.tokens, note=note, labels=labelled.describe(),
                                     positions=labelled.positions,
                                     teacher_pass=ran.as_dict() if ran is not None else None,
                                     index={"seconds": seconds, "bytes": index.nbytes}, **described)
+
+
+def with_self_distilled(labelled: labels_mod.TrainingLabels, recorded: dict, model, train_ids: np.ndarray,
+                        cache_dir: Path | None, progress) -> labels_mod.TrainingLabels:
+    """`labelled` joined with the set's self-distilled continuations (stats.self_distill), generated
+    again as the build did (same model, training tokens and seed; the build's cache answers), or
+    those alone where the set keeps no corpus atoms."""
+    from hartonomous.self_distill import self_distill
+
+    progress.stage("the model's own continuations (self-distill cache)", int(recorded["tokens"]))
+    distilled = self_distill(model, train_ids, int(recorded["tokens"]), seed=int(recorded["seed"]),
+                             eos_token_ids=set(recorded["eos_token_ids"]), advance=progress.advance,
+                             cache_dir=cache_dir)
+    continuations = labels_mod.from_continuations(distilled.sequences, distilled.prompt_tokens,
+                                                  1 if recorded.get("only") else labelled.k)
+    return continuations if recorded.get("only") else labels_mod.joined(labelled, continuations)
 
 
 def knn_predictor(conn: psycopg.Connection, info: AtomSet, embeddings: np.ndarray,

@@ -92,6 +92,28 @@ def from_soft(chunks: Sequence[Sequence[int]], top_ids: Sequence[np.ndarray],
     return TrainingLabels(chunks, ids, mass, "soft")
 
 
+def from_continuations(sequences: Sequence[Sequence[int]], prompt_tokens: int, k: int = 1) -> TrainingLabels:
+    """Self-distilled text (hartonomous.self_distill): the next token at the continuation's positions
+    t >= prompt_tokens - 1, weight 1; the prompt's positions are unlabelled (weight 0), as they hold no
+    atom. `k` columns, to join labels of k columns (weight 0 beyond the first)."""
+    chunks = _chunks(sequences)
+    ids = [np.pad(c[1:, None], ((0, 0), (0, k - 1))) for c in chunks]
+    mass = []
+    for c in chunks:
+        m = np.zeros((len(c) - 1, k), dtype=np.float32)
+        m[prompt_tokens - 1:, 0] = 1.0
+        mass.append(m)
+    return TrainingLabels(chunks, ids, mass, "self-distilled")
+
+
+def joined(first: TrainingLabels, then: TrainingLabels) -> TrainingLabels:
+    """Two label sets of the same k, one after the other (the target is the first's)."""
+    if first.k != then.k:
+        raise ValueError(f"joined labels need the same k, got {first.k} and {then.k}")
+    return TrainingLabels(first.chunks + then.chunks, first.ids + then.ids,
+                          [np.asarray(m, dtype=np.float32) for m in first.mass + then.mass], first.target)
+
+
 def teacher_chunk_count(chunks: Sequence[Sequence[int]], teacher_tokens: int) -> int:
     """--target mixed: how many leading training chunks get the exact model's labels (the fewest that
     hold teacher_tokens tokens, or all of them); the build and the baselines cut at the same chunk."""

@@ -17,7 +17,9 @@ the model write N tokens and keys atoms on them:
   does not generate again.
 
 Atoms are made at the continuation's positions only (projection/stages.py): their labels are the
-model's tokens, while the prompt's text is corpus the other atoms already count.
+model's tokens, while the prompt's text is corpus the other atoms already count. `compare` gives
+the counting baselines the same continuations (the cache answers; hartonomous/compare/labels.py),
+so a baseline learns from what the atoms hold.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Distilled:
     sampled_sequences: int
     seconds: float
     cached_batches: int
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] = ()
 
     @property
     def generated(self) -> int:
@@ -62,6 +66,7 @@ class Distilled:
                 "sampled_sequences": self.sampled_sequences, "sample_temperature": SAMPLE_TEMPERATURE,
                 "seconds": self.seconds, "cached_batches": self.cached_batches,
                 "tokens_per_second": self.generated / run if run else None,
+                "seed": self.seed, "eos_token_ids": list(self.eos_token_ids),
                 "prompts": "seeded windows of the training tokens", "decoder": "transformers generate"}
 
 
@@ -115,7 +120,8 @@ def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_to
             if produced >= tokens:
                 break
         batch_no += 1
-    return Distilled(sequences, PROMPT_TOKENS, greedy, sampled, time.perf_counter() - started, cached)
+    return Distilled(sequences, PROMPT_TOKENS, greedy, sampled, time.perf_counter() - started, cached, seed,
+                     tuple(sorted(eos_token_ids)))
 
 
 def _generate(model, batch: np.ndarray, sample: bool, seed: int, batch_no: int, torch) -> np.ndarray:
