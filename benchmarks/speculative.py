@@ -1,9 +1,11 @@
 """`hartonomous bench --speculative`: speculative decoding against its peers, one process, same prompts.
 
-Four ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS ignored):
+Five ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS ignored):
 transformers `generate` (greedy), transformers prompt-lookup decoding (`prompt_lookup_num_tokens=3`),
-our exact path (hartonomous.engine with the KV-cached ExactBackend) and our speculative path
-(the spatial path drafts from the atom set, the exact model verifies). Two prompt kinds: short
+our exact path (hartonomous.engine with the KV-cached ExactBackend), our speculative path (the
+spatial path drafts from the atom set, the exact model verifies; draft lengths from the forward
+costs measured at start-up, hartonomous/draft_cost.py, as the client and server run it) and the
+same with the legacy draft schedule (`speculative_schedule`: grow by 2 / shrink by 1 / pause). Two prompt kinds: short
 free-continuation prompts, and continuations of longer documents (pieces of the atom set's
 held-out TEST half, which neither the atoms nor the calibration saw). Per kind: ms/token, the
 speed-up over transformers `generate`, acceptance rate and tokens per forward where a drafter
@@ -36,7 +38,7 @@ SHORT_PROMPTS = (
     "Photosynthesis is the process by which",
     "Raise ValueError if the argument is",
 )
-METHODS = ("transformers_generate", "prompt_lookup", "exact", "speculative")
+METHODS = ("transformers_generate", "prompt_lookup", "exact", "speculative", "speculative_schedule")
 DOC_PROMPT_TOKENS = 192       # tokens of a document before the continuation point
 PROMPT_LOOKUP_TOKENS = 3
 
@@ -99,6 +101,7 @@ class Runner:
     def __init__(self, conn: psycopg.Connection, atom_set: str | None, max_new_tokens: int, draft_tokens: int):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.backends.spatial import SpatialBackend
+        from hartonomous.draft_cost import forward_costs
         from hartonomous.engine import Engine
         from hartonomous.exact import ExactModel
         from hartonomous.generation_config import GenerationConfig
@@ -113,8 +116,11 @@ class Runner:
         if self.spatial.atom_set.model_key not in (None, "smollm2"):
             raise UserError(f"atom set '{self.spatial.atom_set.name}' was built from "
                             f"{self.spatial.atom_set.model_key}, not smollm2; pass --atom-set with a SmolLM2 set")
-        self.speculative = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial,
-                                                     draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens)))
+        self.costs = forward_costs(self.model)
+        self.speculative = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial, draft_tokens=draft_tokens,
+                                                     max_draft_tokens=max(16, draft_tokens), costs=self.costs))
+        self.schedule = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial, draft_tokens=draft_tokens,
+                                                  max_draft_tokens=max(8, draft_tokens)))
 
     def _hf(self, ids: list[int], **options) -> list[int]:
         import torch
@@ -136,7 +142,8 @@ class Runner:
         elif method == "prompt_lookup":
             out, stats = self._hf(ids, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), None
         else:
-            result = (self.exact if method == "exact" else self.speculative).generate(ids, self.config)
+            engine = {"exact": self.exact, "speculative": self.speculative, "speculative_schedule": self.schedule}[method]
+            result = engine.generate(ids, self.config)
             out, stats = result.token_ids, result.stats
         return out, time.perf_counter() - t0, stats
 
@@ -199,7 +206,8 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
     return {"mode": "speculative-quick" if quick else "speculative", "atom_set": record.name,
             "atom_set_history_weight": getattr(record, "history_weight", None),
             "max_new_tokens": max_new_tokens, "draft_tokens": draft_tokens, "torch_threads": torch.get_num_threads(),
-            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "kinds": results, "targets": targets(results),
+            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "forward_costs": runner.costs.as_dict(),
+            "kinds": results, "targets": targets(results),
             "machine": machine}
 
 
@@ -237,7 +245,11 @@ def markdown(results: dict, command: str) -> str:
              f"Machine: {m.get('cpu')}, {m.get('cores')} cores, load average {m.get('load_average')}; "
              f"torch {m.get('torch')} with {results['torch_threads']} threads; PostgreSQL {m.get('postgresql')}. "
              f"Atom set `{results['atom_set']}`; greedy, {results['max_new_tokens']} new tokens, EOS ignored; "
-             f"speculative starts at {results['draft_tokens']} draft tokens (adaptive); prompt lookup "
+             f"speculative starts at {results['draft_tokens']} draft tokens, then takes the length with the most "
+             f"expected tokens per second (up to 16) from the forward costs measured at start-up"
+             + (f" ({', '.join(f'{c:.0f}' for c in results['forward_costs']['ms'])} ms for 1..16 tokens)"
+                if results.get("forward_costs") else "")
+             + f"; speculative_schedule: the legacy schedule (start {results['draft_tokens']}, up to 8); prompt lookup "
              f"with prompt_lookup_num_tokens={results['prompt_lookup_num_tokens']}.{load_warning(m)}", ""]
     for kind, r in results["kinds"].items():
         lines += [f"## {kind} prompts ({r['prompts']}, {min(r['prompt_tokens'], default=0)}–"

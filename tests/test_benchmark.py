@@ -130,8 +130,10 @@ def test_speculative_targets_and_markdown_say_what_was_met():
         base = totals["transformers_generate"].row(None)["ms_per_token"]
         return {"prompts": 1, "prompt_tokens": [10], "methods": {m: totals[m].row(base) for m in METHODS}}
 
-    kinds = {"short": kind({"transformers_generate": 60, "prompt_lookup": 55, "exact": 58, "speculative": 50}, 0.1),
-             "document": kind({"transformers_generate": 60, "prompt_lookup": 30, "exact": 58, "speculative": 35}, 0.5)}
+    kinds = {"short": kind({"transformers_generate": 60, "prompt_lookup": 55, "exact": 58, "speculative": 50,
+                            "speculative_schedule": 59}, 0.1),
+             "document": kind({"transformers_generate": 60, "prompt_lookup": 30, "exact": 58, "speculative": 35,
+                               "speculative_schedule": 45}, 0.5)}
     met = {t["what"]: t["met"] for t in targets(kinds)}
     assert met == {"short: speculative vs transformers generate": False, "short: speculative vs prompt lookup": True,
                    "short: identical to transformers greedy": True,
@@ -141,9 +143,11 @@ def test_speculative_targets_and_markdown_say_what_was_met():
     assert kinds["document"]["methods"]["speculative"]["tokens_per_forward"] == pytest.approx(64 / 30)
     results = {"mode": "speculative-quick", "machine": {"cpu": "x", "cores": 2, "load_average": [1, 1, 1]},
                "torch_threads": 2, "atom_set": "s", "max_new_tokens": 64, "draft_tokens": 4,
-               "prompt_lookup_num_tokens": 3, "kinds": kinds, "targets": targets(kinds)}
+               "prompt_lookup_num_tokens": 3, "forward_costs": {"prefix": 128, "ms": [40.0, 64.0] + [60.0] * 14},
+               "kinds": kinds, "targets": targets(kinds)}
     text = markdown(results, "hartonomous bench --speculative --quick")
     assert "`hartonomous bench --speculative --quick`" in text and "| speculative | 35.0 | 1.71x |" in text
+    assert "| speculative_schedule | 45.0 | 1.33x |" in text and "(40, 64, 60," in text
 
 
 @pytest.mark.parametrize("a, b, same", [
