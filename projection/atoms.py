@@ -15,6 +15,8 @@ scores exactly like the separate atoms (the kernel sum is linear in the weights)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hartonomous.centroid import prefix_centroids
@@ -32,9 +34,13 @@ def token_atoms(positions: np.ndarray, embeddings: np.ndarray | None = None) -> 
 
 
 def context_keys(chunks: list[np.ndarray], token_vectors: np.ndarray, window: int | None,
-                 decay: float, dtype=np.float64) -> np.ndarray:
-    """Centroid keys of every atom position (t = 0..n-2 of each chunk), stacked."""
-    parts = [prefix_centroids(token_vectors[c], window, decay)[:-1].astype(dtype, copy=False) for c in chunks]
+                 decay: float, dtype=np.float64, advance: Callable[[int], None] | None = None) -> np.ndarray:
+    """Centroid keys of every atom position (t = 0..n-2 of each chunk), stacked; `advance(1)` after each chunk."""
+    parts = []
+    for c in chunks:
+        parts.append(prefix_centroids(token_vectors[c], window, decay)[:-1].astype(dtype, copy=False))
+        if advance is not None:
+            advance(1)
     return np.concatenate(parts) if parts else np.zeros((0, token_vectors.shape[1]), dtype=dtype)
 
 
@@ -51,10 +57,10 @@ def context_values(chunks: list[np.ndarray], argmax: list[np.ndarray] | None, ta
 
 def context_atoms(chunks: list[np.ndarray], argmax: list[np.ndarray] | None, token_positions: np.ndarray,
                   window: int | None, decay: float, target: str = "argmax",
-                  token_embeddings: np.ndarray | None = None) -> AtomRows:
+                  token_embeddings: np.ndarray | None = None, advance: Callable[[int], None] | None = None) -> AtomRows:
     """Context atoms of every chunk; full-dimensional keys too when token_embeddings is given."""
     values = context_values(chunks, argmax, target)
-    keys = context_keys(chunks, np.asarray(token_positions, dtype=np.float64), window, decay)
+    keys = context_keys(chunks, np.asarray(token_positions, dtype=np.float64), window, decay, advance=advance)
     full = None
     if token_embeddings is not None:
         full = context_keys(chunks, np.asarray(token_embeddings), window, decay, np.float32)
@@ -62,17 +68,19 @@ def context_atoms(chunks: list[np.ndarray], argmax: list[np.ndarray] | None, tok
 
 
 def continuation_atoms(sequences: list[np.ndarray], prompt_tokens: int, token_positions: np.ndarray,
-                       window: int | None, decay: float, token_embeddings: np.ndarray | None = None) -> AtomRows:
+                       window: int | None, decay: float, token_embeddings: np.ndarray | None = None,
+                       advance: Callable[[int], None] | None = None) -> AtomRows:
     """Corpus-labelled atoms of prompt + continuation sequences at the continuation's positions only
     (t >= prompt_tokens - 1: the atoms whose next token the model wrote; hartonomous/self_distill.py)."""
-    rows = context_atoms(sequences, None, token_positions, window, decay, "corpus", token_embeddings)
+    rows = context_atoms(sequences, None, token_positions, window, decay, "corpus", token_embeddings, advance)
     keep = np.concatenate([np.arange(len(s) - 1) >= prompt_tokens - 1 for s in sequences])
     return AtomRows(rows.token_ids[keep], rows.positions[keep], None, None if rows.keys is None else rows.keys[keep])
 
 
 def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_probs: list[np.ndarray],
                        token_positions: np.ndarray, window: int | None, decay: float,
-                       token_embeddings: np.ndarray | None = None) -> AtomRows:
+                       token_embeddings: np.ndarray | None = None,
+                       advance: Callable[[int], None] | None = None) -> AtomRows:
     """k atoms per position t = 0..n-2 of each chunk, all at its context centroid: the exact
     model's top-k next tokens after token t, each weighing its probability (probabilities that
     underflow to 0 are left out: atom weights are > 0)."""
@@ -82,7 +90,8 @@ def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_
         raise ValueError("top_ids and top_probs must be (n, k) arrays of the same shape per chunk")
     k = ids.shape[1]
     keep = (probs > 0).ravel()
-    keys = np.repeat(context_keys(chunks, np.asarray(token_positions, dtype=np.float64), window, decay), k, axis=0)
+    keys = np.repeat(context_keys(chunks, np.asarray(token_positions, dtype=np.float64), window, decay,
+                                  advance=advance), k, axis=0)
     full = None
     if token_embeddings is not None:
         full = np.repeat(context_keys(chunks, np.asarray(token_embeddings), window, decay, np.float32), k,

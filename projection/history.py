@@ -27,6 +27,8 @@ Two criteria pick the (weight, h) pair (`--calibrate-by`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +119,8 @@ def candidate_points(records: list[dict], fixed_h: bool) -> list[dict]:
 def choose_history_weight(stored: cal.Neighbours, stored_calibration: dict, pairs: HistoryPairs | None,
                           targets: np.ndarray, kernel: str, vocab_size: int, objective: str,
                           grid: tuple[float, ...] = HISTORY_GRID, bandwidth: float | None = None,
-                          criterion: str = "loglik", only: float | None = None) -> HistoryChoice:
+                          criterion: str = "loglik", only: float | None = None,
+                          advance: Callable[[int], None] | None = None) -> HistoryChoice:
     """Score every weight of `grid` (h re-fitted at each by `objective`, or the given `bandwidth`)
     and keep the best (weight, h) by `criterion` (module docstring); with `only`, that weight is
     kept (the others are scored for the record) and the criterion picks its h. Weight 0 is the
@@ -135,6 +138,8 @@ def choose_history_weight(stored: cal.Neighbours, stored_calibration: dict, pair
             record = cal.calibrate_bandwidth(combined, targets, kernel, vocab_size, objective, weight,
                                              centre=stored_calibration["h"], octaves=REFIT_OCTAVES)
         records.append({**record, "history_weight": float(weight)})
+        if advance is not None:
+            advance(1)
     allowed = [r for r in records if only is None or r["history_weight"] == only]
 
     if criterion == "loglik":

@@ -28,6 +28,7 @@ Nothing touches the database before `ingest`.
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -245,34 +246,44 @@ class Centroid:
 
 
 def atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, window: int | None,
-              decay: float, full: np.ndarray | None = None) -> AtomRows:
-    """The set's atoms for one (window, decay); full-dimensional keys from `full` when given."""
+              decay: float, full: np.ndarray | None = None, advance: Callable[[int], None] | None = None) -> AtomRows:
+    """The set's atoms for one (window, decay); full-dimensional keys from `full` when given;
+    `advance(1)` after each chunk keyed (atom_chunks counts them)."""
     if options.kind != "context":
         return token_atoms(positions, full)
-    parts = [] if options.self_distill_only else [corpus_atom_rows(options, labelled, positions, window, decay, full)]
+    parts = [] if options.self_distill_only else [corpus_atom_rows(options, labelled, positions, window, decay, full,
+                                                                         advance)]
     if labelled.distilled is not None:
         parts.append(continuation_atoms(labelled.distilled.sequences, labelled.distilled.prompt_tokens, positions,
-                                        window, decay, full))
+                                        window, decay, full, advance))
     return merge_atoms(parts[0] if len(parts) == 1 else concat_atoms(parts), options.merge_radius)
 
 
 def corpus_atom_rows(options: BuildOptions, labelled: Labelled, positions: np.ndarray, window: int | None,
-                     decay: float, full: np.ndarray | None = None) -> AtomRows:
+                     decay: float, full: np.ndarray | None = None,
+                     advance: Callable[[int], None] | None = None) -> AtomRows:
     """The context atoms of the training chunks by --target (before merging)."""
     if options.target == "soft":
         raw = soft_context_atoms(labelled.train_chunks, labelled.train_top_ids, labelled.train_top_probs, positions,
-                                 window, decay, full)
+                                 window, decay, full, advance)
     elif options.target == "mixed":   # soft atoms on the teacher's chunks, corpus atoms on the rest
         n = len(labelled.train_top_ids or [])
         parts = [soft_context_atoms(labelled.train_chunks[:n], labelled.train_top_ids, labelled.train_top_probs,
-                                    positions, window, decay, full)] if n else []
+                                    positions, window, decay, full, advance)] if n else []
         if n < len(labelled.train_chunks):
-            parts.append(context_atoms(labelled.train_chunks[n:], None, positions, window, decay, "corpus", full))
+            parts.append(context_atoms(labelled.train_chunks[n:], None, positions, window, decay, "corpus", full,
+                                       advance))
         raw = concat_atoms(parts)
     else:
         raw = context_atoms(labelled.train_chunks, labelled.train_argmax, positions, window, decay, options.target,
-                            full)
+                            full, advance)
     return raw
+
+
+def atom_chunks(options: BuildOptions, labelled: Labelled) -> int:
+    """How many chunks (training chunks and self-distilled sequences) atom_rows keys."""
+    corpus = 0 if options.self_distill_only or options.kind != "context" else len(labelled.train_chunks)
+    return corpus + (len(labelled.distilled.sequences) if labelled.distilled is not None else 0)
 
 
 def calibration_queries(labelled: Labelled, vectors: np.ndarray, window: int | None, decay: float,
@@ -389,7 +400,9 @@ def make_atoms(options: BuildOptions, loaded: Loaded, positions: np.ndarray, lab
     full_keys = options.full_keys if full_keys is None else full_keys
     ui.step(f"building {options.kind} atoms (target={options.target if options.kind == 'context' else 'token'}, "
             f"window={window or 'all'}, decay={decay})")
-    rows = atom_rows(options, labelled, positions, window, decay, loaded.embeddings if full_keys else None)
+    with ui.bar("keying atoms", atom_chunks(options, labelled), "chunk") as advance:
+        rows = atom_rows(options, labelled, positions, window, decay, loaded.embeddings if full_keys else None,
+                         advance)
     if options.kind != "context":
         before = loaded.vocab_size
     elif options.target in ("soft", "mixed"):
@@ -496,10 +509,11 @@ def calibrate_history(options: BuildOptions, loaded: Loaded, positions: np.ndarr
         ui.step(f"history atoms: {len(pairs.query):,} (position, history atom) pairs on the calibration half; "
                 + (f"scoring --history-weight {fixed}" if fixed is not None else "choosing the history weight")
                 + f" (criterion: {criterion})")
-    choice = choose_history_weight(calibrated.neighbours, calibrated.calibration, pairs,
-                                   labelled.calibration_targets, options.kernel, loaded.vocab_size,
-                                   options.bandwidth_objective, grid=grid, bandwidth=options.bandwidth,
-                                   criterion=criterion, only=only)
+    with ui.bar("history weight grid (h re-fitted at each)", len(grid), "weight") as advance:
+        choice = choose_history_weight(calibrated.neighbours, calibrated.calibration, pairs,
+                                       labelled.calibration_targets, options.kernel, loaded.vocab_size,
+                                       options.bandwidth_objective, grid=grid, bandwidth=options.bandwidth,
+                                       criterion=criterion, only=only, advance=advance)
     final = choice.final
     for row in choice.grid:
         ui.step(f"  history weight {row['history_weight']:g}: h={row['h']:.4g}, top-1 {row['top1']:.3f}, "
