@@ -6,7 +6,7 @@ than 10^6 tokens of corpus (0.36 against 0.19 agreement). `build --self-distill 
 the model write N tokens and keys atoms on them:
 
 - prompts of PROMPT_TOKENS tokens are cut from the training tokens at seeded positions;
-- the model continues them CONTINUATION_TOKENS tokens at a time in batches of BATCH (prompts of
+- the model continues them CONTINUATION_TOKENS tokens at a time in batches of BATCH (64; prompts of
   equal length need no padding), with transformers' `generate`: even batches greedy, odd ones
   sampled at SAMPLE_TEMPERATURE (plain temperature sampling, no top-k/top-p), so the set holds
   both the path greedy decoding takes and the spread of sampled text;
@@ -36,7 +36,7 @@ from hartonomous.errors import UserError
 
 PROMPT_TOKENS = 32
 CONTINUATION_TOKENS = 64
-BATCH = 16
+BATCH = 64              # SmolLM2 on 2 cores: 81 tokens/s at 16 sequences, 217 at 32, 272 at 64
 SAMPLE_TEMPERATURE = 0.8
 CACHE_VERSION = 1
 

@@ -31,8 +31,9 @@ def greedy_continuation(model, prompt: np.ndarray, n: int) -> list[int]:
 def test_the_model_writes_exactly_n_tokens_after_prompts_cut_from_the_training_text() -> None:
     model, _ = tiny_model(0)
     train = np.random.default_rng(0).integers(5, 200, 3000)
-    got = sd.self_distill(model, train, 1500, seed=0, eos_token_ids=set())
-    assert got.generated == 1500 and got.cached_batches == 0
+    n = sd.BATCH * sd.CONTINUATION_TOKENS + 500                     # one greedy batch, part of a sampled one
+    got = sd.self_distill(model, train, n, seed=0, eos_token_ids=set())
+    assert got.generated == n and got.cached_batches == 0
     windows = {tuple(train[i:i + sd.PROMPT_TOKENS]) for i in range(len(train) - sd.PROMPT_TOKENS + 1)}
     assert all(tuple(s[:sd.PROMPT_TOKENS]) in windows for s in got.sequences)
     assert got.greedy_sequences == sd.BATCH and got.sampled_sequences == len(got.sequences) - sd.BATCH
