@@ -183,6 +183,8 @@ def build_cmd(
                                      "0 = off."),
     self_distill_only: bool = typer.Option(False, "--self-distill-only", help="Atoms from the self-distilled text "
                                            "alone (the corpus still gives the prompts and the holdout)."),
+    self_distill_temperature: float = typer.Option(0.8, "--self-distill-temperature", help="Every other batch of "
+                                                   "--self-distill is sampled at this temperature; 0 = all greedy."),
     soft_k: int = typer.Option(8, "--soft-k", help="How many of the exact model's most probable next tokens "
                                "--target soft keeps per position (1-64)."),
     merge_radius: float = typer.Option(0.0, "--merge-radius", help="Merge atoms of one token within this "
@@ -258,7 +260,8 @@ def build_cmd(
         device=device or settings.device, replace=replace, make_default=default, positions=positions,
         epochs=epochs, learning_rate=learning_rate, learn_decay=learn_decay, keep_epoch=keep_epoch,
         teacher_cache=cache_dir(settings.home) if teacher_cache else None, calibrate_by=calibrate_by,
-        self_distill=self_distill, self_distill_only=self_distill_only)
+        self_distill=self_distill, self_distill_only=self_distill_only,
+        self_distill_temperature=self_distill_temperature)
     if layout is not None:
         options.layout = layout
     options.check()

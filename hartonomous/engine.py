@@ -29,7 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -70,6 +70,8 @@ class TokenEvent:
     signals: Any = None        # the step's StepSignals when asked for (config.signals or adaptive)
     mode: str | None = None    # adaptive sampling: the step's sampler, standard | explore | cautious
     route: str | None = None   # hybrid: the path that answered the step, spatial | exact
+    origin: str | None = None  # speculative: draft (a drafted token the exact model kept) | exact
+    live: dict | None = None   # speculative: acceptance_rate, tokens_per_forward, rounds so far
 
 
 @dataclass
@@ -257,13 +259,17 @@ class Session:
                                          sorted(self.stop_ids | self.eos_ids), self.cancel_event)
         self._stats = run.stats
         try:
-            for step, (token, prob, seconds) in enumerate(run):
+            for step, (token, prob, seconds, origin) in enumerate(run):
                 if self.cancel_event.is_set():
                     return self._finish(State.CANCELLED, "cancelled")
                 self._timings.per_token_s.append(seconds)
                 self._timings.total_s += seconds
                 last = "length" if step == cfg.max_new_tokens - 1 else None
-                yield self._accept(step, int(token), prob, seconds, None, last)
+                event = self._accept(step, int(token), prob, seconds, None, last)
+                stats = run.stats
+                yield replace(event, origin=origin, live={"acceptance_rate": stats.acceptance_rate,
+                                                          "tokens_per_forward": stats.tokens_per_forward,
+                                                          "rounds": stats.rounds})
                 if self.result is not None:
                     return
         finally:

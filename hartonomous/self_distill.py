@@ -8,8 +8,9 @@ the model write N tokens and keys atoms on them:
 - prompts of PROMPT_TOKENS tokens are cut from the training tokens at seeded positions;
 - the model continues them CONTINUATION_TOKENS tokens at a time in batches of BATCH (64; prompts of
   equal length need no padding), with transformers' `generate`: even batches greedy, odd ones
-  sampled at SAMPLE_TEMPERATURE (plain temperature sampling, no top-k/top-p), so the set holds
-  both the path greedy decoding takes and the spread of sampled text;
+  sampled at `temperature` (SAMPLE_TEMPERATURE by default; plain temperature sampling, no
+  top-k/top-p), so the set holds both the path greedy decoding takes and the spread of sampled
+  text; temperature 0 makes every batch greedy;
 - a continuation ends at the model's first EOS (kept: it is the model's word too); the last one is
   cut so that exactly N tokens are generated;
 - each batch's output is kept in the teacher cache's folder (`<cache>/self-distill/`), keyed by
@@ -53,6 +54,7 @@ class Distilled:
     cached_batches: int
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    temperature: float = SAMPLE_TEMPERATURE
 
     @property
     def generated(self) -> int:
@@ -63,7 +65,7 @@ class Distilled:
         run = self.seconds if self.cached_batches == 0 else None
         return {"tokens": self.generated, "sequences": len(self.sequences), "prompt_tokens": self.prompt_tokens,
                 "continuation_tokens": CONTINUATION_TOKENS, "batch": BATCH, "greedy_sequences": self.greedy_sequences,
-                "sampled_sequences": self.sampled_sequences, "sample_temperature": SAMPLE_TEMPERATURE,
+                "sampled_sequences": self.sampled_sequences, "sample_temperature": self.temperature,
                 "seconds": self.seconds, "cached_batches": self.cached_batches,
                 "tokens_per_second": self.generated / run if run else None,
                 "seed": self.seed, "eos_token_ids": list(self.eos_token_ids),
@@ -81,12 +83,16 @@ def prompts(train_ids: np.ndarray, count: int, seed: int, length: int = PROMPT_T
 
 
 def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_token_ids: set[int],
-                 advance: Callable[[int], None] | None = None, cache_dir: Path | None = None) -> Distilled:
-    """Let `model` continue prompts cut from `train_ids` until `tokens` new tokens exist."""
+                 advance: Callable[[int], None] | None = None, cache_dir: Path | None = None,
+                 temperature: float = SAMPLE_TEMPERATURE) -> Distilled:
+    """Let `model` continue prompts cut from `train_ids` until `tokens` new tokens exist (odd batches
+    sampled at `temperature`; 0: all greedy)."""
     import torch
 
     if tokens < 1:
         raise UserError(f"--self-distill must be at least 1 token, got {tokens}")
+    if not 0 <= temperature <= 10:
+        raise UserError(f"--self-distill-temperature must be between 0 (all greedy) and 10, got {temperature}")
     advance = advance or (lambda _n: None)
     sequences: list[np.ndarray] = []
     greedy = sampled = cached = 0
@@ -100,11 +106,11 @@ def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_to
         if (batch_no + 1) * BATCH > len(pool):
             pool = np.concatenate([pool, prompts(train_ids, len(pool), seed + batch_no)])
         batch = pool[batch_no * BATCH:(batch_no + 1) * BATCH]
-        sample = batch_no % 2 == 1
-        path = _cache_path(cache_dir, model, batch, sample, seed, batch_no)
+        sample = batch_no % 2 == 1 and temperature > 0
+        path = _cache_path(cache_dir, model, batch, sample, temperature, seed, batch_no)
         outputs = _load(path)
         if outputs is None:
-            outputs = _generate(model, batch, sample, seed, batch_no, torch)
+            outputs = _generate(model, batch, sample, temperature, seed, batch_no, torch)
             _save(path, outputs)
         else:
             cached += 1
@@ -121,14 +127,15 @@ def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_to
                 break
         batch_no += 1
     return Distilled(sequences, PROMPT_TOKENS, greedy, sampled, time.perf_counter() - started, cached, seed,
-                     tuple(sorted(eos_token_ids)))
+                     tuple(sorted(eos_token_ids)), temperature)
 
 
-def _generate(model, batch: np.ndarray, sample: bool, seed: int, batch_no: int, torch) -> np.ndarray:
+def _generate(model, batch: np.ndarray, sample: bool, temperature: float, seed: int, batch_no: int,
+              torch) -> np.ndarray:
     """(BATCH, CONTINUATION_TOKENS) new tokens; positions after a sequence's EOS hold its pad (-1)."""
     device = next(model.parameters()).device
     ids = torch.as_tensor(batch, dtype=torch.long, device=device)
-    options = dict(do_sample=True, temperature=SAMPLE_TEMPERATURE, top_k=0, top_p=1.0) if sample else \
+    options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sample else \
         dict(do_sample=False)
     pad = _pad_id(model)
     generator_seed = int.from_bytes(hashlib.sha256(f"{seed}|{batch_no}".encode()).digest()[:4], "little")
@@ -157,7 +164,8 @@ def _until_eos(continuation: np.ndarray, eos_token_ids: set[int]) -> np.ndarray:
     return continuation
 
 
-def _cache_path(cache_dir: Path | None, model, batch: np.ndarray, sample: bool, seed: int, batch_no: int) -> Path | None:
+def _cache_path(cache_dir: Path | None, model, batch: np.ndarray, sample: bool, temperature: float, seed: int,
+                batch_no: int) -> Path | None:
     if cache_dir is None:
         return None
     import torch
@@ -167,7 +175,7 @@ def _cache_path(cache_dir: Path | None, model, batch: np.ndarray, sample: bool, 
     fingerprint = model_fingerprint(model)
     device = next(model.parameters()).device.type
     settings = (f"{CACHE_VERSION}|{fingerprint}|{device}|{torch.__version__}|{CONTINUATION_TOKENS}|"
-                f"{'sample' if sample else 'greedy'}|{SAMPLE_TEMPERATURE}|{seed}|{batch_no}|")
+                f"{'sample|' + repr(temperature) if sample else 'greedy'}|{seed}|{batch_no}|")
     key = hashlib.sha256(settings.encode() + np.asarray(batch, dtype=np.int64).tobytes()).hexdigest()
     return Path(cache_dir).parent / "self-distill" / fingerprint[:16] / f"{key}.npy"
 

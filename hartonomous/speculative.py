@@ -164,10 +164,12 @@ class DraftPolicy:
 
 
 class SpeculativeRun:
-    """One speculative generation: iterate for (token_id, probability, seconds); `stats` as it goes.
+    """One speculative generation: iterate for (token_id, probability, seconds, origin); `stats` as it goes.
 
     `probability` is the exact model's p(token) at that position (after the shared sampler).
     `seconds` is the round's compute time on its first token and 0.0 on the rest of the round.
+    `origin` is "draft" for a drafted token the exact model kept, "exact" for the exact model's own
+    (a correction after a rejection, a draw where the drafter had nothing, or a plain step).
     """
 
     def __init__(self, backend: "SpeculativeBackend", prompt_ids: list[int], max_new_tokens: int,
@@ -182,13 +184,13 @@ class SpeculativeRun:
         self.stats = SpeculativeStats()
         self._tokens = self._rounds()
 
-    def __iter__(self) -> Iterator[tuple[int, float, float]]:
+    def __iter__(self) -> Iterator[tuple[int, float, float, str]]:
         return self._tokens
 
     def close(self) -> None:
         self._tokens.close()
 
-    def _rounds(self) -> Iterator[tuple[int, float, float]]:
+    def _rounds(self) -> Iterator[tuple[int, float, float, str]]:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
         policy = self.backend.policy(self.sampler)
@@ -222,7 +224,7 @@ class SpeculativeRun:
             for j, token in enumerate(tokens):
                 produced += 1
                 stats.tokens += 1
-                yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0
+                yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0, "draft" if j < accepted else "exact"
 
     def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
         """(how many draft tokens are kept, the round's tokens).

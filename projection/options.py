@@ -86,6 +86,7 @@ class BuildOptions:
     teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
     self_distill: int = 0  # tokens the exact model writes as extra training text (hartonomous/self_distill.py)
     self_distill_only: bool = False  # atoms from the self-distilled text alone (the corpus gives prompts and holdout)
+    self_distill_temperature: float = 0.8  # odd batches sampled at this temperature; 0 = every batch greedy
 
     def __post_init__(self) -> None:
         if self.kernel is None:
@@ -127,6 +128,9 @@ class BuildOptions:
             raise UserError(f"--self-distill must be >= 0 tokens, got {self.self_distill}")
         if self.self_distill and self.kind != "context":
             raise UserError("--self-distill adds context atoms; pass --kind context")
+        if not 0 <= self.self_distill_temperature <= 10:
+            raise UserError(f"--self-distill-temperature must be between 0 (all greedy) and 10, "
+                            f"got {self.self_distill_temperature}")
         if self.self_distill_only and not self.self_distill:
             raise UserError("--self-distill-only keeps the self-distilled atoms alone; pass --self-distill N too")
         if self.teacher_tokens < 0:

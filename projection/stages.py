@@ -226,7 +226,8 @@ def self_distill(options: BuildOptions, loaded: Loaded, labelled: Labelled, ui: 
            if isinstance(t, int)}
     with ui.bar("self-distilling (the model writes)", options.self_distill, "tok") as advance:
         distilled = run_self_distill(loaded.model, loaded.texts.train_ids, options.self_distill, seed=options.seed,
-                                     eos_token_ids=eos, advance=advance, cache_dir=options.teacher_cache)
+                                     eos_token_ids=eos, advance=advance, cache_dir=options.teacher_cache,
+                                     temperature=options.self_distill_temperature)
     stats = distilled.stats()
     ui.step(f"self-distilled: {stats['tokens']:,} tokens in {stats['sequences']} continuations "
             f"({stats['greedy_sequences']} greedy, {stats['sampled_sequences']} sampled) in {distilled.seconds:.1f}s"

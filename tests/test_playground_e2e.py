@@ -81,3 +81,91 @@ def test_playground_streams_both_paths_side_by_side(reader_url, atom_set):
     assert any(f"#{last_step['distribution'][0]['token_id']}" in label for label in labels)
     assert f"step {last_step['step']}:" in caption and f"picked #{last_step['token_id']} " in caption
     assert ARTIFACT.stat().st_size > 10_000
+
+
+def tokens_of(browser: Browser, path: str) -> list[str]:
+    return browser.evaluate(f"[...document.querySelectorAll('#pane-{path} .generated .tok')].map(s => s.dataset.origin)")
+
+
+@pytest.fixture(scope="module")
+def distilled_set(server_url, tmp_path_factory):
+    """A context set built from the tiny model's own training text: a drafter that is often right
+    (test_speculative.py uses the same), so both kinds of token show."""
+    import uuid
+
+    import psycopg
+
+    from generation_helpers import drop_atom_set
+    from projection.build import BuildOptions, build
+    from tiny_model import TRAIN_TEXT, tiny_model
+
+    model, tokenizer = tiny_model(0)
+    corpus = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    corpus.write_text("\n".join(TRAIN_TEXT))
+    name = f"tiny-distilled-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url) as conn:
+        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
+                                 landmarks=64), model=model, tokenizer=tokenizer)
+    yield name
+    drop_atom_set(server_url, name)
+
+
+def generate_in_panes(browser: Browser, atom_set: str, settings: dict, hybrid: bool) -> dict:
+    """Generate on the spatial, exact, speculative (and hybrid) panes with `atom_set`; what the
+    speculative and hybrid panes show."""
+    fill = [f"document.getElementById('prompt').value = {json.dumps(PROMPT)}",
+            f"document.getElementById('atom_set').value = {json.dumps(atom_set)}",
+            "document.getElementById('use-speculative').checked = true",
+            f"document.getElementById('use-hybrid').checked = {json.dumps(hybrid)}"]
+    fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in settings.items()]
+    browser.evaluate("; ".join(fill))
+    browser.click("#generate")
+    for path in ("speculative", "spatial", "exact") + (("hybrid",) if hybrid else ()):
+        browser.wait_for(f"{pane(path, 'dataset.state')} === 'done' && !document.getElementById('generate').disabled",
+                         f"the {path} pane finishing")
+    text = lambda p: browser.evaluate(pane(p, "querySelector('.generated').textContent"))  # noqa: E731
+    stats = lambda p: browser.evaluate(pane(p, "querySelector('.spec-stats').textContent"))  # noqa: E731
+    return {"origins": tokens_of(browser, "speculative"), "routes": tokens_of(browser, "hybrid"),
+            "text": text("speculative"), "exact_text": text("exact"), "spec_stats": stats("speculative"),
+            "hybrid_stats": stats("hybrid"), "count": int(browser.evaluate(pane("speculative", "dataset.tokens")))}
+
+
+def test_the_speculative_and_hybrid_panes_colour_each_token_by_where_it_came_from(server_url, reader_url,
+                                                                                  distilled_set, atom_set):
+    """Speculative: each token drafted-and-kept or the exact model's own, the counts matching the run's
+    stats (a drafter distilled from the model is kept, a random one never); hybrid: each step's
+    route, as the API streams it."""
+    import psycopg
+
+    from hartonomous.risk import RiskModel
+    from server_helpers import tiny_exact_model
+
+    risk = RiskModel(features=["top_probability"], mean=[0.5], scale=[0.2], coef=[-2.0], intercept=0.0)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("UPDATE atom_sets SET risk_model = %s::jsonb WHERE name = %s",
+                     (risk.model_dump_json(), distilled_set))
+    server, _ = live_app(reader_url, distilled_set, exact_model=tiny_exact_model())
+    settings = {**SETTINGS, "temperature": 0.0}
+    with server as url, Browser() as browser:
+        browser.navigate(url + "/")
+        browser.wait_for(f"[...document.querySelectorAll('#atom_set option')].filter(o => o.value === "
+                         f"{json.dumps(distilled_set)} || o.value === {json.dumps(atom_set)}).length === 2",
+                         "both atom sets in the selector")
+        shown = {distilled_set: generate_in_panes(browser, distilled_set, settings, hybrid=True)}
+        browser.screenshot(ARTIFACT.with_name("playground-speculative-hybrid.png"))
+        # the random set has no risk predictor: no hybrid pane for it
+        shown[atom_set] = generate_in_panes(browser, atom_set, settings, hybrid=False)
+        streamed = httpx.post(f"{url}/api/generate/stream", timeout=60, json={
+            "prompt": PROMPT, "atom_set": distilled_set, "details": True, "path": "hybrid", **settings}).text
+
+    for name, kind in ((distilled_set, "draft"), (atom_set, "exact")):
+        got = shown[name]
+        assert got["text"] == got["exact_text"]                     # greedy: the exact path's text
+        assert len(got["origins"]) == got["count"] > 0 and kind in got["origins"], (name, got["origins"])
+        assert set(got["origins"]) <= {"draft", "exact"}
+        assert f"({got['origins'].count('draft')}/" in got["spec_stats"], got   # "acceptance a (accepted/drafted)"
+    routes = [json.loads(line[len("data: "):]).get("route") for line in streamed.splitlines()
+              if line.startswith('data: {"token"') and '"token_id"' in line]
+    hybrid = shown[distilled_set]
+    assert hybrid["routes"] == routes and set(routes) <= {"spatial", "exact"}
+    assert f"{routes.count('exact')} of {len(routes)} steps exact" in hybrid["hybrid_stats"]

@@ -45,6 +45,17 @@ def test_the_model_writes_exactly_n_tokens_after_prompts_cut_from_the_training_t
                                                                       sd.CONTINUATION_TOKENS)
 
 
+def test_temperature_zero_makes_every_batch_greedy() -> None:
+    model, _ = tiny_model(0)
+    train = np.random.default_rng(0).integers(5, 200, 3000)
+    n = sd.BATCH * sd.CONTINUATION_TOKENS + 100
+    got = sd.self_distill(model, train, n, seed=0, eos_token_ids=set(), temperature=0.0)
+    assert got.sampled_sequences == 0 and got.stats()["sample_temperature"] == 0.0
+    second = got.sequences[sd.BATCH]                                 # the second batch: greedy too
+    assert second[sd.PROMPT_TOKENS:].tolist() == greedy_continuation(model, second[:sd.PROMPT_TOKENS],
+                                                                     len(second) - sd.PROMPT_TOKENS)
+
+
 def test_a_continuation_ends_at_the_models_first_eos() -> None:
     assert sd._until_eos(np.array([4, 9, 2, 9, -1, -1]), {9}).tolist() == [4, 9]
     assert sd._until_eos(np.array([4, 5, -1]), {9}).tolist() == [4, 5]
@@ -81,7 +92,8 @@ def test_bad_self_distill_options_are_refused_before_any_work(corpus_file: Path)
     for extra, message in (({"self_distill": -1}, "--self-distill must be >= 0"),
                            ({"self_distill_only": True}, "pass --self-distill N too"),
                            ({"self_distill": 100, "kind": "token"}, "pass --kind context"),
-                           ({"self_distill": 100, "positions": "learned"}, "drop --self-distill")):
+                           ({"self_distill": 100, "positions": "learned"}, "drop --self-distill"),
+                           ({"self_distill": 100, "self_distill_temperature": -1}, "between 0 \\(all greedy\\) and 10")):
         with pytest.raises(UserError, match=message):
             options("bad", extra.pop("kind", "context"), corpus_file, **extra).check()
 

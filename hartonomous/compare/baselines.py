@@ -217,7 +217,7 @@ def with_self_distilled(labelled: labels_mod.TrainingLabels, recorded: dict, mod
     progress.stage("the model's own continuations (self-distill cache)", int(recorded["tokens"]))
     distilled = self_distill(model, train_ids, int(recorded["tokens"]), seed=int(recorded["seed"]),
                              eos_token_ids=set(recorded["eos_token_ids"]), advance=progress.advance,
-                             cache_dir=cache_dir)
+                             cache_dir=cache_dir, temperature=float(recorded["sample_temperature"]))
     continuations = labels_mod.from_continuations(distilled.sequences, distilled.prompt_tokens,
                                                   1 if recorded.get("only") else labelled.k)
     return continuations if recorded.get("only") else labels_mod.joined(labelled, continuations)

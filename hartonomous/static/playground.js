@@ -1,10 +1,20 @@
-// Hartonomous playground: streams both paths side by side over SSE (fetch + POST, parsed here,
-// since EventSource cannot POST) and draws the spatial distribution of the latest step.
+// Hartonomous playground: streams the chosen paths (spatial, exact, speculative, hybrid) side by
+// side over SSE (fetch + POST, parsed here, since EventSource cannot POST), colours each token of
+// the speculative and hybrid panes by where it came from, and draws the spatial distribution of
+// the latest step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty"];
 const TOP_N = 12;
+const PATHS = ["spatial", "exact", "speculative", "hybrid"];
+// Where a token came from, per path: the stream event's field and the words for its tooltip.
+const ORIGIN = {
+  speculative: { field: "origin", words: { draft: "drafted by the spatial path, kept by the exact model",
+                                           exact: "the exact model's own (a correction or a plain step)" } },
+  hybrid: { field: "route", words: { spatial: "answered by the spatial path (risk below the threshold)",
+                                     exact: "answered by the exact model (risk at or above the threshold)" } },
+};
 let running = [];   // AbortControllers of the streams in flight
 
 // ---- SSE over fetch --------------------------------------------------------------------
@@ -75,7 +85,22 @@ function pane(path) {
     token(event) {
       if ("token_id" in event) tokens += 1;        // a final text-only event flushes held-back text
       if (typeof event.seconds === "number") seconds += event.seconds;
-      q(".generated").textContent += event.token;
+      const origin = ORIGIN[path] && event[ORIGIN[path].field];
+      if (origin) {                                // coloured by where the token came from
+        const span = document.createElement("span");
+        span.className = `tok tok-${origin}`;
+        span.dataset.origin = origin;
+        span.title = ORIGIN[path].words[origin] || origin;
+        span.textContent = event.token;
+        q(".generated").appendChild(span);
+      } else {
+        q(".generated").append(event.token);
+      }
+      if (event.live && q(".spec-stats")) {
+        const l = event.live;
+        q(".spec-stats").textContent = `live: acceptance ${l.acceptance_rate === null ? "n/a" : l.acceptance_rate.toFixed(2)}` +
+          ` · ${l.tokens_per_forward === null ? "n/a" : l.tokens_per_forward.toFixed(2)} tokens/forward · ${l.rounds} rounds`;
+      }
       const out = q(".output");
       out.scrollTop = out.scrollHeight;
       show();
@@ -87,7 +112,10 @@ function pane(path) {
       this.state(`${result.state} (${result.finish_reason}) · seed ${result.seed}`, "done");
       const s = result.stats;
       const box = q(".spec-stats");
-      if (s && box) {
+      if (s && box && path === "hybrid") {
+        box.textContent = `${s.exact_steps} of ${s.steps} steps exact (${(100 * s.exact_fraction).toFixed(0)}%) · ` +
+          `risk threshold ${s.threshold}`;
+      } else if (s && box) {
         const rate = s.acceptance_rate === null ? "n/a" : s.acceptance_rate.toFixed(2);
         const perForward = s.tokens_per_forward === null ? "n/a" : s.tokens_per_forward.toFixed(2);
         box.textContent = `${s.rounds} rounds · acceptance ${rate} (${s.accepted}/${s.drafted}) · ` +
@@ -176,8 +204,8 @@ async function generate(ev) {
   if (ev) ev.preventDefault();
   stop();
   const body = requestBody();
-  const paths = ["spatial", "exact", "speculative"].filter((p) => $(`use-${p}`).checked);
-  $("pane-speculative").hidden = !$("use-speculative").checked;
+  const paths = PATHS.filter((p) => $(`use-${p}`).checked);
+  for (const p of ["speculative", "hybrid"]) $(`pane-${p}`).hidden = !$(`use-${p}`).checked;
   $("generate").disabled = true;
   $("stop").disabled = false;
   await Promise.all(paths.map((p) => run(p, body)));
