@@ -167,6 +167,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
     from hartonomous import measure
     from hartonomous.splits import recorded_halves
 
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     cores = measure.host()["cores"] or 1
     torch.set_num_threads(threads or min(cores, 4))
     short_n = short if short is not None else (3 if quick else len(SHORT_PROMPTS))
@@ -203,7 +204,8 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                              "prompt_tokens": [len(runner.tokenizer.encode(p)) for p in prompts],
                              "methods": {m: totals[m].row(baseline) for m in METHODS}}
         machine = measure.describe_machine(conn, "cpu", "smollm2")
-    return {"mode": "speculative-quick" if quick else "speculative", "atom_set": record.name,
+    return {"mode": "speculative-quick" if quick else "speculative", "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "atom_set": record.name,
             "atom_set_history_weight": getattr(record, "history_weight", None),
             "max_new_tokens": max_new_tokens, "draft_tokens": draft_tokens, "torch_threads": torch.get_num_threads(),
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "forward_costs": runner.costs.as_dict(),
