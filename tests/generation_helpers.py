@@ -55,6 +55,26 @@ def drop_atom_set(url: str, name: str) -> None:
 
 
 @contextmanager
+def distilled_tiny_set(url: str, folder: Path) -> Iterator[str]:
+    """A context set built (`hartonomous build`) from the tiny model's own training text: a drafter
+    that is often right and sometimes wrong, as a real one; dropped after the `with` block."""
+    from projection.build import BuildOptions, build
+    from tiny_model import TRAIN_TEXT
+
+    model, tokenizer = tiny_model(0)
+    corpus = folder / "tiny.txt"
+    corpus.write_text("\n".join(TRAIN_TEXT))
+    name = f"tiny-distilled-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url) as conn:
+        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
+                                 landmarks=64), model=model, tokenizer=tokenizer)
+    try:
+        yield name
+    finally:
+        drop_atom_set(url, name)
+
+
+@contextmanager
 def tiny_atom_set(url: str, model: str = "tiny", seed: int = 0) -> Iterator[str]:
     """A tiny token atom set for the duration of a `with` block (a module fixture's lifetime)."""
     name = write_tiny_atom_set(url, model=model, seed=seed)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from browser import CHROMIUM, Browser
-from generation_helpers import tiny_atom_set
+from generation_helpers import distilled_tiny_set, tiny_atom_set
 from server_helpers import GatedModel, live_app
 
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground.png"
@@ -89,25 +89,9 @@ def tokens_of(browser: Browser, path: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def distilled_set(server_url, tmp_path_factory):
-    """A context set built from the tiny model's own training text: a drafter that is often right
-    (test_speculative.py uses the same), so both kinds of token show."""
-    import uuid
-
-    import psycopg
-
-    from generation_helpers import drop_atom_set
-    from projection.build import BuildOptions, build
-    from tiny_model import TRAIN_TEXT, tiny_model
-
-    model, tokenizer = tiny_model(0)
-    corpus = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    corpus.write_text("\n".join(TRAIN_TEXT))
-    name = f"tiny-distilled-{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url) as conn:
-        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
-                                 landmarks=64), model=model, tokenizer=tokenizer)
-    yield name
-    drop_atom_set(server_url, name)
+    """A set distilled from the tiny model (often right as a drafter), so both kinds of token show."""
+    with distilled_tiny_set(server_url, tmp_path_factory.mktemp("corpus")) as name:
+        yield name
 
 
 def generate_in_panes(browser: Browser, atom_set: str, settings: dict, hybrid: bool) -> dict:

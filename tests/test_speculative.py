@@ -7,7 +7,6 @@ draft_tokens drafts in one call with next_token's distributions and generate_tok
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 
 import psycopg
@@ -15,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from generation_helpers import drop_atom_set, write_tiny_atom_set
+from generation_helpers import distilled_tiny_set, drop_atom_set, write_tiny_atom_set
 from hartonomous.backends.base import Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
@@ -26,7 +25,7 @@ from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sampling import logits_to_probs
 from hartonomous.speculative import Draft, SpeculativeBackend, SpeculativeStats
 from hartonomous.textstream import REPLACEMENT, decode
-from tiny_model import TRAIN_TEXT, tiny_model
+from tiny_model import tiny_model
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "héllo wörld"]
 GREEDY = GenerationConfig(max_new_tokens=32, temperature=0.0, stop_at_eos=False)
@@ -45,19 +44,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def atom_set(server_url, tmp_path_factory):
-    """A context atom set distilled from the tiny model itself (`hartonomous build` on its training
-    text): a drafter that is often right and sometimes wrong, as a real one."""
-    from projection.build import BuildOptions, build
-
-    model, tokenizer = tiny_model(0)
-    corpus = tmp_path_factory.mktemp("corpus") / "tiny.txt"
-    corpus.write_text("\n".join(TRAIN_TEXT))
-    name = f"tiny-distilled-{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url) as conn:
-        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
-                                 landmarks=64), model=model, tokenizer=tokenizer)
-    yield name
-    drop_atom_set(server_url, name)
+    """A context atom set distilled from the tiny model itself: a drafter that is often right."""
+    with distilled_tiny_set(server_url, tmp_path_factory.mktemp("corpus")) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
