@@ -28,6 +28,7 @@ Nothing touches the database before `ingest`.
 from __future__ import annotations
 
 import platform
+from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -401,7 +402,8 @@ def make_atoms(options: BuildOptions, loaded: Loaded, positions: np.ndarray, lab
     full_keys = options.full_keys if full_keys is None else full_keys
     ui.step(f"building {options.kind} atoms (target={options.target if options.kind == 'context' else 'token'}, "
             f"window={window or 'all'}, decay={decay})")
-    with ui.bar("keying atoms", atom_chunks(options, labelled), "chunk") as advance:
+    chunks = atom_chunks(options, labelled)      # 0 for token sets: one atom per token, nothing to key
+    with (ui.bar("keying atoms", chunks, "chunk") if chunks else nullcontext(lambda _n=1: None)) as advance:
         rows = atom_rows(options, labelled, positions, window, decay, loaded.embeddings if full_keys else None,
                          advance)
     if options.kind != "context":
