@@ -4,8 +4,9 @@
         [--database-url postgresql://owner@.../hartonomous --application-name <server's>]
 
 Each client is a thread with its own keep-alive HTTP connection that sends requests back to
-back: next_token, generate (engine loop, one SQL next_token per step) and generate with
-`in_database` (SQL generate_tokens), in turn. Every answer is checked (status 200, a
+back: next_token, generate (engine loop, one SQL next_token per step), generate with
+`in_database` (SQL generate_tokens) and generate on the speculative path (the server's exact model
+verifying drafts of `draft_tokens`, lengths from its measured forward costs), in turn. Every answer is checked (status 200, a
 distribution that sums to 1, the number of tokens asked for); anything else counts as an error.
 A warm-up (default 5 s: the pool opening its connections, statements being prepared) runs
 first; its errors count, its latencies and requests do not.
@@ -26,7 +27,7 @@ import httpx
 
 from hartonomous.measure import percentile
 
-KINDS = ("next_token", "generate", "generate_in_database")
+KINDS = ("next_token", "generate", "generate_in_database", "generate_speculative")
 PROMPTS = ("The capital of France is", "def add(a, b):", "Return the sum of the numbers",
            "héllo wörld 東京 🙂", "Raise ValueError if the list is empty.")
 
@@ -74,8 +75,11 @@ def _request(kind: str, i: int, max_new_tokens: int) -> tuple[str, dict]:
     prompt = PROMPTS[i % len(PROMPTS)]
     if kind == "next_token":
         return "/api/next_token", {"prompt": prompt, "limit": 1000, "top_k": 0, "top_p": 1.0}
-    return "/api/generate", {"prompt": prompt, "seed": i, "max_new_tokens": max_new_tokens, "ignore_eos": True,
-                             "in_database": kind == "generate_in_database"}
+    body = {"prompt": prompt, "seed": i, "max_new_tokens": max_new_tokens, "ignore_eos": True,
+            "in_database": kind == "generate_in_database"}
+    if kind == "generate_speculative":       # the exact model verifies spatial drafts (cost-shaped lengths)
+        body["path"] = "speculative"
+    return "/api/generate", body
 
 
 def _check(kind: str, response: httpx.Response, max_new_tokens: int) -> tuple[str | None, int]:
