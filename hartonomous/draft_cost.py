@@ -21,6 +21,7 @@ the best k > 0 anyway, so that a rate learnt on a bad stretch can recover.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ PRIOR_WEIGHT = 4
 ACCEPTANCE_WINDOW = 32       # judged draft tokens the running rate looks at
 DRAFT_SECONDS_PRIOR = 0.003  # a draft call before one is timed (PL/pgSQL backoff sets: ~3 ms)
 PROBE_EVERY = 8              # plain rounds between probes while drafting does not pay
+_MEASURING = threading.Lock()  # concurrent first requests measure once, not side by side
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,16 @@ class ForwardCosts:
 
 def forward_costs(model) -> ForwardCosts:
     """The model's forward costs, measured on first use and kept on the model object (a server
-    measures once, whatever the number of requests)."""
+    measures once, whatever the number of requests; concurrent first requests wait for one
+    measurement rather than timing each other's forwards)."""
     known = getattr(model, "_hartonomous_forward_costs", None)
-    if known is None:
-        known = measure_forward_costs(model)
-        model._hartonomous_forward_costs = known
+    if known is not None:
+        return known
+    with _MEASURING:
+        known = getattr(model, "_hartonomous_forward_costs", None)
+        if known is None:
+            known = measure_forward_costs(model)
+            model._hartonomous_forward_costs = known
     return known
 
 

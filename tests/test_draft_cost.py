@@ -76,3 +76,29 @@ def test_forward_costs_are_measured_for_one_to_sixteen_tokens() -> None:
     costs = measure_forward_costs(exact, max_tokens=16, prefix=32, repeats=1)
     assert len(costs.seconds) == 16 and all(s > 0 for s in costs.seconds)
     assert costs.as_dict()["prefix"] == 32 and len(costs.as_dict()["ms"]) == 16
+
+
+def test_concurrent_first_requests_measure_the_costs_once(monkeypatch) -> None:
+    import threading
+
+    from hartonomous import draft_cost
+
+    calls = []
+
+    def slow_measure(model):
+        calls.append(model)
+        threading.Event().wait(0.2)
+        return CPU
+
+    monkeypatch.setattr(draft_cost, "measure_forward_costs", slow_measure)
+
+    class Model:
+        pass
+
+    model, got = Model(), []
+    threads = [threading.Thread(target=lambda: got.append(draft_cost.forward_costs(model))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got == [CPU] * 4
