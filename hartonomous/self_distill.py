@@ -108,7 +108,7 @@ def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_to
         batch = pool[batch_no * BATCH:(batch_no + 1) * BATCH]
         sample = batch_no % 2 == 1 and temperature > 0
         path = _cache_path(cache_dir, model, batch, sample, temperature, seed, batch_no)
-        outputs = _load(path)
+        outputs = _load(path, len(batch))
         if outputs is None:
             outputs = _generate(model, batch, sample, temperature, seed, batch_no, torch)
             _save(path, outputs)
@@ -132,7 +132,9 @@ def self_distill(model, train_ids: np.ndarray, tokens: int, *, seed: int, eos_to
 
 def _generate(model, batch: np.ndarray, sample: bool, temperature: float, seed: int, batch_no: int,
               torch) -> np.ndarray:
-    """(BATCH, CONTINUATION_TOKENS) new tokens; positions after a sequence's EOS hold its pad (-1)."""
+    """(len(batch), CONTINUATION_TOKENS) new tokens. After a sequence's EOS, generate fills in the pad
+    id (EOS where the model sets none); columns past the point where every sequence had ended hold -1.
+    `_until_eos` cuts both off."""
     device = next(model.parameters()).device
     ids = torch.as_tensor(batch, dtype=torch.long, device=device)
     options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sample else \
@@ -180,14 +182,15 @@ def _cache_path(cache_dir: Path | None, model, batch: np.ndarray, sample: bool, 
     return Path(cache_dir).parent / "self-distill" / fingerprint[:16] / f"{key}.npy"
 
 
-def _load(path: Path | None) -> np.ndarray | None:
+def _load(path: Path | None, rows: int) -> np.ndarray | None:
+    """A cached batch of `rows` continuations, or None (absent, unreadable, or of another shape)."""
     if path is None or not path.is_file():
         return None
     try:
         outputs = np.load(path)
     except (OSError, ValueError):
         return None
-    return outputs if outputs.shape == (BATCH, CONTINUATION_TOKENS) or outputs.ndim == 2 else None
+    return outputs if outputs.shape == (rows, CONTINUATION_TOKENS) else None
 
 
 def _save(path: Path | None, outputs: np.ndarray) -> None:
