@@ -15,6 +15,12 @@ with `result.stats` (a SpeculativeStats) saying how much drafting helped. `path=
 step from the spatial path when the atom set's predicted risk is below `risk_threshold`, else from
 the exact model (hartonomous.backends.hybrid; `result.stats` is a HybridStats). The exact path's
 per-step signals carry the spatial predictor's risk for the same context (read from the database).
+
+A memory of past generations (hartonomous.memory; off by default): `remember=True` writes every
+completed exact, speculative or hybrid generation into the atom set's memory through an owner
+connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
+speculative path's drafter read that memory, so repeated or similar requests draft what the model
+said before. The output is the exact path's either way; only the speed changes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 from hartonomous.engine import Engine, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.generation_config import GenerationConfig
+from hartonomous.memory import REMEMBERED_PATHS, MemoryWriter
 
 PATHS = ("spatial", "exact", "speculative", "hybrid")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
@@ -49,7 +56,8 @@ class Client:
                  search_radius: float | None = None, max_neighbors: int = 100, history_weight: float | None = None,
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
-                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5):
+                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5,
+                 memory: bool = False, remember: "bool | MemoryWriter" = False):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
@@ -60,6 +68,12 @@ class Client:
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)
+        self.memory = bool(memory)
+        self._writer, self._owns_writer = None, False
+        if isinstance(remember, MemoryWriter):
+            self._writer = remember
+        elif remember:
+            self._writer, self._owns_writer = MemoryWriter(), True
         self._risk_backend = None
         self._engines: dict[tuple[str, bool], Engine] = {}
 
@@ -79,8 +93,21 @@ class Client:
                 backend = self._hybrid_backend()
             else:
                 backend = self._speculative_backend()
-            self._engines[key] = Engine(backend)
+            self._engines[key] = Engine(backend, on_result=self._remembering(path))
         return self._engines[key]
+
+    def _remembering(self, path: str):
+        """With a memory writer: the engine's on_result hook that remembers the path's completed
+        generations in the atom set's memory (the spatial path's are its own guesses: never)."""
+        if self._writer is None or path not in REMEMBERED_PATHS:
+            return None
+        writer = self._writer
+
+        def remember(result) -> None:
+            atom_set = self._engines[(path, False)].atom_set if path != "exact" else self.atom_set
+            writer.remember_result(atom_set, result)
+
+        return remember
 
     def _speculative_backend(self):
         """The exact model verifying drafts of a spatial backend of its own (same atom set options),
@@ -91,7 +118,7 @@ class Client:
         exact = self._exact_backend()
         costs = forward_costs(exact.model) if exact.model.use_cache else None   # once per model: ~6 s for SmolLM2 on 2 cores
         return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
-                                  max_draft_tokens=self.max_draft_tokens, costs=costs)
+                                  max_draft_tokens=self.max_draft_tokens, costs=costs, memory=self.memory)
 
     def _hybrid_backend(self):
         """Spatial steps while the predicted risk is below `risk_threshold`, exact steps otherwise."""
@@ -202,6 +229,9 @@ class Client:
         if self._risk_backend is not None:
             self._risk_backend.close()
             self._risk_backend = None
+        if self._owns_writer and self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if getattr(self, "_owns_conn", False) and self._conn is not None:
             self._conn.close()
             self._conn = None

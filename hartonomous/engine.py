@@ -28,7 +28,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -305,6 +305,8 @@ class Session:
             path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
             text=self._final_text(reason), state=state, finish_reason=reason, seed=self.seed,
             timings=self._timings, probabilities=list(self._probs), stats=self._stats)
+        if self.engine.on_result is not None:
+            self.engine.on_result(self.result)
 
     def _final_text(self, reason: str) -> str:
         """decode(generated ids), without a final stop/EOS token, cut at the first stop string."""
@@ -352,8 +354,10 @@ def check_prompts(prompts: Sequence[str | Sequence[int]]) -> None:
 class Engine:
     """Prompt in, text out, over any backend (exact, spatial step by step, or in-database)."""
 
-    def __init__(self, backend: Backend | WholeLoopBackend):
+    def __init__(self, backend: Backend | WholeLoopBackend,
+                 on_result: Callable[[GenerationResult], None] | None = None):
         self.backend = backend
+        self.on_result = on_result     # called with every session's result as it ends (e.g. the memory)
 
     @property
     def tokenizer(self):

@@ -79,17 +79,19 @@ class Draft:
 
 
 class SpatialDrafter:
-    """Drafts with SQL `draft_tokens`: n spatial steps in one database call."""
+    """Drafts with SQL `draft_tokens`: n spatial steps in one database call; with `memory`, from the
+    set's memory of past generations too (hartonomous/memory.py)."""
 
-    def __init__(self, spatial: SpatialBackend):
+    def __init__(self, spatial: SpatialBackend, memory: bool = False):
         self.spatial = spatial
+        self.memory = memory
 
     def draft(self, ids: list[int], n: int, sampler: SamplerArgs, seed: int, first_step: int,
               stop_token_ids: list[int]) -> list[Draft]:
         """Up to n tokens continuing `ids`; step s picks at seeded_uniform(seed, first_step + s)."""
         rows = sqlcalls.draft_tokens(self.spatial.conn, self.spatial.context_for(SpatialState(ids), sampler), n,
                                      sampler, self.spatial.spatial, self.spatial.atom_set.name, seed, first_step,
-                                     stop_token_ids)
+                                     stop_token_ids, self.memory)
         return [Draft(token, Distribution(ids_, probs)) for token, ids_, probs in rows]
 
 
@@ -269,13 +271,14 @@ class SpeculativeBackend:
     """The speculative path: a spatial drafter and an exact verifier behind one engine backend.
 
     The engine runs it through `stream_tokens` (several tokens per round), not the step interface.
+    `memory`: the drafter reads the atom set's memory of past generations beside its atoms.
     """
 
     name = "speculative"
 
     def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
                  max_draft_tokens: int = 8, adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE,
-                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None):
+                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None, memory: bool = False):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -291,7 +294,7 @@ class SpeculativeBackend:
                             f"exact model only {vocab}; draft with an atom set built from the same model")
         self.exact = exact
         self.spatial = spatial
-        self.drafter = SpatialDrafter(spatial)
+        self.drafter = SpatialDrafter(spatial, memory)
         self.tokenizer = exact.tokenizer
         self.draft_tokens = draft_tokens
         self.max_draft_tokens = max_draft_tokens

@@ -1,8 +1,8 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`,
-`next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel` and `context_centroid`
-are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
+`next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel`, `context_centroid`
+and the memory's `remember`, `forget` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
 SQL functions' own defaults are the same values.
@@ -68,6 +68,7 @@ _CASTS = {
     "search_radius": "double precision", "max_neighbors": "integer", "atom_set": "text",
     "repetition_penalty": "double precision", "seed": "bigint", "step": "integer",
     "stop_tokens": "integer[]", "first_step": "integer", "history_weight": "double precision", "history_window": "integer",
+    "memory": "boolean",
 }
 _KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", "atom_set", "repetition_penalty",
              "history_weight", "history_window")
@@ -81,7 +82,12 @@ SAMPLE_NEXT_TOKEN_SQL = ("SELECT sample_next_token(%(context)s::integer[], "
 GENERATE_TOKENS_SQL = ("SELECT generate_tokens(%(context)s::integer[], %(max_new_tokens)s::integer, "
                        f"{_named((*_KNN_ARGS, 'seed', 'stop_tokens'), _CASTS)})")
 DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens(%(context)s::integer[], "
-                    f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens'), _CASTS)})")
+                    f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens', 'memory'), _CASTS)})")
+REMEMBER_SQL = ("SELECT generation, remembered, evicted, atoms FROM remember(%(atom_set)s::text, %(context)s::integer[], "
+                "%(generated)s::integer[], %(path)s::text, max_atoms => %(max_atoms)s::integer, "
+                "weight => %(weight)s::double precision)")
+FORGET_SQL = "SELECT forget(%(atom_set)s::text)"
+MEMORY_STATUS_SQL = "SELECT atoms, generations, oldest, newest FROM memory_status(%(atom_set)s::text)"
 _SIGNAL_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window")
 NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, "
                           "distinct_tokens, ln_top_nearest_bandwidths, ln_top_stored_votes, ln_top_history_nearest_bandwidths, "
@@ -141,11 +147,13 @@ def generate_tokens_query(context: Sequence[int], max_new_tokens: int, sampler: 
 
 def draft_tokens_query(context: Sequence[int], n: int, sampler: SamplerArgs | None = None,
                        spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None, seed: int | None = None,
-                       first_step: int = 0, stop_tokens: Sequence[int] | None = None) -> Query:
-    """`draft_tokens(context, n, ...)`: rows (token_id, token_ids, probabilities), one per drafted token."""
+                       first_step: int = 0, stop_tokens: Sequence[int] | None = None, memory: bool = False) -> Query:
+    """`draft_tokens(context, n, ...)`: rows (token_id, token_ids, probabilities), one per drafted token;
+    `memory` drafts from the set's memory of past generations too."""
     return Query(DRAFT_TOKENS_SQL, {"context": [int(t) for t in context], "n": n,
                                     **_knn_params(sampler, spatial, atom_set), "seed": seed, "first_step": first_step,
-                                    "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None})
+                                    "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None,
+                                    "memory": bool(memory)})
 
 
 def next_token_signals_query(context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),
@@ -209,10 +217,10 @@ def generate_tokens(conn: psycopg.Connection, context: Sequence[int], max_new_to
 
 def draft_tokens(conn: psycopg.Connection, context: Sequence[int], n: int, sampler: SamplerArgs | None = None,
                  spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None, seed: int | None = None,
-                 first_step: int = 0, stop_tokens: Sequence[int] | None = None
+                 first_step: int = 0, stop_tokens: Sequence[int] | None = None, memory: bool = False
                  ) -> list[tuple[int, list[int], list[float]]]:
     """Up to n drafted tokens, each with the distribution it was drawn from, in one database call."""
-    query = draft_tokens_query(context, n, sampler, spatial, atom_set, seed, first_step, stop_tokens)
+    query = draft_tokens_query(context, n, sampler, spatial, atom_set, seed, first_step, stop_tokens, memory)
     rows = run(conn, query, prepare=True).fetchall()
     return [(int(t), [int(i) for i in ids], [float(p) for p in probs]) for t, ids, probs in rows]
 
@@ -250,3 +258,22 @@ def context_centroid(conn: psycopg.Connection, context: Sequence[int],
                      atom_set: str | None = None) -> tuple[float, float, float]:
     x, y, z = run(conn, context_centroid_query(context, atom_set)).fetchone()
     return float(x), float(y), float(z)
+
+
+def remember(conn: psycopg.Connection, atom_set: str | None, context: Sequence[int], generated: Sequence[int],
+             path: str, max_atoms: int, weight: float | None = None) -> tuple[int, int, int, int]:
+    """`remember(...)` (the owner's connection): (generation, remembered, evicted, atoms now in memory)."""
+    row = run(conn, Query(REMEMBER_SQL, {"atom_set": atom_set, "context": [int(t) for t in context],
+                                         "generated": [int(t) for t in generated], "path": path,
+                                         "max_atoms": max_atoms, "weight": weight})).fetchone()
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def forget(conn: psycopg.Connection, atom_set: str | None) -> int:
+    """`forget(atom_set)` (the owner's connection): the atoms removed from the set's memory."""
+    return int(run(conn, Query(FORGET_SQL, {"atom_set": atom_set})).fetchone()[0])
+
+
+def memory_status(conn: psycopg.Connection, atom_set: str | None) -> tuple:
+    """`memory_status(atom_set)`: (atoms, generations, oldest, newest)."""
+    return tuple(run(conn, Query(MEMORY_STATUS_SQL, {"atom_set": atom_set})).fetchone())

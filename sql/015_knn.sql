@@ -1,6 +1,7 @@
 -- The KNN of next_token: the stored atoms of a set nearest to a point, in either storage layout.
 --
---   ht_knn(p_set_id integer, p_center geometry, p_k integer, p_radius float8 = NULL)
+--   ht_knn(p_set_id integer, p_center geometry, p_k integer, p_radius float8 = NULL,
+--          p_memory boolean = false)
 --   RETURNS TABLE(token_id integer, weight float8, distance float8)
 --
 -- Semantics (the one definition both layouts implement, so next_token's result does not depend
@@ -16,6 +17,10 @@
 --     rows layout took whichever tied atoms the GiST scan met first.
 --  3. p_radius (NULL: none) drops the returned atoms farther than p_radius; the K nearest within
 --     the radius are the K nearest overall that lie within it, so a layout may stop early.
+--  4. p_memory = true: the atoms are the set's stored atoms and its memory of past generations
+--     (memory_atoms, sql/070_memory.sql) together, under rules 1-3; a memory atom is an atom like
+--     any other (its token id, its weight, its distance). false (the default everywhere): the
+--     stored atoms only, so results depend on the atom set alone.
 --
 -- Layouts (atom_sets.layout, chosen at build time; hartonomous/atomset/write.py writes both):
 --  rows:  one row per atom in the set's `atoms` partition, GiST nd over the points:
@@ -32,8 +37,14 @@
 --         it read in the order of rule 2: exactly the rows layout's atoms. Work: the tiles that
 --         reach within b of c, a handful at 10^6 atoms (docs/benchmarks.md), each one buffer.
 
+-- ht_knn and ht_knn_arrays gained p_memory; CREATE OR REPLACE cannot change a signature, so the
+-- versions a database installed before are dropped.
+DROP FUNCTION IF EXISTS ht_knn(integer, geometry, integer, double precision);
+DROP FUNCTION IF EXISTS ht_knn_arrays(integer, geometry, integer, double precision);
+
 CREATE OR REPLACE FUNCTION ht_knn(
-    p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL)
+    p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL,
+    p_memory boolean DEFAULT false)
 RETURNS TABLE(token_id integer, weight double precision, distance double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
@@ -41,7 +52,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 SET enable_sort = off
 AS $$
--- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file).
+-- The p_k stored atoms of set p_set_id nearest to p_center, by the set's layout (top of file);
+-- with p_memory, of its stored atoms and its memory together (rule 4).
 #variable_conflict use_column
 DECLARE
     tiles CURSOR FOR
@@ -66,6 +78,27 @@ DECLARE
     sq0   constant double precision := 1.5717277847026288e-162;
     tiny  constant boolean := least(abs(ST_X(p_center)), abs(ST_Y(p_center)), abs(ST_Z(p_center))) < 1e-145;
 BEGIN
+    IF p_memory THEN
+        -- Rule 4: the p_k nearest of the stored atoms and the memory's together. Each side's p_k
+        -- nearest (the memory by its own GiST nd index, with rule 2's order) hold them all.
+        RETURN QUERY
+            SELECT u.tid, u.w, u.d
+              FROM (SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
+                      FROM ht_knn(p_set_id, p_center, p_k, p_radius, false) k
+                    UNION ALL
+                    SELECT n.tid, n.w, n.d
+                      FROM (SELECT n.tid, n.w, n.d
+                              FROM (SELECT m.token_id AS tid, m.weight AS w, m.position <<->> p_center AS d
+                                      FROM memory_atoms m
+                                     WHERE m.atom_set_id = p_set_id
+                                     ORDER BY m.position <<->> p_center) n
+                             WHERE p_radius IS NULL OR n.d <= p_radius
+                             ORDER BY n.d, n.tid, n.w
+                             LIMIT p_k) n) u
+             ORDER BY u.d, u.tid, u.w
+             LIMIT p_k;
+        RETURN;
+    END IF;
     IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
     -- The index scan yields the distance order; an incremental sort over it breaks the ties
     -- (it reads ahead up to 31 rows past the k-th). PostgreSQL 15 plans an index scan with
@@ -123,7 +156,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION ht_knn_arrays(
     p_set_id integer, p_center geometry, p_k integer, p_radius double precision DEFAULT NULL,
-    OUT token_ids integer[], OUT weights double precision[], OUT distances double precision[])
+    p_memory boolean DEFAULT false, OUT token_ids integer[], OUT weights double precision[], OUT distances double precision[])
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -135,7 +168,7 @@ AS $$
 -- set-returning call between: ~0.07 ms less per call); the tiles layout reads ht_knn.
 -- tests/test_layouts.py and tests/test_kernel_native.py check both against ht_knn's rows.
 BEGIN
-    IF (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
+    IF NOT p_memory AND (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
         SELECT coalesce(array_agg(n.tid ORDER BY n.d, n.tid, n.w), '{}'),
                coalesce(array_agg(n.w ORDER BY n.d, n.tid, n.w), '{}'),
                coalesce(array_agg(n.d ORDER BY n.d, n.tid, n.w), '{}')
@@ -153,6 +186,6 @@ BEGIN
     SELECT coalesce(array_agg(k.token_id ORDER BY k.i), '{}'), coalesce(array_agg(k.weight ORDER BY k.i), '{}'),
            coalesce(array_agg(k.distance ORDER BY k.i), '{}')
       INTO token_ids, weights, distances
-      FROM ht_knn(p_set_id, p_center, p_k, p_radius) WITH ORDINALITY AS k(token_id, weight, distance, i);
+      FROM ht_knn(p_set_id, p_center, p_k, p_radius, p_memory) WITH ORDINALITY AS k(token_id, weight, distance, i);
 END
 $$;

@@ -4,7 +4,7 @@
 --   next_token(context integer[], temperature float8 = 1.0, top_k int = 40, top_p float8 = 0.9,
 --              search_radius float8 = NULL, max_neighbors int = 100, atom_set text = NULL,
 --              repetition_penalty float8 = 1.0, history_weight float8 = NULL,
---              history_window int = NULL)
+--              history_window int = NULL, memory boolean = false)
 --   RETURNS TABLE(token_id int, probability float8, cumulative_probability float8)
 --
 -- Semantics (docs/sql.md has examples; hartonomous/sampling.py is the same sampler in torch):
@@ -14,7 +14,10 @@
 --  3. KNN: the max_neighbors stored atoms of that set nearest to c in 3D, ties in distance
 --     broken by token_id, then weight: ht_knn (sql/015_knn.sql), which reads the set's storage
 --     layout (atom_sets.layout: 'rows', a GiST nd index over the atoms, or 'tiles', packed atom
---     tiles); both layouts give the same atoms in the same order.
+--     tiles); both layouts give the same atoms in the same order. memory = true: the KNN is over
+--     the stored atoms and the set's memory of past generations together (sql/070_memory.sql;
+--     ht_knn's rule 4); false (the default): the stored atoms alone, so the result depends on
+--     the atom set and the arguments only.
 --  4. History atoms: the context itself contributes atoms. With n = cardinality(context),
 --     H = history_window (NULL: atom_sets.history_window) and m = min(H, n - 1), for each
 --     i = n - m .. n - 1 there is an atom at context_centroid(context[1:i]) (the set's own
@@ -61,7 +64,8 @@
 --     elements, a token id not in the atom set, temperature < 0/NaN/Inf, top_p outside (0, 1]
 --     or NaN, top_k < 0, max_neighbors outside 1..100000, repetition_penalty <= 0/NaN/Inf,
 --     search_radius < 0/NaN, history_weight < 0/NaN/Inf, history_window outside 0..4096
---     (atom_sets.history_window has the same bound), an unknown atom set or no default one.
+--     (atom_sets.history_window has the same bound), memory NULL, an unknown atom set or no
+--     default one.
 --     temperature (when > 0) and repetition_penalty must lie in [1e-6, 1e6], where scaling
 --     logits cannot overflow float8.
 -- Floating point: everything is float8; exp() of arguments below -744 counts as 0, and below
@@ -91,6 +95,14 @@ DROP FUNCTION IF EXISTS next_token(integer[], double precision, integer, double 
                                    double precision, integer, text, double precision);
 DROP FUNCTION IF EXISTS next_token_batch(jsonb, double precision, integer, double precision,
                                          double precision, integer, text, double precision);
+-- The memory of past generations added one more (p_memory, memory).
+DROP FUNCTION IF EXISTS ht_next_token(integer, text, double precision, geometry, integer[],
+                                      double precision, integer, double precision,
+                                      double precision, integer, double precision, geometry[],
+                                      double precision);
+DROP FUNCTION IF EXISTS next_token(integer[], double precision, integer, double precision,
+                                   double precision, integer, text, double precision,
+                                   double precision, integer);
 
 CREATE OR REPLACE FUNCTION ht_check_sampler_args(
     p_temperature double precision, p_top_k integer, p_top_p double precision,
@@ -178,7 +190,7 @@ CREATE OR REPLACE FUNCTION ht_next_token(
     p_context integer[], p_temperature double precision, p_top_k integer,
     p_top_p double precision, p_search_radius double precision, p_max_neighbors integer,
     p_repetition_penalty double precision, p_history_keys geometry[],
-    p_history_weight double precision)
+    p_history_weight double precision, p_memory boolean DEFAULT false)
 RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -200,7 +212,7 @@ BEGIN
     RETURN QUERY
     WITH nearest AS (
         SELECT k.token_id AS tid, k.weight AS w, k.distance AS d
-          FROM ht_knn(p_set_id, p_center, p_max_neighbors, p_search_radius) AS k
+          FROM ht_knn(p_set_id, p_center, p_max_neighbors, p_search_radius, p_memory) AS k
     ), history AS (
         SELECT p_context[v_after + h.k] AS tid, h.key <<->> p_center AS d
           FROM unnest(CASE WHEN p_history_weight > 0 THEN p_history_keys END)
@@ -276,7 +288,8 @@ CREATE OR REPLACE FUNCTION next_token(
     atom_set text DEFAULT NULL,
     repetition_penalty double precision DEFAULT 1.0,
     history_weight double precision DEFAULT NULL,
-    history_window integer DEFAULT NULL)
+    history_window integer DEFAULT NULL,
+    memory boolean DEFAULT false)
 RETURNS TABLE(token_id integer, probability double precision,
               cumulative_probability double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -290,10 +303,15 @@ DECLARE
     c record;
     d record;
 BEGIN
-    IF ht_kernel() = 'native' THEN
+    IF next_token.memory IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'memory must be true or false, got NULL',
+            HINT = 'true reads the atom set''s memory of past generations beside its atoms; false (the default) does not.';
+    END IF;
+    IF ht_kernel() = 'native' AND NOT next_token.memory THEN
         -- The whole call in C (htk_step, sql/060_kernel.sql) where it serves it: arguments this
         -- function accepts, a set of the rows layout holding every context token, some candidate.
-        -- Anything else, bad input included, takes the checked path below.
+        -- Anything else, bad input included, takes the checked path below. The C step reads the
+        -- stored atoms only: with memory, the checked path runs ht_native_step's SQL KNN.
         SELECT * INTO d FROM htk_step(context, temperature, top_k, top_p, search_radius, max_neighbors,
                                       atom_set, repetition_penalty, history_weight, history_window);
         IF cardinality(d.token_ids) > 0 THEN
@@ -309,11 +327,19 @@ BEGIN
         -- The same rows from the C kernel (sql/060_kernel.sql): the whole step in C where
         -- htk_next_token serves the set, else (tiles layout, a foreign token) ht_native_step.
         -- The backoff kernel runs in PL/pgSQL below (the C kernel has the other two).
-        SELECT * INTO d FROM htk_next_token(s.id, s.centroid_window, s.centroid_decay, s.history_window,
-                                            s.kernel = 'gaussian', s.bandwidth, s.history_weight,
-                                            context, temperature, top_k, top_p, search_radius,
-                                            max_neighbors, repetition_penalty);
-        IF d.token_ids IS NULL THEN
+        IF NOT next_token.memory THEN
+            SELECT * INTO d FROM htk_next_token(s.id, s.centroid_window, s.centroid_decay, s.history_window,
+                                                s.kernel = 'gaussian', s.bandwidth, s.history_weight,
+                                                context, temperature, top_k, top_p, search_radius,
+                                                max_neighbors, repetition_penalty);
+        END IF;
+        IF next_token.memory THEN
+            SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
+                                                s.bandwidth, s.history_window, s.history_weight, context,
+                                                ht_context_positions(s.id, context), temperature, top_k,
+                                                top_p, search_radius, max_neighbors, repetition_penalty,
+                                                true);
+        ELSIF d.token_ids IS NULL THEN
             SELECT * INTO d FROM ht_native_step(s.id, s.centroid_window, s.centroid_decay, s.kernel,
                                                 s.bandwidth, s.history_window, s.history_weight, context,
                                                 ht_context_positions(s.id, context), temperature, top_k,
@@ -325,7 +351,7 @@ BEGIN
         RETURN QUERY
             SELECT * FROM ht_next_token(s.id, s.kernel, s.bandwidth, c.center, context, temperature,
                                         top_k, top_p, search_radius, max_neighbors, repetition_penalty,
-                                        c.history_keys, s.history_weight);
+                                        c.history_keys, s.history_weight, next_token.memory);
     END IF;
     IF NOT FOUND THEN
         RAISE NOTICE 'next_token: no atom of atom set % lies within search_radius % of the context centroid; no candidates',
@@ -426,8 +452,8 @@ $$;
 
 COMMENT ON FUNCTION next_token(integer[], double precision, integer, double precision,
                                double precision, integer, text, double precision,
-                               double precision, integer) IS
-    'Next-token distribution of a context: centroid, GiST KNN plus the context''s own history atoms, kernel, then the transformers sampler rules; rows by probability desc, token_id asc. See docs/sql.md.';
+                               double precision, integer, boolean) IS
+    'Next-token distribution of a context: centroid, GiST KNN (with memory => true, over the set''s memory of past generations too) plus the context''s own history atoms, kernel, then the transformers sampler rules; rows by probability desc, token_id asc. See docs/sql.md.';
 COMMENT ON FUNCTION next_token_batch(jsonb, double precision, integer, double precision,
                                      double precision, integer, text, double precision,
                                      double precision, integer) IS

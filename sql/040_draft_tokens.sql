@@ -4,13 +4,15 @@
 --                <next_token's sampler arguments: temperature, top_k, top_p, search_radius,
 --                 max_neighbors, atom_set, repetition_penalty, with next_token's defaults>,
 --                seed bigint = NULL, first_step integer = 0, stop_tokens integer[] = NULL,
---                history_weight float8 = NULL, history_window integer = NULL)
+--                history_weight float8 = NULL, history_window integer = NULL,
+--                memory boolean = false)
 --   RETURNS TABLE(step integer, token_id integer, token_ids integer[],
 --                 probabilities double precision[])
 --
 -- Semantics:
 --  1. Step s (0-based) asks next_token(context || drafted so far) -- called with named
---     arguments; history_weight / history_window pass through (NULL: the atom set's) -- and
+--     arguments; history_weight / history_window / memory pass through (NULL: the atom set's;
+--     memory => true reads the set's memory of past generations, sql/070_memory.sql) -- and
 --     picks a token from its rows by the inverse CDF at u = seeded_uniform(seed, first_step + s)
 --     (random() when seed is NULL), walking the rows in their order (probability descending,
 --     token_id ascending): the first row whose cumulative_probability > u, else (rounding) the
@@ -27,10 +29,14 @@
 --     first_step + n beyond the integer range, seed given with first_step NULL; the context and
 --     the sampler arguments are checked by next_token.
 
--- An older signature (before history_weight / history_window) is replaced, not overloaded.
+-- Older signatures (before history_weight / history_window, before memory) are replaced, not
+-- overloaded.
 DROP FUNCTION IF EXISTS draft_tokens(integer[], integer, double precision, integer, double precision,
                                      double precision, integer, text, double precision, bigint, integer,
                                      integer[]);
+DROP FUNCTION IF EXISTS draft_tokens(integer[], integer, double precision, integer, double precision,
+                                     double precision, integer, text, double precision, bigint, integer,
+                                     integer[], double precision, integer);
 
 CREATE OR REPLACE FUNCTION draft_tokens(
     context integer[],
@@ -46,7 +52,8 @@ CREATE OR REPLACE FUNCTION draft_tokens(
     first_step integer DEFAULT 0,
     stop_tokens integer[] DEFAULT NULL,
     history_weight double precision DEFAULT NULL,
-    history_window integer DEFAULT NULL)
+    history_window integer DEFAULT NULL,
+    memory boolean DEFAULT false)
 RETURNS TABLE(step integer, token_id integer, token_ids integer[],
               probabilities double precision[])
 LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
@@ -77,6 +84,10 @@ BEGIN
                              2147483647 - draft_tokens.n, draft_tokens.n, draft_tokens.first_step),
             HINT = 'first_step numbers the seeded draws; step s draws seeded_uniform(seed, first_step + s).';
     END IF;
+    IF draft_tokens.memory IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'memory must be true or false, got NULL',
+            HINT = 'true drafts from the atom set''s memory of past generations too; false (the default) does not.';
+    END IF;
     IF ht_kernel() = 'native' THEN
         -- The native loop (sql/060_kernel.sql): the context and the arguments are checked once,
         -- its positions carried from step to step (one lookup per drafted token).
@@ -87,7 +98,9 @@ BEGIN
                                       draft_tokens.history_window);
         SELECT * INTO st FROM ht_atom_set(draft_tokens.atom_set, draft_tokens.history_weight,
                                          draft_tokens.history_window);
-        fast := htk_serves(st.id);                      -- the whole step in C (sql/060_kernel.sql)
+        -- The whole step in C (sql/060_kernel.sql), which reads the stored atoms only; with memory
+        -- the step's KNN is ht_native_step's SQL one over atoms and memory.
+        fast := NOT draft_tokens.memory AND htk_serves(st.id);
         IF NOT fast THEN
             xyz := ht_context_positions(st.id, ctx);
         END IF;
@@ -96,7 +109,8 @@ BEGIN
                                                 st.bandwidth, st.history_window, st.history_weight, ctx,
                                                 CASE WHEN fast THEN NULL ELSE xyz END, draft_tokens.temperature, draft_tokens.top_k,
                                                 draft_tokens.top_p, draft_tokens.search_radius,
-                                                draft_tokens.max_neighbors, draft_tokens.repetition_penalty);
+                                                draft_tokens.max_neighbors, draft_tokens.repetition_penalty,
+                                                draft_tokens.memory);
             picked := d.token_ids[htk_pick(d.probabilities, d.cumulative,
                                            ht_uniform(draft_tokens.seed, draft_tokens.first_step + i))];
             IF picked IS NULL THEN
@@ -129,7 +143,8 @@ BEGIN
                           atom_set => draft_tokens.atom_set,
                           repetition_penalty => draft_tokens.repetition_penalty,
                           history_weight => draft_tokens.history_weight,
-                          history_window => draft_tokens.history_window)
+                          history_window => draft_tokens.history_window,
+                          memory => draft_tokens.memory)
                WITH ORDINALITY AS r(token_id, probability, cumulative_probability, i);
         picked := ids[ht_pick(probs, cums, ht_uniform(draft_tokens.seed, draft_tokens.first_step + s))];
         IF picked IS NULL THEN
@@ -149,5 +164,5 @@ $$;
 
 COMMENT ON FUNCTION draft_tokens(integer[], integer, double precision, integer, double precision,
                                  double precision, integer, text, double precision, bigint, integer,
-                                 integer[], double precision, integer) IS
+                                 integer[], double precision, integer, boolean) IS
     'Speculative decoding''s drafter: n steps of next_token(context || drafted) in one call, step s picked at seeded_uniform(seed, first_step + s); one row per token with the distribution it was drawn from. See docs/sql.md.';

@@ -82,13 +82,18 @@ END
 $$;
 
 
+-- ht_native_step gained p_memory; the version a database installed before is dropped.
+DROP FUNCTION IF EXISTS ht_native_step(integer, integer, double precision, text, double precision, integer,
+                                       double precision, integer[], double precision[], double precision,
+                                       integer, double precision, double precision, integer, double precision);
+
 CREATE OR REPLACE FUNCTION ht_native_step(
     p_set_id integer, p_centroid_window integer, p_centroid_decay double precision,
     p_kernel text, p_bandwidth double precision, p_history_window integer,
     p_history_weight double precision, p_context integer[], p_xyz double precision[],
     p_temperature double precision, p_top_k integer, p_top_p double precision,
     p_search_radius double precision, p_max_neighbors integer,
-    p_repetition_penalty double precision,
+    p_repetition_penalty double precision, p_memory boolean DEFAULT false,
     OUT token_ids integer[], OUT probabilities double precision[],
     OUT cumulative double precision[])
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
@@ -101,7 +106,8 @@ AS $$
 -- else, or when a context token is not in the set, the context's positions (ht_context_positions,
 -- which names a foreign token) and steps 2-4 at the top of this file. p_xyz, when given, is the
 -- context's positions (p_xyz[3i-2 .. 3i] of p_context[i]), carried by a loop. The rows come back
--- as three arrays in next_token's order (empty: no candidates).
+-- as three arrays in next_token's order (empty: no candidates). p_memory: the KNN reads the set's
+-- memory of past generations too (ht_knn's rule 4), in SQL (the C step reads the atoms only).
 DECLARE
     keys double precision[];
     ids  integer[];
@@ -120,10 +126,10 @@ BEGIN
           INTO token_ids, probabilities, cumulative
           FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, c.center, p_context, p_temperature, p_top_k,
                              p_top_p, p_search_radius, p_max_neighbors, p_repetition_penalty,
-                             c.history_keys, p_history_weight) n;
+                             c.history_keys, p_history_weight, p_memory) n;
         RETURN;
     END IF;
-    IF p_xyz IS NULL THEN
+    IF p_xyz IS NULL AND NOT p_memory THEN
         SELECT n.token_ids, n.probabilities, n.cumulative INTO token_ids, probabilities, cumulative
           FROM htk_next_token(p_set_id, p_centroid_window, p_centroid_decay, p_history_window,
                               p_kernel = 'gaussian', p_bandwidth, p_history_weight, p_context,
@@ -132,13 +138,15 @@ BEGIN
         IF token_ids IS NOT NULL THEN
             RETURN;
         END IF;
+    END IF;
+    IF p_xyz IS NULL THEN
         p_xyz := ht_context_positions(p_set_id, p_context);
     END IF;
     keys := htk_keys(p_xyz, p_centroid_window, p_centroid_decay,
                      CASE WHEN p_history_weight > 0 THEN p_history_window ELSE 0 END);
     SELECT k.token_ids, k.weights, k.distances INTO ids, ws, ds
       FROM ht_knn_arrays(p_set_id, ST_MakePoint(keys[1], keys[2], keys[3]), p_max_neighbors,
-                         p_search_radius) k;
+                         p_search_radius, p_memory) k;
     SELECT d.token_ids, d.probabilities, d.cumulative
       INTO token_ids, probabilities, cumulative
       FROM htk_distribution(p_context, keys, ids, ws, ds, p_kernel = 'gaussian', p_bandwidth,

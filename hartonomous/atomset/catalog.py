@@ -113,6 +113,11 @@ def partition_name(atom_set_id: int) -> str:
     return f"atoms_{int(atom_set_id)}"
 
 
+def memory_partition_name(atom_set_id: int) -> str:
+    """The set's memory_atoms partition (created by its first `remember()`, sql/070_memory.sql)."""
+    return f"memory_atoms_{int(atom_set_id)}"
+
+
 def tile_partition_name(atom_set_id: int) -> str:
     """The set's atom_tiles partition (sets of the 'tiles' layout have one)."""
     return f"atom_tiles_{int(atom_set_id)}"
@@ -125,9 +130,11 @@ def mark_default(conn: psycopg.Connection, set_id: int) -> None:
 
 
 def delete_atom_set_rows(conn: psycopg.Connection, set_id: int) -> None:
-    """Inside a transaction: drop the set's partitions and its row (tokens and landmarks cascade)."""
+    """Inside a transaction: drop the set's partitions (atoms, tiles, memory) and its row (tokens and
+    landmarks cascade)."""
     conn.execute(f"DROP TABLE IF EXISTS {partition_name(set_id)}")
     conn.execute(f"DROP TABLE IF EXISTS {tile_partition_name(set_id)}")
+    conn.execute(f"DROP TABLE IF EXISTS {memory_partition_name(set_id)}")
     conn.execute("DELETE FROM atom_sets WHERE id = %s", (set_id,))
 
 

@@ -47,12 +47,22 @@ def register(app: typer.Typer) -> None:
         preload: bool = typer.Option(True, "--preload/--no-preload",
                                      help="Load the exact model in the background at start-up."),
         log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
+        remember: bool = typer.Option(False, "--remember/--no-remember",
+                                      help="Remember completed exact, speculative and hybrid generations in the "
+                                           "atom set's memory (written by the database owner, never the reader), "
+                                           "and let speculative drafts read it. Off by default."),
+        memory_max_atoms: int = typer.Option(100_000, "--memory-max-atoms", min=1, max=10_000_000,
+                                             help="With --remember: the memory's bound per atom set, in atoms (one "
+                                                  "per generated token); the oldest generations are evicted."),
+        memory_weight: Optional[float] = typer.Option(None, "--memory-weight",
+                                                      help="With --remember: a remembered atom's weight (default: "
+                                                           "the atom set's history_weight)."),
     ) -> None:
         """Run the HTTP API (SSE streaming) and the playground page at http://HOST:PORT/."""
         import uvicorn
 
         from hartonomous.atomset import load_atom_set
-        from hartonomous.db.connection import connect, reader_url, redact
+        from hartonomous.db.connection import connect, owner_url, reader_url, redact
         from hartonomous.errors import UserError
         from hartonomous.server import ServerConfig, create_app
 
@@ -67,14 +77,23 @@ def register(app: typer.Typer) -> None:
                 if atom_set is not None:
                     raise
                 default_set = f"no atom set ({exc}); the exact path still works"
+        if memory_weight is not None and not (0 < memory_weight < float("inf")):
+            raise UserError(f"--memory-weight must be a positive finite number, got {memory_weight}")
+        writer_url = None
+        if remember:
+            writer_url = owner_url()
+            with connect(writer_url, autocommit=True):     # the memory's writer must connect too
+                pass
         _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
-                              preload_exact=preload)
+                              preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
+                              memory_weight=memory_weight, writer_url=writer_url)
         if not _is_loopback(host):
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
                   "address can use it", file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
+        memory = f"; remembering generations (at most {memory_max_atoms:,} atoms per set)" if remember else ""
         print(f"hartonomous: http://{shown}:{port}/ (playground), /docs (API); database {redact(url)}; "
-              f"{default_set}", file=sys.stderr)
+              f"{default_set}{memory}", file=sys.stderr)
         uvicorn.run(create_app(config=config), host=host, port=port, log_level=log_level.lower(),
                     timeout_graceful_shutdown=10)

@@ -79,7 +79,8 @@ def atom_sets(request: Request) -> dict:
 
 @router.get("/healthz", tags=["service"])
 def healthz(request: Request) -> JSONResponse:
-    """200 when the database answers (with the atom set count), else 503 saying what is wrong."""
+    """200 when the database answers (with the atom set count and whether generations are remembered),
+    else 503 saying what is wrong."""
     runtime = _runtime(request)
     info = {"status": "ok", "database": "ok", "exact_model": runtime.exact_status()}
     try:
@@ -89,6 +90,9 @@ def healthz(request: Request) -> JSONResponse:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         info.update(status="error", database=f"unavailable: {first}")
         return JSONResponse(status_code=503, content=info)
+    writer = runtime.memory_writer
+    info["memory"] = ({"remember": True, "max_atoms": writer.max_atoms, "remembered": writer.written,
+                       "failed": writer.failed} if writer is not None else {"remember": False})
     return JSONResponse(info)
 
 

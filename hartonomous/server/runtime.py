@@ -5,6 +5,9 @@ connection from a pool for as long as it generates. The exact model is loaded on
 use, or in the background at start-up) and shared; its forward passes are serialised by a lock,
 so concurrent generations interleave step by step instead of fighting over the CPU cores.
 Generations run in a bounded thread pool; the event loop never blocks on them.
+With `remember` on, completed exact, speculative and hybrid generations are written into the atom
+set's memory (hartonomous/memory.py) through one writer connection of the owner's, kept apart from
+the reader pool, and speculative drafts read that memory.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class ServerConfig:
     max_concurrent: int = 8               # generations running at once (more wait in line)
     ping_seconds: float = 15.0            # SSE keep-alive comment interval
     preload_exact: bool = False           # load the exact model in the background at start-up
+    remember: bool = False                # write completed generations to the set's memory; drafts read it
+    memory_max_atoms: int = 100_000       # the memory's bound per atom set (oldest generations evicted)
+    memory_weight: float | None = None    # a remembered atom's weight (None: the set's history_weight)
+    writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
 
 
 class SharedModel:
@@ -88,6 +95,7 @@ class Runtime:
         self.executor: ThreadPoolExecutor | None = None
         self.active: dict[int, Any] = {}                    # id(session) -> running Session
         self.finished: deque = deque(maxlen=100)            # recent GenerationResults
+        self.memory_writer = None                           # a MemoryWriter when config.remember
         self._registry_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -107,6 +115,11 @@ class Runtime:
                                    kwargs={"autocommit": True, "connect_timeout": 10},
                                    check=ConnectionPool.check_connection, name="hartonomous-server")
         self.pool.open(wait=False)
+        if self.config.remember:
+            from hartonomous.memory import MemoryWriter
+
+            self.memory_writer = MemoryWriter(self.config.writer_url, max_atoms=self.config.memory_max_atoms,
+                                              weight=self.config.memory_weight)
         self.executor = ThreadPoolExecutor(max_workers=max(1, self.config.max_concurrent),
                                            thread_name_prefix="hartonomous-generate")
         if self.config.preload_exact and self._exact is None:
@@ -121,6 +134,8 @@ class Runtime:
             self.executor.shutdown(wait=True, cancel_futures=True)
         if self.pool is not None:
             self.pool.close()
+        if self.memory_writer is not None:
+            self.memory_writer.close()
 
     # -- resources -----------------------------------------------------------------------
 
@@ -186,8 +201,9 @@ class Runtime:
         both (speculative)."""
         from hartonomous.client import Client
 
+        memory = {"memory": self.memory_writer is not None, "remember": self.memory_writer or False}
         if path == "exact":
-            with Client(exact_model=self.exact_model()) as client:
+            with Client(exact_model=self.exact_model(), atom_set=atom_set or self.config.atom_set, **memory) as client:
                 yield client
             return
         exact = self.exact_model() if path in ("speculative", "hybrid") else None
@@ -196,7 +212,7 @@ class Runtime:
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
                         draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                        risk_threshold=risk_threshold) as client:
+                        risk_threshold=risk_threshold, **memory) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

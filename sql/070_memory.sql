@@ -1,0 +1,202 @@
+-- A memory of past generations beside an atom set (the table: migrations/versions/0011).
+--
+--   remember(atom_set text, context integer[], generated integer[], path text,
+--            max_atoms integer = 100000, weight float8 = NULL)
+--   RETURNS TABLE(generation bigint, remembered integer, evicted integer, atoms bigint)
+--   forget(atom_set text) RETURNS bigint
+--   memory_status(atom_set text = NULL)
+--   RETURNS TABLE(atoms bigint, generations bigint, oldest timestamptz, newest timestamptz)
+--
+-- Semantics:
+--  1. remember() stores one atom per generated token: generated[k] at the key of the text before
+--     it, context || generated[1 .. k-1], by the set's centroid window and decay. That is the
+--     history atoms' key (ht_context_centroid's history_keys, sql/010_context_centroid.sql), so a
+--     later context that ends like a remembered one lands where the remembered continuation lies.
+--     Each atom weighs `weight` (NULL: the set's history_weight, or 1 where that is 0). All atoms
+--     of one call share a generation number (a sequence: later calls get larger numbers).
+--  2. Bounded: after the call the set's memory holds at most max_atoms atoms. Whole generations
+--     are evicted, the oldest (smallest number) first, until the new one fits; a generation longer
+--     than max_atoms is refused. Calls for one set are serialised (an advisory lock), so the bound
+--     holds under concurrent writers.
+--  3. Bad input raises SQLSTATE 22023 naming the argument, before anything is written: an unknown
+--     atom set, an empty or NULL-holding context or generated, a token id the set lacks, a path
+--     other than exact, speculative or hybrid, max_atoms outside 1 .. 10^7, a weight that is not
+--     a positive finite number.
+--  4. Privileges: remember() and forget() are for the owner (the server's own writer connection);
+--     the reader role may not run them and has no write access to memory_atoms. It may SELECT the
+--     memory, which is what next_token(..., memory => true) and draft_tokens(..., memory => true)
+--     read (sql/015_knn.sql), and run memory_status().
+--  5. A set's memory lives in its own partition, memory_atoms_<id>, created by its first
+--     remember() and dropped with the set (hartonomous atom-sets drop).
+
+CREATE OR REPLACE FUNCTION ht_memory_set(p_atom_set text, OUT id integer, OUT name text,
+                                         OUT centroid_window integer,
+                                         OUT centroid_decay double precision,
+                                         OUT history_weight double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The named atom set (NULL: the default one), by ht_atom_set's rule and message.
+DECLARE
+    s record;
+BEGIN
+    SELECT * INTO s FROM ht_atom_set(p_atom_set);
+    id := s.id;
+    name := s.name;
+    centroid_window := s.centroid_window;
+    centroid_decay := s.centroid_decay;
+    history_weight := (SELECT a.history_weight FROM atom_sets a WHERE a.id = s.id);
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION remember(
+    atom_set text,
+    context integer[],
+    generated integer[],
+    path text,
+    max_atoms integer DEFAULT 100000,
+    weight double precision DEFAULT NULL)
+RETURNS TABLE(generation bigint, remembered integer, evicted integer, atoms bigint)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Store a completed generation in the set's memory; semantics at the top of this file.
+#variable_conflict use_column
+DECLARE
+    s       record;
+    pos     record;
+    c       record;
+    hit     integer;
+    v_w     double precision := remember.weight;
+    v_g     integer := cardinality(remember.generated);
+    v_have  bigint;
+    v_need  bigint;
+    v_gen   bigint;
+    v_part  text;
+BEGIN
+    SELECT * INTO s FROM ht_memory_set(remember.atom_set);
+    PERFORM ht_check_context(remember.context, 'context');
+    PERFORM ht_check_context(remember.generated, 'generated');
+    IF remember.path IS NULL OR remember.path NOT IN ('exact', 'speculative', 'hybrid') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('path must be exact, speculative or hybrid, got %s',
+                             coalesce(quote_literal(remember.path), 'NULL')),
+            HINT = 'The memory holds what the exact model said: generations of those three paths.';
+    END IF;
+    PERFORM ht_check_between('max_atoms', remember.max_atoms, 1, 10000000,
+                             'max_atoms bounds the set''s memory; the oldest generations are evicted to stay within it.');
+    IF v_g > remember.max_atoms THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('generated has %s tokens, more than max_atoms (%s)', v_g, remember.max_atoms),
+            HINT = 'Raise max_atoms, or remember a shorter generation.';
+    END IF;
+    IF v_w IS NULL THEN
+        v_w := CASE WHEN s.history_weight > 0 THEN s.history_weight ELSE 1 END;
+    ELSIF NOT (v_w > 0 AND v_w < 'Infinity'::double precision) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('weight must be a positive finite number, got %s', v_w),
+            HINT = 'Leave it NULL for the atom set''s history_weight.';
+    END IF;
+    SELECT * INTO pos FROM ht_token_positions(s.id, remember.generated);
+    hit := array_position(pos.xs, NULL);
+    IF hit IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('generated: token id %s (element %s) is not in atom set %L',
+                             remember.generated[hit], hit, s.name),
+            HINT = 'Remember generations of the model the set was built from.';
+    END IF;
+    -- The keys (ht_context_centroid raises 22023 naming a context token the set lacks).
+    SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay,
+                                             remember.context || remember.generated, v_g);
+
+    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.memory'), s.id);
+    v_part := format('memory_atoms_%s', s.id);
+    IF to_regclass(v_part) IS NULL THEN
+        EXECUTE format('CREATE TABLE %I PARTITION OF memory_atoms FOR VALUES IN (%s)', v_part, s.id);
+    END IF;
+    SELECT count(*) INTO v_have FROM memory_atoms m WHERE m.atom_set_id = s.id;
+    v_need := v_have + v_g - remember.max_atoms;
+    evicted := 0;
+    IF v_need > 0 THEN
+        WITH per_generation AS (
+            SELECT m.generation AS g, count(*) AS n
+              FROM memory_atoms m WHERE m.atom_set_id = s.id GROUP BY m.generation
+        ), oldest AS (
+            SELECT p.g FROM (SELECT p.g, sum(p.n) OVER (ORDER BY p.g) - p.n AS before
+                               FROM per_generation p) p
+             WHERE p.before < v_need
+        )
+        DELETE FROM memory_atoms m USING oldest o
+         WHERE m.atom_set_id = s.id AND m.generation = o.g;
+        GET DIAGNOSTICS evicted = ROW_COUNT;
+    END IF;
+    v_gen := nextval('memory_generation_seq');
+    INSERT INTO memory_atoms (atom_set_id, generation, step, position, token_id, weight, path)
+    SELECT s.id, v_gen, k.i - 1, k.key, remember.generated[k.i], v_w, remember.path
+      FROM unnest(c.history_keys) WITH ORDINALITY AS k(key, i);
+    generation := v_gen;
+    remembered := v_g;
+    atoms := v_have - evicted + v_g;
+    RETURN NEXT;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION forget(atom_set text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Empty the set's memory; returns the number of atoms removed.
+DECLARE
+    s record;
+    n bigint;
+BEGIN
+    SELECT * INTO s FROM ht_memory_set(forget.atom_set);
+    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.memory'), s.id);
+    DELETE FROM memory_atoms m WHERE m.atom_set_id = s.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION memory_status(atom_set text DEFAULT NULL)
+RETURNS TABLE(atoms bigint, generations bigint, oldest timestamptz, newest timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- What the set's memory holds now.
+#variable_conflict use_column
+DECLARE
+    s record;
+BEGIN
+    SELECT * INTO s FROM ht_memory_set(memory_status.atom_set);
+    RETURN QUERY
+        SELECT count(*), count(DISTINCT m.generation), min(m.remembered_at), max(m.remembered_at)
+          FROM memory_atoms m WHERE m.atom_set_id = s.id;
+END
+$$;
+
+
+-- Only the owner writes the memory: no EXECUTE for PUBLIC or the reader role (which the default
+-- privileges of migration 0003 would otherwise grant). Migration 0011 revokes it too, after 0003.
+REVOKE EXECUTE ON FUNCTION remember(text, integer[], integer[], text, integer, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION forget(text) FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'hartonomous_reader') THEN
+        REVOKE EXECUTE ON FUNCTION remember(text, integer[], integer[], text, integer, double precision)
+            FROM hartonomous_reader;
+        REVOKE EXECUTE ON FUNCTION forget(text) FROM hartonomous_reader;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION remember(text, integer[], integer[], text, integer, double precision) IS
+    'Store a completed generation in the atom set''s memory (one atom per generated token at the key of the text before it), evicting the oldest generations to stay within max_atoms. Owner only. See docs/sql.md.';
+COMMENT ON FUNCTION forget(text) IS
+    'Empty the atom set''s memory of past generations; returns the atoms removed. Owner only.';
+COMMENT ON FUNCTION memory_status(text) IS
+    'How many atoms and generations the atom set''s memory holds, and when the oldest and newest were remembered.';
