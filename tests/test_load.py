@@ -1,9 +1,10 @@
 """LOAD TEST (~90 s): 16 clients against `hartonomous serve`, 5 s warm-up + 60 s, mixed next_token and generate.
 
 The server is the real command in its own process (tiny model, a hand-made 320-token atom set,
-the reader role, the default pool of 4 connections), on loopback. Asserts zero errors, that the
-server never holds more connections than its pool, and that every connection is gone once it
-stops. Prints the figures (run with -s) and writes them to test-artifacts/load.json.
+the reader role, the default pool of 4 connections), on loopback, remembering generations
+(`--remember`, a bound of MEMORY_MAX_ATOMS atoms, so eviction runs under load too). Asserts zero
+errors, that the server never holds more connections than its pool, that every connection is
+gone once it stops, and that the memory was written, never failed and stayed within its bound. Prints the figures (run with -s) and writes them to test-artifacts/load.json.
 HARTONOMOUS_LOAD_SECONDS shortens or lengthens the run (default 60).
 """
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
@@ -28,6 +30,7 @@ from hartonomous.reliability.load import ConnectionSampler, connection_counts, r
 CLIENTS = 16
 SECONDS = float(os.environ.get("HARTONOMOUS_LOAD_SECONDS", "60"))
 POOL_SIZE = 4                 # ServerConfig's default
+MEMORY_MAX_ATOMS = 300        # small: a minute of load evicts many generations
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "load.json"
 
 pytestmark = pytest.mark.load
@@ -71,7 +74,8 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
     before = connection_counts(server_url, tag)
     log = (tmp_path / "serve.log").open("w")       # a file, not a pipe: a full pipe would stall the server
     proc = subprocess.Popen([exe, "serve", "--port", str(port), "--atom-set", atom_set, "--model", str(model_dir),
-                             "--no-preload", "--log-level", "warning"], env=env, stdout=log,
+                             "--no-preload", "--log-level", "warning", "--remember",
+                             "--memory-max-atoms", str(MEMORY_MAX_ATOMS)], env=env, stdout=log,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -81,6 +85,9 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
         report = run_load(url, clients=CLIENTS, seconds=SECONDS, max_new_tokens=8)
         peak = sampler.stop()
         during = connection_counts(server_url, tag)
+        memory = httpx.get(f"{url}/healthz", timeout=10).json()["memory"]
+        with psycopg.connect(server_url) as conn:
+            held = conn.execute("SELECT atoms, generations FROM memory_status(%s)", (atom_set,)).fetchone()
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
@@ -89,6 +96,7 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
     output = (tmp_path / "serve.log").read_text()
     assert _wait_for(lambda: connection_counts(server_url, tag)["server"] == 0), "the server left connections"
     after = connection_counts(server_url, tag)
+    report.memory = {**memory, "atoms_after_run": held[0], "generations_after_run": held[1]}
     report.connections = {"all_before": before["all"], "server_peak": peak, "server_after_run": during["server"],
                           "server_after_stop": after["server"], "all_after_stop": after["all"]}
     ARTIFACT.parent.mkdir(exist_ok=True)
@@ -96,6 +104,9 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
     print("\n" + "\n".join(report.lines()))
 
     assert report.errors == 0, report.error_samples
+    assert memory["remember"] and memory["failed"] == 0, memory
+    assert memory["remembered"] > MEMORY_MAX_ATOMS // 8, memory        # enough generations to evict several times
+    assert 0 < held[0] <= MEMORY_MAX_ATOMS, held
     assert all(s["requests"] > 0 for s in report.by_kind.values()), report.by_kind
     assert report.seconds >= SECONDS
     assert 1 <= peak <= POOL_SIZE, f"the server held {peak} connections; its pool has {POOL_SIZE}"

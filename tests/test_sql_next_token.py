@@ -563,7 +563,7 @@ SAMPLER_ARGS = ("temperature double precision, top_k integer, top_p double preci
                 "repetition_penalty double precision")
 HISTORY_TAIL = "history_weight double precision, history_window integer"
 PUBLIC_SIGNATURES = {
-    "next_token": f"context integer[], {SAMPLER_ARGS}, {HISTORY_TAIL}",
+    "next_token": f"context integer[], {SAMPLER_ARGS}, {HISTORY_TAIL}, memory boolean",
     "next_token_batch": f"contexts jsonb, {SAMPLER_ARGS}, {HISTORY_TAIL}",
     "sample_next_token": f"context integer[], {SAMPLER_ARGS}, seed bigint, step integer, {HISTORY_TAIL}",
     "generate_tokens": f"context integer[], max_new_tokens integer, {SAMPLER_ARGS}, seed bigint, "

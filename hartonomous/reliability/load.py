@@ -48,6 +48,7 @@ class LoadReport:
     p99_ms: float | None
     by_kind: dict[str, dict[str, float | None]]
     connections: dict[str, int] = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)       # the server's memory of past generations, when remembering
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,6 +64,8 @@ class LoadReport:
                        f"p99 {_ms(s['p99_ms']):>8} ms")
         if self.connections:
             out.append("database connections: " + ", ".join(f"{k} {v}" for k, v in self.connections.items()))
+        if self.memory:
+            out.append("memory: " + ", ".join(f"{k} {v}" for k, v in self.memory.items()))
         out.extend(f"  error: {e}" for e in self.error_samples)
         return out
 
