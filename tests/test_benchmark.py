@@ -120,6 +120,15 @@ def test_document_prompts_are_the_longest_test_segments_cut_to_the_prompt_length
     assert len(prompts) == 2 and all(len(tokenizer.encode(p)) <= 41 for p in prompts)
 
 
+def test_repeated_requests_ask_every_template_prompt_twice_the_second_time_in_another_order():
+    from benchmarks.speculative import repeated_prompts
+
+    prompts = repeated_prompts(templates=2, fills=3)
+    first, second = prompts[:6], prompts[6:]
+    assert len(set(first)) == 6 and sorted(first) == sorted(second) and first != second
+    assert repeated_prompts(templates=2, fills=3) == prompts          # a fixed order
+
+
 def test_speculative_targets_and_markdown_say_what_was_met():
     from benchmarks.speculative import METHODS, MethodTotals, markdown, targets
     from hartonomous.speculative import SpeculativeStats
@@ -130,16 +139,27 @@ def test_speculative_targets_and_markdown_say_what_was_met():
         base = totals["transformers_generate"].row(None)["ms_per_token"]
         return {"prompts": 1, "prompt_tokens": [10], "methods": {m: totals[m].row(base) for m in METHODS}}
 
-    kinds = {"short": kind({"transformers_generate": 60, "prompt_lookup": 55, "exact": 58, "speculative": 50,
-                            "speculative_schedule": 59}, 0.1),
+    kinds = {"short": kind({"transformers_generate": 60, "prompt_lookup": 55, "exact": 58, "speculative": 52,
+                            "speculative_schedule": 59, "speculative_memory": 48}, 0.1),
              "document": kind({"transformers_generate": 60, "prompt_lookup": 30, "exact": 58, "speculative": 35,
-                               "speculative_schedule": 45}, 0.5)}
+                               "speculative_schedule": 45, "speculative_memory": 36}, 0.5),
+             "repeated": kind({"transformers_generate": 60, "prompt_lookup": 45, "exact": 58, "speculative": 50,
+                               "speculative_schedule": 52, "speculative_memory": 30}, 0.3)}
+    kinds["document"]["methods"]["speculative_memory"]["all_identical"] = False
     met = {t["what"]: t["met"] for t in targets(kinds)}
-    assert met == {"short: speculative vs transformers generate": False, "short: speculative vs prompt lookup": True,
-                   "short: identical to transformers greedy": True,
+    assert met == {"short: speculative vs transformers generate": False,       # 1.15x < 1.2x
+                   "short: speculative vs prompt lookup": True,
+                   "short: speculative identical to transformers greedy": True,
+                   "short: speculative_memory identical to transformers greedy": True,
                    "document: speculative vs transformers generate": True,
                    "document: speculative vs prompt lookup": False,
-                   "document: identical to transformers greedy": True, "document: acceptance rate": True}
+                   "document: speculative identical to transformers greedy": True,
+                   "document: speculative_memory identical to transformers greedy": False,
+                   "repeated: speculative_memory vs transformers generate": True,   # memory on: 2.0x
+                   "repeated: speculative_memory vs prompt lookup": True,
+                   "repeated: speculative identical to transformers greedy": True,
+                   "repeated: speculative_memory identical to transformers greedy": True,
+                   "document: acceptance rate": True}
     assert kinds["document"]["methods"]["speculative"]["tokens_per_forward"] == pytest.approx(64 / 30)
     results = {"mode": "speculative-quick", "machine": {"cpu": "x", "cores": 2, "load_average": [1, 1, 1]},
                "torch_threads": 2, "atom_set": "s", "max_new_tokens": 64, "draft_tokens": 4,
