@@ -16,6 +16,15 @@ d, and each round picks
 (k = 1 is never better than a plain step: it costs a forward of one token and a database call and
 yields one token). While k* = 0 the rounds are plain, and every PROBE_EVERY of them one round drafts
 the best k > 0 anyway, so that a rate learnt on a bad stretch can recover.
+
+Trees (greedy only, `max_width` > 1): a round may draft a tree of w branches of depth k (SQL
+`draft_tree`: the w most likely first tokens, each continued greedily), verified in one forward of
+1 + w (k - 1) tokens. Its first token is kept when the exact argmax is among the w first tokens,
+with running probability p1(w) (per width, counted over the rounds that drafted at least that
+wide, shrunk towards a prior, and never below p1(w - 1)); the later ones with the running rate a.
+A round then yields E(k, w) = p1(w) E(k) + 1 - p1(w) a^(k-1) tokens (w = 1 with p1 = a is the chain's
+E(k)), and the policy takes the (k, w) with the most E(k, w) / (c(1 + w (k - 1)) + d(w)), d(w) the
+running draft-call time of width w.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ PRIOR_WEIGHT = 4
 ACCEPTANCE_WINDOW = 32       # judged draft tokens the running rate looks at
 DRAFT_SECONDS_PRIOR = 0.003  # a draft call before one is timed (PL/pgSQL backoff sets: ~3 ms)
 PROBE_EVERY = 8              # plain rounds between probes while drafting does not pay
+WIDER_PRIOR_GAIN = 0.25      # prior: one more first candidate catches this share of the misses left
 _MEASURING = threading.Lock()  # concurrent first requests measure once, not side by side
 
 
@@ -112,8 +122,14 @@ def expected_tokens(k: int, acceptance: float) -> float:
 class CostShapedPolicy:
     """Draft lengths from the forward costs, the running acceptance and the draft call's time."""
 
-    def __init__(self, costs: ForwardCosts, max_draft_tokens: int, min_draft: int = 0):
+    def __init__(self, costs: ForwardCosts, max_draft_tokens: int, min_draft: int = 0, max_width: int = 1):
+        if max_width < 1:
+            raise ValueError(f"max_width must be at least 1, got {max_width}")
         self.costs = costs
+        self.max_width = max_width            # > 1: trees of up to this many branches (greedy only)
+        self.width = 1                        # the width of the round `length` last shaped
+        self.first_hits = {w: deque(maxlen=ACCEPTANCE_WINDOW) for w in range(1, max_width + 1)}
+        self.width_seconds: dict[int, float] = {}
         self.min_draft = min_draft          # 1 at T > 0: a "plain" round still judges a 1-token draft
         self.max_draft_tokens = max_draft_tokens
         self.recent: deque[bool] = deque(maxlen=ACCEPTANCE_WINDOW)
@@ -131,22 +147,48 @@ class CostShapedPolicy:
             return 1.0 / (self.costs.of(1) + (self.draft_seconds if self.min_draft else 0.0))
         return expected_tokens(k, self.acceptance) / (self.costs.of(k) + self.draft_seconds)
 
+    def first_acceptance(self, width: int) -> float:
+        """p1(width): how often the exact argmax is among the first `width` drafted first tokens."""
+        p = PRIOR_ACCEPTANCE
+        for w in range(1, width + 1):
+            prior = PRIOR_ACCEPTANCE if w == 1 else p + (1.0 - p) * WIDER_PRIOR_GAIN
+            hits = self.first_hits[w]
+            estimate = (sum(hits) + prior * PRIOR_WEIGHT) / (len(hits) + PRIOR_WEIGHT)
+            p = estimate if w == 1 else max(p, estimate)
+        return p
+
+    def tree_rate(self, k: int, width: int) -> float:
+        """Tokens per second of a round drafting `width` branches of k tokens (a tree; k >= 1)."""
+        a, p1 = self.acceptance, self.first_acceptance(width)
+        tokens = p1 * expected_tokens(k, a) + 1.0 - p1 * a ** (k - 1)
+        seconds = self.width_seconds.get(width, self.draft_seconds * width)
+        return tokens / (self.costs.of(1 + width * (k - 1)) + seconds)
+
     def best_draft(self, left: int) -> int:
         """The k in 2..min(K, left) (or 1 when only 1 is left) with the highest rate."""
         top = max(1, min(self.max_draft_tokens, left))
         candidates = range(2, top + 1) if top >= 2 else [1]
-        return max(candidates, key=self.rate)
+        if self.max_width == 1:
+            return max(candidates, key=self.rate)
+        k, self.width = max(((k, w) for k in candidates for w in range(1, self.max_width + 1)),
+                            key=lambda shape: self.tree_rate(*shape))
+        return k
+
+    def _best_rate(self, k: int) -> float:
+        return self.rate(k) if self.max_width == 1 else self.tree_rate(k, self.width)
 
     def length(self, left: int) -> int:
-        """The next round's draft length (0: a plain step)."""
+        """The next round's draft length (0: a plain step); `width` is then its tree's width."""
+        self.width = 1
         k = self.best_draft(left)
-        if self.rate(k) > self.rate(0):
+        if self._best_rate(k) > self.rate(0):
             self.plain_rounds = 0
             return k
         self.plain_rounds += 1
         if self.plain_rounds > PROBE_EVERY:       # a probe: the rate may have been learnt on a bad stretch
             self.plain_rounds = 0
             return k
+        self.width = 1
         return min(self.min_draft, left)
 
     def update(self, asked: int, drafted: int, accepted: int, draft_seconds: float | None = None) -> None:
@@ -157,5 +199,17 @@ class CostShapedPolicy:
             return
         judged = accepted + (1 if accepted < drafted else 0)
         self.recent.extend([True] * accepted + [False] * (judged - accepted))
+        if accepted or drafted:
+            self.first_hits[1].append(accepted > 0)
         if draft_seconds is not None:
             self.draft_seconds = 0.8 * self.draft_seconds + 0.2 * draft_seconds
+            self.width_seconds[1] = self.draft_seconds
+
+    def update_tree(self, width: int, rank: int | None, later: list[bool], draft_seconds: float) -> None:
+        """Account for a tree round of `width` branches: the exact argmax was first token number `rank`
+        (1-based; None: not among them), and `later` judges the chosen branch's following tokens."""
+        for w in range(1, width + 1):
+            self.first_hits[w].append(rank is not None and rank <= w)
+        self.recent.extend(later)
+        known = self.width_seconds.get(width, draft_seconds)
+        self.width_seconds[width] = 0.8 * known + 0.2 * draft_seconds

@@ -118,6 +118,41 @@ class ExactModel:
         return out.logits[0].float()
 
     @torch.inference_mode()
+    def extend_tree(self, pending: Sequence[int], branches: Sequence[Sequence[int]], cache: KVCache) -> torch.Tensor:
+        """Feed `pending` (tokens in order) and a tree of `branches` (chains that all continue after
+        `pending`) against the cache in one forward; logits (len(pending) + sum of branch lengths, V),
+        one row per fed token, in that order: row i is the next-token logits after it.
+
+        The tree is laid out flat after `pending`; a 4D additive attention mask (0 where a token may
+        look, the dtype's minimum elsewhere) lets each token see the cache, `pending` and its own
+        branch up to itself, and explicit position ids give a branch token at depth j the position
+        it would have in its chain (siblings share positions). Every fed token's keys stay in the
+        cache, in that layout; the caller crops what it does not keep.
+        """
+        flat = list(pending) + [t for branch in branches for t in branch]
+        self._check(flat)
+        past, p, n = cache.length, len(pending), len(flat)
+        allowed = torch.zeros(n, past + n, dtype=torch.bool)
+        allowed[:, :past] = True
+        allowed[:p, past:past + p] = torch.ones(p, p, dtype=torch.bool).tril()
+        positions = list(range(past, past + p))
+        row = p
+        for branch in branches:
+            k = len(branch)
+            allowed[row:row + k, past:past + p] = True
+            allowed[row:row + k, past + row:past + row + k] = torch.ones(k, k, dtype=torch.bool).tril()
+            positions.extend(range(past + p, past + p + k))
+            row += k
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.full((1, 1, n, past + n), torch.finfo(dtype).min, dtype=dtype)
+        mask.masked_fill_(allowed[None, None], 0.0)
+        input_ids = torch.tensor([flat], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True,
+                         attention_mask=mask.to(self.device),
+                         position_ids=torch.tensor([positions], dtype=torch.long, device=self.device))
+        return out.logits[0].float()
+
+    @torch.inference_mode()
     def full_logits_many(self, ids: Sequence[int], keep: int) -> torch.Tensor:
         """Logits (keep, V) of the last `keep` positions, recomputed from scratch (no cache)."""
         self._check(ids)

@@ -61,6 +61,7 @@ from hartonomous.sampling import pick_index, seeded_uniform
 
 DRAFT_SALT = 0x5EC0_DA7A_D4AF_7000          # separates the draft's uniforms from the verifier's
 MAX_DRAFT_TOKENS = 64                        # draft_tokens' own bound on n
+MAX_TREE_WIDTH = 16                          # draft_tree's own bound on width
 # Break-even acceptance for a 1-token draft, measured on SmolLM2 (CPU): a round costs ~2 ms of
 # drafting plus a 2-token forward (~1.12x a 1-token one, ~40 ms) and yields 1 + a tokens, so it
 # beats a plain step when a > 2/40 + 0.12 ~ 0.17; 0.2 leaves room for the round's Python overhead.
@@ -94,6 +95,14 @@ class SpatialDrafter:
                                      stop_token_ids, self.memory)
         return [Draft(token, Distribution(ids_, probs)) for token, ids_, probs in rows]
 
+    def draft_tree(self, ids: list[int], depth: int, width: int, sampler: SamplerArgs,
+                   stop_token_ids: list[int]) -> list[list[int]]:
+        """Greedy branches continuing `ids` (SQL `draft_tree`, one call): the `width` most likely first
+        tokens, each continued greedily up to `depth` tokens."""
+        return sqlcalls.draft_tree(self.spatial.conn, self.spatial.context_for(SpatialState(ids), sampler), depth,
+                                   width, sampler, self.spatial.spatial, self.spatial.atom_set.name, stop_token_ids,
+                                   self.memory)
+
 
 @dataclass
 class SpeculativeStats:
@@ -108,6 +117,7 @@ class SpeculativeStats:
     verify_s: float = 0.0       # exact forwards (the first one reads the prompt) and the sampler over them
     decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
+    draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; greedy trees > 1)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -202,6 +212,11 @@ class SpeculativeRun:
                 raise Cancelled()
             n = policy.length(self.max_new_tokens - produced) if stats.rounds else \
                 min(self.backend.draft_tokens, self.max_new_tokens - produced)
+            width = getattr(policy, "width", 1) if stats.rounds and n >= 2 else 1
+            if width > 1:
+                yield from self._tree_round(state, policy, n, width, produced)
+                produced = len(state.ids) - len(self.prompt_ids)
+                continue
             t0 = time.perf_counter()
             drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
                                    self.stop_token_ids) if n else []
@@ -219,6 +234,7 @@ class SpeculativeRun:
             stats.drafted += len(draft)
             stats.accepted += accepted
             stats.draft_lengths.append(n)
+            stats.draft_widths.append(1)
             stats.draft_s += t1 - t0
             stats.verify_s += t2 - t1
             stats.decide_s += t3 - t2
@@ -227,6 +243,55 @@ class SpeculativeRun:
                 produced += 1
                 stats.tokens += 1
                 yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0, "draft" if j < accepted else "exact"
+
+    def _tree_round(self, state, policy, depth: int, width: int, produced: int
+                    ) -> Iterator[tuple[int, float, float, str]]:
+        """One greedy round with a tree of `width` branches of up to `depth` tokens (T = 0 only): the
+        branch whose first token is the exact argmax is followed while its tokens are the argmax,
+        then the exact model's next token ends the round (a full branch is kept whole). Output is the
+        exact path's, as with chains."""
+        exact, stats = self.backend.exact, self.stats
+        t0 = time.perf_counter()
+        branches = self.backend.drafter.draft_tree(state.ids, depth, width, self.sampler, self.stop_token_ids)
+        self.backend.check_vocabulary([Draft(t, Distribution([t], [1.0])) for b in branches for t in b])
+        t1 = time.perf_counter()
+        fed = [b[:depth - 1] if len(b) == depth else b for b in branches]   # a full branch's last token: no forward
+        root, rows = exact.score_tree(state, fed, self.sampler)
+        t2 = time.perf_counter()
+        first = int(root.argmax())
+        rank = next((i for i, b in enumerate(branches) if b[0] == first), None)
+        tokens, later, accepted = [first], [], 0
+        if rank is not None:
+            branch, judged, accepted = branches[rank], rows[rank], 1
+            for j in range(1, len(branch) + 1):
+                if j - 1 >= judged.shape[0]:          # a full branch: its last token had no forward
+                    break
+                best = int(judged[j - 1].argmax())
+                if j < len(branch):
+                    later.append(branch[j] == best)
+                    if branch[j] == best:
+                        tokens.append(best)
+                        accepted += 1
+                        continue
+                tokens.append(best)                   # the correction, or the token after a short branch
+                break
+        tokens = tokens[:self.max_new_tokens - produced]
+        accepted = min(accepted, len(tokens))
+        exact.accept(state, fed[0] if fed else [], tokens)
+        t3 = time.perf_counter()
+        stats.rounds += 1
+        stats.forwards += 1
+        stats.drafted += sum(len(b) for b in branches)
+        stats.accepted += accepted
+        stats.draft_lengths.append(depth)
+        stats.draft_widths.append(width)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.decide_s += t3 - t2
+        policy.update_tree(width, None if rank is None else rank + 1, later, t1 - t0)
+        for j, token in enumerate(tokens):
+            stats.tokens += 1
+            yield token, 1.0, (t3 - t0) if j == 0 else 0.0, "draft" if j < accepted else "exact"
 
     def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
         """(how many draft tokens are kept, the round's tokens).
@@ -278,7 +343,8 @@ class SpeculativeBackend:
 
     def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
                  max_draft_tokens: int = 8, adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE,
-                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None, memory: bool = False):
+                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None, memory: bool = False,
+                 max_tree_width: int = 1):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -288,6 +354,8 @@ class SpeculativeBackend:
             raise UserError(f"min_acceptance must be between 0 and 1 (0 = never pause drafting), got {min_acceptance}")
         if probe_every < 1:
             raise UserError(f"probe_every must be at least 1, got {probe_every}")
+        if not 1 <= max_tree_width <= MAX_TREE_WIDTH:
+            raise UserError(f"max_tree_width must be between 1 and {MAX_TREE_WIDTH}, got {max_tree_width}")
         vocab = exact.model.vocab_size
         if spatial.atom_set.vocab_size > vocab:
             raise UserError(f"atom set '{spatial.atom_set.name}' has {spatial.atom_set.vocab_size} tokens but the "
@@ -302,11 +370,14 @@ class SpeculativeBackend:
         self.min_acceptance = min_acceptance
         self.probe_every = probe_every
         self.costs = costs
+        self.max_tree_width = max_tree_width
 
     def policy(self, sampler: SamplerArgs) -> "DraftPolicy | CostShapedPolicy":
         """One generation's draft-length policy: cost-shaped when forward costs were measured."""
         if self.adaptive and self.costs is not None:
-            return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=1 if sampler.temperature > 0 else 0)
+            greedy = sampler.temperature == 0
+            return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=0 if greedy else 1,
+                                    max_width=self.max_tree_width if greedy else 1)   # trees are greedy only
         return DraftPolicy(self)
 
     @property

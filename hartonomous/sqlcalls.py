@@ -1,6 +1,6 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
-`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`,
+`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`,
 `next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel`, `context_centroid`
 and the memory's `remember`, `forget` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
@@ -83,6 +83,10 @@ GENERATE_TOKENS_SQL = ("SELECT generate_tokens(%(context)s::integer[], %(max_new
                        f"{_named((*_KNN_ARGS, 'seed', 'stop_tokens'), _CASTS)})")
 DRAFT_TOKENS_SQL = ("SELECT token_id, token_ids, probabilities FROM draft_tokens(%(context)s::integer[], "
                     f"%(n)s::integer, {_named((*_KNN_ARGS, 'seed', 'first_step', 'stop_tokens', 'memory'), _CASTS)})")
+_TREE_ARGS = ("search_radius", "max_neighbors", "atom_set", "repetition_penalty", "stop_tokens", "history_weight",
+              "history_window", "memory")
+DRAFT_TREE_SQL = ("SELECT branch, token_id FROM draft_tree(%(context)s::integer[], %(depth)s::integer, "
+                  f"%(width)s::integer, {_named(_TREE_ARGS, _CASTS)}) ORDER BY branch, step")
 REMEMBER_SQL = ("SELECT generation, remembered, evicted, atoms FROM remember(%(atom_set)s::text, %(context)s::integer[], "
                 "%(generated)s::integer[], %(path)s::text, max_atoms => %(max_atoms)s::integer, "
                 "weight => %(weight)s::double precision)")
@@ -223,6 +227,22 @@ def draft_tokens(conn: psycopg.Connection, context: Sequence[int], n: int, sampl
     query = draft_tokens_query(context, n, sampler, spatial, atom_set, seed, first_step, stop_tokens, memory)
     rows = run(conn, query, prepare=True).fetchall()
     return [(int(t), [int(i) for i in ids], [float(p) for p in probs]) for t, ids, probs in rows]
+
+
+def draft_tree(conn: psycopg.Connection, context: Sequence[int], depth: int, width: int,
+               sampler: SamplerArgs | None = None, spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+               stop_tokens: Sequence[int] | None = None, memory: bool = False) -> list[list[int]]:
+    """A tree of greedy drafts in one database call: `width` branches (the most likely first tokens, each
+    continued greedily), each up to `depth` tokens, most likely first."""
+    params = _knn_params(sampler, spatial, atom_set)
+    query = Query(DRAFT_TREE_SQL, {"context": [int(t) for t in context], "depth": depth, "width": width,
+                                   **{name: params[name] for name in _TREE_ARGS if name in params},
+                                   "stop_tokens": [int(t) for t in stop_tokens] if stop_tokens else None,
+                                   "memory": bool(memory)})
+    branches: dict[int, list[int]] = {}
+    for branch, token in run(conn, query, prepare=True).fetchall():
+        branches.setdefault(int(branch), []).append(int(token))
+    return [branches[b] for b in sorted(branches)]
 
 
 def next_token_signals(conn: psycopg.Connection, context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),

@@ -166,3 +166,99 @@ COMMENT ON FUNCTION draft_tokens(integer[], integer, double precision, integer, 
                                  double precision, integer, text, double precision, bigint, integer,
                                  integer[], double precision, integer, boolean) IS
     'Speculative decoding''s drafter: n steps of next_token(context || drafted) in one call, step s picked at seeded_uniform(seed, first_step + s); one row per token with the distribution it was drawn from. See docs/sql.md.';
+
+
+-- draft_tree: a small tree of greedy drafts in one call, for speculative decoding at T = 0.
+--
+--   draft_tree(context integer[], depth integer, width integer,
+--              search_radius float8 = NULL, max_neighbors integer = 100, atom_set text = NULL,
+--              repetition_penalty float8 = 1.0, stop_tokens integer[] = NULL,
+--              history_weight float8 = NULL, history_window integer = NULL, memory boolean = false)
+--   RETURNS TABLE(branch integer, step integer, token_id integer)
+--
+-- Semantics:
+--  1. The first position branches: its candidates are the first `width` rows of
+--     next_token(context, temperature => 1, top_k => width, top_p => 1, <the other arguments>),
+--     in next_token's row order (probability descending, token id ascending: the order of the
+--     logits after the repetition penalty). Branch b (1-based) starts with candidate b.
+--  2. Every branch then continues greedily: step s >= 1 is draft_tokens(context || candidate,
+--     depth - 1, temperature => 0, <the same arguments>)'s step s - 1; a branch ends after a stop
+--     token, after `depth` tokens, or when next_token has no candidates. So branch 1 is what
+--     draft_tokens(context, depth, temperature => 0) drafts, and the others are the next-best
+--     first tokens with their greedy continuations: a tree branching at its root, where a drafter
+--     is most often wrong.
+--  3. Rows: (branch, step, token_id), ordered by branch, then step.
+--  4. Bad input raises SQLSTATE 22023 naming the argument: depth outside 1..64, width outside
+--     1..16, memory NULL; the context and the other arguments are checked by next_token.
+-- Sampling (T > 0) drafts chains with draft_tokens: its acceptance rule needs each token's draft
+-- distribution q, which a tree of greedy branches does not have.
+
+CREATE OR REPLACE FUNCTION draft_tree(
+    context integer[],
+    depth integer,
+    width integer,
+    search_radius double precision DEFAULT NULL,
+    max_neighbors integer DEFAULT 100,
+    atom_set text DEFAULT NULL,
+    repetition_penalty double precision DEFAULT 1.0,
+    stop_tokens integer[] DEFAULT NULL,
+    history_weight double precision DEFAULT NULL,
+    history_window integer DEFAULT NULL,
+    memory boolean DEFAULT false)
+RETURNS TABLE(branch integer, step integer, token_id integer)
+LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- A tree of greedy drafts branching at the first position; semantics above.
+#variable_conflict use_column
+DECLARE
+    first integer[];
+    b     integer := 0;
+    t     integer;
+    d     record;
+BEGIN
+    PERFORM ht_check_between('depth', draft_tree.depth, 1, 64,
+                             'depth is the number of tokens per branch; speculative decoding drafts a few (e.g. 4).');
+    PERFORM ht_check_between('width', draft_tree.width, 1, 16,
+                             'width is the number of first tokens the tree branches into (e.g. 2).');
+    SELECT array_agg(n.token_id ORDER BY n.i)
+      INTO first
+      FROM (SELECT r.token_id, r.i
+              FROM next_token(context => draft_tree.context, temperature => 1.0, top_k => draft_tree.width,
+                              top_p => 1.0, search_radius => draft_tree.search_radius,
+                              max_neighbors => draft_tree.max_neighbors, atom_set => draft_tree.atom_set,
+                              repetition_penalty => draft_tree.repetition_penalty,
+                              history_weight => draft_tree.history_weight,
+                              history_window => draft_tree.history_window, memory => draft_tree.memory)
+                   WITH ORDINALITY AS r(token_id, probability, cumulative_probability, i)
+             ORDER BY r.i
+             LIMIT draft_tree.width) n;
+    FOREACH t IN ARRAY coalesce(first, '{}') LOOP
+        b := b + 1;
+        branch := b;
+        step := 0;
+        token_id := t;
+        RETURN NEXT;
+        CONTINUE WHEN draft_tree.depth = 1 OR t = ANY (draft_tree.stop_tokens);
+        FOR d IN SELECT * FROM draft_tokens(draft_tree.context || t, draft_tree.depth - 1, temperature => 0,
+                                            search_radius => draft_tree.search_radius,
+                                            max_neighbors => draft_tree.max_neighbors,
+                                            atom_set => draft_tree.atom_set,
+                                            repetition_penalty => draft_tree.repetition_penalty,
+                                            stop_tokens => draft_tree.stop_tokens,
+                                            history_weight => draft_tree.history_weight,
+                                            history_window => draft_tree.history_window,
+                                            memory => draft_tree.memory) LOOP
+            step := d.step + 1;
+            token_id := d.token_id;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION draft_tree(integer[], integer, integer, double precision, integer, text, double precision,
+                               integer[], double precision, integer, boolean) IS
+    'Speculative decoding''s tree drafter (T = 0): the first position branches into the width most likely tokens, each continued greedily to depth tokens; one row per (branch, step). See docs/sql.md.';

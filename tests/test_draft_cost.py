@@ -102,3 +102,39 @@ def test_concurrent_first_requests_measure_the_costs_once(monkeypatch) -> None:
     for t in threads:
         t.join()
     assert len(calls) == 1 and got == [CPU] * 4
+
+
+# -- trees (greedy): the width from the first token's running acceptance per width ------------
+
+def test_a_tree_is_drafted_where_a_wider_first_position_catches_the_misses() -> None:
+    """The first token is often wrong but its runner-up right; later tokens are kept: on the CPU's
+    flat costs, a wider tree pays more than a chain."""
+    policy = CostShapedPolicy(CPU, max_draft_tokens=8, max_width=4)
+    for i in range(32):
+        policy.update_tree(4, rank=1 if i % 2 else 2, later=[True, True, True], draft_seconds=0.004)
+    assert policy.first_acceptance(1) < 0.6 < 0.9 < policy.first_acceptance(2)
+    assert policy.length(64) >= 2 and policy.width >= 2
+    assert policy.tree_rate(policy.length(64), policy.width) > policy.tree_rate(policy.best_draft(64), 1)
+
+
+def test_a_chain_is_drafted_where_the_first_token_is_right_or_width_costs_too_much() -> None:
+    right = CostShapedPolicy(CPU, max_draft_tokens=8, max_width=4)
+    for _ in range(32):
+        right.update_tree(4, rank=1, later=[True, True, True], draft_seconds=0.004)
+    right.length(64)
+    assert right.width == 1                              # a wider tree feeds more tokens for nothing
+    steep = CostShapedPolicy(LINEAR, max_draft_tokens=8, max_width=4)
+    for i in range(32):
+        steep.update_tree(4, rank=1 if i % 2 else 2, later=[True, True, True], draft_seconds=0.004)
+    assert steep.length(64) == 0 and steep.width == 1    # where every fed token costs, nothing pays
+
+
+def test_the_first_tokens_acceptance_never_falls_with_width_and_starts_from_a_prior() -> None:
+    policy = CostShapedPolicy(CPU, max_draft_tokens=8, max_width=3)
+    assert policy.first_acceptance(1) == pytest.approx(0.5)
+    assert policy.first_acceptance(1) < policy.first_acceptance(2) < policy.first_acceptance(3) < 1
+    for _ in range(32):
+        policy.update_tree(2, rank=None, later=[], draft_seconds=0.004)      # width 3 never observed
+    assert policy.first_acceptance(3) >= policy.first_acceptance(2) >= policy.first_acceptance(1)
+    with pytest.raises(ValueError, match="max_width must be at least 1"):
+        CostShapedPolicy(CPU, max_draft_tokens=8, max_width=0)

@@ -648,3 +648,128 @@ def test_a_sample_does_not_depend_on_the_measured_costs(random_spatial):
     for costs in cost_tables():
         got = speculative(random_spatial, draft_tokens=4, costs=costs).generate(PROMPTS[0], config)
         assert got.token_ids == reference
+
+
+# -- greedy trees: one database call drafts a tree, one forward with a 4D mask verifies it ---------
+
+def test_one_forward_with_a_tree_mask_gives_each_branch_its_own_chains_logits():
+    """ExactModel.extend_tree: every fed token's logits equal those of its own chain computed from
+    scratch, and the cache keeps the pending tokens and the first branch where a chain would."""
+    exact = tiny_exact_backend().model
+    _, tokenizer = tiny_model(0)
+    prompt = tokenizer.encode(PROMPTS[0])
+    cache = exact.new_cache()
+    exact.prefill(prompt[:-2], cache)
+    branches = [[5, 6, 7], [9, 10], [11], []]
+    logits = exact.extend_tree(prompt[-2:], branches, cache)
+    assert logits.shape[0] == 2 + 3 + 2 + 1 and cache.length == len(prompt) + 6
+    assert torch.allclose(logits[:2], exact.full_logits_many(prompt, 2), atol=1e-5)
+    row = 2
+    for branch in branches:
+        if branch:
+            assert torch.allclose(logits[row:row + len(branch)], exact.full_logits_many(prompt + branch, len(branch)),
+                                  atol=1e-5)
+        row += len(branch)
+    cache.crop(len(prompt) + 3)                         # the first branch, laid out right after the prompt
+    after = exact.decode_one_token(8, cache)
+    assert torch.allclose(after, exact.full_logits(prompt + [5, 6, 7, 8]), atol=1e-5)
+
+
+class TreeOracle:
+    """Greedy branches from the exact model itself, with the right first token at `rank` among them
+    (others: wrong ids); the same shape a database tree has, standing in for it."""
+
+    def __init__(self, rank=lambda position: 0, wrong_later=lambda position: False):
+        self.exact, self.rank, self.wrong_later = tiny_exact_backend(), rank, wrong_later
+
+    def draft(self, *args, **kwargs):
+        return OracleDrafter().draft(*args, **kwargs)
+
+    def draft_tree(self, ids, depth, width, sampler, stop_token_ids):
+        position = len(ids)
+        state = self.exact.start(ids)
+        right = self.exact.distribution(state, sampler).token_ids[0]
+        chain = [right]
+        self.exact.advance(state, right)
+        for j in range(1, depth):
+            token = self.exact.distribution(state, sampler).token_ids[0]
+            if self.wrong_later(position + j):
+                token = (token + 1) % self.exact.model.vocab_size
+            chain.append(token)
+            self.exact.advance(state, token)
+        branches = [[(right + 1 + i) % self.exact.model.vocab_size] + chain[1:] for i in range(width)]
+        rank = self.rank(position)
+        if rank is not None and rank < width:
+            branches[rank] = chain
+        return branches
+
+
+@pytest.mark.parametrize("rank, wrong_later", [
+    (lambda p: 0, lambda p: False),                       # the first branch, kept whole
+    (lambda p: p % 3, lambda p: p % 7 == 2),              # any branch, cut short now and then
+    (lambda p: None, lambda p: False),                    # never the right first token
+])
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
+def test_greedy_trees_give_the_exact_paths_output_token_for_token(spatial, rank, wrong_later, repetition_penalty):
+    from hartonomous.draft_cost import CostShapedPolicy, ForwardCosts
+
+    config = GREEDY.with_options(repetition_penalty=repetition_penalty, max_new_tokens=40)
+    flat = ForwardCosts((0.04,) * 16)                   # every width costs the same: trees are tried
+    engine = speculative(spatial, draft_tokens=4, max_draft_tokens=6, costs=flat, max_tree_width=3)
+    engine.backend.drafter = TreeOracle(rank, wrong_later)
+    for prompt in PROMPTS:
+        got = engine.generate(prompt, config)
+        assert got.token_ids == exact_engine().generate(prompt, config).token_ids
+        assert max(got.stats.draft_widths) > 1
+        assert got.stats.tokens == len(got.token_ids) and got.stats.rounds == got.stats.forwards
+    assert isinstance(engine.backend.policy(config.sampler), CostShapedPolicy)
+
+
+def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
+    from hartonomous.draft_cost import ForwardCosts
+
+    config = GREEDY.with_options(max_new_tokens=30)
+    engine = speculative(spatial, draft_tokens=4, max_draft_tokens=6, costs=ForwardCosts((0.04,) * 16),
+                         max_tree_width=3)
+    engine.backend.drafter = TreeOracle(rank=lambda p: 1)
+    got = engine.generate(PROMPTS[1], config)
+    assert got.token_ids == exact_engine().generate(PROMPTS[1], config).token_ids
+    assert got.stats.tokens_per_forward > 2               # the second branch's tokens were kept
+
+
+def test_sampling_drafts_chains_only(spatial):
+    from hartonomous.draft_cost import ForwardCosts
+
+    engine = speculative(spatial, draft_tokens=4, costs=ForwardCosts((0.04,) * 16), max_tree_width=4)
+    assert engine.backend.policy(SAMPLED.sampler).max_width == 1
+    assert engine.backend.policy(GREEDY.sampler).max_width == 4
+    result = engine.generate(PROMPTS[0], SAMPLED)
+    assert set(result.stats.draft_widths) == {1}
+    with pytest.raises(UserError, match="max_tree_width must be between 1 and 16"):
+        speculative(spatial, max_tree_width=17)
+
+
+def test_sql_draft_tree_branches_into_the_most_likely_first_tokens_each_continued_greedily(server_url, atom_set):
+    _, tokenizer = tiny_model(0)
+    context = tokenizer.encode(PROMPTS[0])
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT branch, step, token_id FROM draft_tree(%s, 4, 3, atom_set => %s)",
+                            (context, atom_set)).fetchall()
+        first = [t for (t,) in conn.execute("SELECT token_id FROM next_token(%s, temperature => 1, top_k => 3, "
+                                            "top_p => 1, atom_set => %s)", (context, atom_set)).fetchall()][:3]
+        branches = {}
+        for b, step, token in rows:
+            branches.setdefault(b, []).append((step, token))
+        assert sorted(branches) == list(range(1, len(first) + 1))
+        for b, steps in branches.items():
+            assert [s for s, _ in steps] == list(range(len(steps)))
+            assert steps[0][1] == first[b - 1]
+            rest = [t for (_, t) in conn.execute("SELECT step, token_id FROM draft_tokens(%s, 3, temperature => 0, "
+                                                 "atom_set => %s)", (context + [first[b - 1]], atom_set)).fetchall()]
+            assert [t for _, t in steps[1:]] == rest
+        chain = [t for (t,) in conn.execute("SELECT token_id FROM draft_tokens(%s, 4, temperature => 0, "
+                                            "atom_set => %s)", (context, atom_set)).fetchall()]
+        assert [t for _, t in branches[1]] == chain
+        for args, message in [("0, 2", "depth must be between 1 and 64"), ("3, 17", "width must be between 1 and 16")]:
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+                conn.execute(f"SELECT * FROM draft_tree(%s, {args}, atom_set => %s)", (context, atom_set))

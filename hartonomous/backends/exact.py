@@ -129,6 +129,33 @@ class ExactBackend:
         return logits_to_probs(logits, contexts, temperature=sampler.temperature, top_k=sampler.top_k,
                                top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
 
+    def score_tree(self, state: ExactState, branches: list[list[int]], sampler: SamplerArgs
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Greedy tree verification in one forward (ExactModel.extend_tree): the probabilities (V,)
+        after ids, and per branch (len(branch), V) whose row j is the distribution after
+        ids + branch[:j + 1], all after the shared sampler. The first branch's tokens sit in the
+        cache right after the ids (so `accept` with it as `fed` keeps what agrees); the others'
+        are cropped by `accept`."""
+        if state.cache is None:                     # no cache: each branch from scratch
+            root = self.model.full_logits_many(state.ids, 1)[0]
+            rows = [self.model.full_logits_many(state.ids + b, len(b)) if b else root[:0] for b in branches]
+        else:
+            pending = state.ids[state.cache.length:]
+            if not pending and state.logits is None:
+                raise RuntimeError("exact state has its ids cached but no logits; this is a bug")
+            flat = self.model.extend_tree(pending, branches, state.cache) if pending or any(branches) else None
+            root = flat[len(pending) - 1] if pending else state.logits
+            rows, at = [], len(pending)
+            for b in branches:
+                rows.append(flat[at:at + len(b)] if b else root[None][:0])
+                at += len(b)
+        p_root = logits_to_probs(root[None], [state.ids], temperature=sampler.temperature, top_k=sampler.top_k,
+                                 top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)[0]
+        probs = [logits_to_probs(r, [state.ids + b[:j + 1] for j in range(len(b))], temperature=sampler.temperature,
+                                 top_k=sampler.top_k, top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty)
+                 if len(b) else r for r, b in zip(rows, branches)]
+        return p_root, probs
+
     def accept(self, state: ExactState, fed: list[int], tokens: list[int]) -> None:
         """After `score(state, fed)`: append the round's `tokens` to the context. The cache keeps
         the fed tokens that agree with them and is rolled back past the rest; at least the last

@@ -80,6 +80,10 @@ class SharedModel:
         with self._lock:
             return self._model.full_logits_many(*args, **kwargs)
 
+    def extend_tree(self, *args, **kwargs):     # speculative verification of a draft tree
+        with self._lock:
+            return self._model.extend_tree(*args, **kwargs)
+
 
 class Runtime:
     """Shared resources of one server; `open()` before use, `close()` at shutdown."""

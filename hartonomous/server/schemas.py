@@ -172,6 +172,7 @@ class SpeculativeStatsOut(BaseModel):
     verify_s: float
     decide_s: float
     draft_lengths: list[int]
+    draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a greedy tree
     acceptance_rate: float | None = None
     tokens_per_forward: float | None = None
 
