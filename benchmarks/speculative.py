@@ -8,7 +8,9 @@ costs measured at start-up, hartonomous/draft_cost.py, as the client and server 
 same with the legacy draft schedule (`speculative_schedule`: grow by 2 / shrink by 1 / pause), and
 the speculative path with a memory of past generations (`speculative_memory`: its drafts read the
 set's memory, and each of its completed generations is remembered, hartonomous/memory.py; the
-memory is emptied before each workload and after the run). Three workloads: short
+memory is emptied before each workload and after the run), and the speculative path with greedy
+draft trees (`speculative_tree`: rounds may draft up to TREE_WIDTH branches from one `draft_tree`
+call, verified in one forward with a 4D attention mask; no memory). Three workloads: short
 free-continuation prompts, continuations of longer documents (pieces of the atom set's held-out
 TEST half, which neither the atoms nor the calibration saw), and repeated requests (prompts from a
 few templates, each asked twice, the second round in another order: what a memory is for). Per
@@ -49,7 +51,8 @@ TEMPLATES = (
 )
 FILLS = ("a binary search tree", "recursion", "a hash table")
 METHODS = ("transformers_generate", "prompt_lookup", "exact", "speculative", "speculative_schedule",
-           "speculative_memory")
+           "speculative_memory", "speculative_tree")
+TREE_WIDTH = 4
 DOC_PROMPT_TOKENS = 192       # tokens of a document before the continuation point
 PROMPT_LOOKUP_TOKENS = 3
 
@@ -150,6 +153,9 @@ class Runner:
                                                      max_draft_tokens=max(16, draft_tokens), costs=self.costs,
                                                      memory=True),
                                   on_result=lambda result: self.writer.remember_result(name, result))
+        self.tree = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial, draft_tokens=draft_tokens,
+                                              max_draft_tokens=max(16, draft_tokens), costs=self.costs,
+                                              max_tree_width=TREE_WIDTH))
 
     def forget(self) -> int:
         """Empty the atom set's memory (before each workload, and after the run)."""
@@ -176,7 +182,7 @@ class Runner:
             out, stats = self._hf(ids, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), None
         else:
             engine = {"exact": self.exact, "speculative": self.speculative, "speculative_schedule": self.schedule,
-                      "speculative_memory": self.with_memory}[method]
+                      "speculative_memory": self.with_memory, "speculative_tree": self.tree}[method]
             result = engine.generate(ids, self.config)
             out, stats = result.token_ids, result.stats
         return out, time.perf_counter() - t0, stats
@@ -308,7 +314,8 @@ def markdown(results: dict, command: str) -> str:
                 if results.get("forward_costs") else "")
              + f"; speculative_schedule: the legacy schedule (start {results['draft_tokens']}, up to 8); "
              f"speculative_memory: speculative with a memory of its own past generations (emptied before each "
-             f"workload; atom weight {_memory_weight(results)}); prompt lookup "
+             f"workload; atom weight {_memory_weight(results)}); speculative_tree: speculative whose greedy rounds may "
+             f"draft trees of up to {TREE_WIDTH} branches; prompt lookup "
              f"with prompt_lookup_num_tokens={results['prompt_lookup_num_tokens']}.{load_warning(m)}", ""]
     for kind, r in results["kinds"].items():
         lines += [f"## {kind} prompts ({r['prompts']}, {min(r['prompt_tokens'], default=0)}–"

@@ -25,6 +25,7 @@ GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with
                       "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept) or "
                       "hybrid (each step spatial when the predicted risk is below --risk-threshold, else exact).")
 MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
+MAX_TREE_WIDTH = 16       # hartonomous.speculative.MAX_TREE_WIDTH (likewise)
 
 
 def _option(name: str, annotation, default: OptionInfo) -> inspect.Parameter:
@@ -73,7 +74,7 @@ def with_options(command: Callable) -> Callable:
 
 
 def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exact"), draft_tokens: int = 4,
-            risk_threshold: float = 0.5):
+            risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
 
@@ -82,8 +83,10 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
         raise UserError(f"--path must be {' or '.join(paths)}, got '{path}'")
     if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
+    if not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise UserError(f"--tree-width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
     return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                  risk_threshold=risk_threshold)
+                  risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width)
 
 
 def _stats_line(result) -> str:
@@ -123,6 +126,14 @@ def register(app: typer.Typer) -> None:
         in_database: bool = typer.Option(False, "--in-database",
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        memory: bool = typer.Option(False, "--memory",
+                                    help="Speculative: draft from the atom set's memory of past generations too."),
+        remember: bool = typer.Option(False, "--remember",
+                                      help="Exact, speculative, hybrid: remember this generation in the atom set's "
+                                           "memory (written as the database owner)."),
+        tree_width: int = typer.Option(1, "--tree-width",
+                                       help="Speculative, greedy: let rounds draft trees of up to this many branches "
+                                            "(1 = chains)."),
         risk_threshold: float = typer.Option(0.5, "--risk-threshold",
                                              help="Hybrid: spatial step when the predicted risk is below this "
                                                   "(0: always exact; inf: always spatial)."),
@@ -150,7 +161,7 @@ def register(app: typer.Typer) -> None:
                              cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
                              **sampler_options)
         with _client(prompt, path, client_options, ("spatial", "exact", "speculative", "hybrid"), draft_tokens,
-                     risk_threshold) as client:
+                     risk_threshold, memory, remember, tree_width) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:

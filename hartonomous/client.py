@@ -57,7 +57,7 @@ class Client:
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
                  exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5,
-                 memory: bool = False, remember: "bool | MemoryWriter" = False):
+                 memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
@@ -65,6 +65,7 @@ class Client:
         self.model, self.device, self.dtype = model, device, dtype
         self._exact_model = exact_model
         self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
+        self.max_tree_width = max_tree_width     # > 1: greedy speculative rounds may draft trees this wide
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)
@@ -118,7 +119,8 @@ class Client:
         exact = self._exact_backend()
         costs = forward_costs(exact.model) if exact.model.use_cache else None   # once per model: ~6 s for SmolLM2 on 2 cores
         return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
-                                  max_draft_tokens=self.max_draft_tokens, costs=costs, memory=self.memory)
+                                  max_draft_tokens=self.max_draft_tokens, costs=costs, memory=self.memory,
+                                  max_tree_width=self.max_tree_width)
 
     def _hybrid_backend(self):
         """Spatial steps while the predicted risk is below `risk_threshold`, exact steps otherwise."""

@@ -113,6 +113,7 @@ def test_client_rejects_unknown_paths_and_options(client):
     (["next-token", "hi", "--top-k", "-2"], "top_k"),
     (["next-token", "hi", "--path", "speculative"], "--path must be spatial or exact"),
     (["generate", "hi", "--path", "speculative", "--draft-tokens", "0"], "--draft-tokens must be between 1 and 64"),
+    (["generate", "hi", "--path", "speculative", "--tree-width", "17"], "--tree-width must be between 1 and 16"),
     (["generate", "hi", "--path", "hybrid", "--risk-threshold", "-1"], "risk_threshold must be a number >= 0"),
     (["generate", "hi", "--cautious-mode", "panic"], "cautious_mode must be one of flatten, signal, abstain"),
     (["generate", "hi", "--explore-risk", "0.9", "--cautious-risk", "0.5"], "explore_risk must be <= cautious_risk"),
@@ -195,6 +196,26 @@ def test_cli_generate_speculative_streams_the_exact_paths_text_and_its_stats(cap
     exact = client.generate(PROMPT, path="exact", temperature=0.0, max_new_tokens=12, stop_at_eos=False,
                             stop_strings=(stop,))
     assert code == 0 and out == exact.text + "\n" and len(exact.text) < len(expected.text)
+    code, out, _ = run_cli(capsys, *common, "--tree-width", "3", "--json")          # trees: the same text
+    assert code == 0 and json.loads(out)["token_ids"] == expected.token_ids
+
+
+def test_cli_generate_remembers_and_drafts_from_memory(capsys, database_env, client, atom_set, tiny_dir, server_url):
+    import psycopg
+
+    common = ["generate", PROMPT, "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos", "--atom-set",
+              atom_set, "--model", str(tiny_dir), "--device", "cpu", "--json"]
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("SELECT forget(%s)", (atom_set,))
+        code, out, _ = run_cli(capsys, *common, "--path", "exact")
+        assert code == 0 and conn.execute("SELECT atoms FROM memory_status(%s)", (atom_set,)).fetchone()[0] == 0
+        code, out, _ = run_cli(capsys, *common, "--path", "exact", "--remember")
+        exact = json.loads(out)["token_ids"]
+        assert code == 0 and conn.execute("SELECT atoms FROM memory_status(%s)", (atom_set,)).fetchone()[0] == 12
+        code, out, _ = run_cli(capsys, *common, "--path", "speculative", "--memory")
+        assert code == 0 and json.loads(out)["token_ids"] == exact
+        assert conn.execute("SELECT atoms FROM memory_status(%s)", (atom_set,)).fetchone()[0] == 12   # read, not written
+        conn.execute("SELECT forget(%s)", (atom_set,))
 
 
 def test_cli_next_token_json_and_table(capsys, database_env, client, atom_set):
