@@ -280,7 +280,7 @@ def targets(results: dict) -> list[dict]:
         rows.append({"what": f"{kind}: {method} vs prompt lookup", "target": "faster",
                      "measured": f"{lookup / spec:.2f}x" if spec and lookup else None,
                      "met": bool(spec and lookup and spec < lookup)})
-        for name in ("speculative", "speculative_memory"):
+        for name in ("speculative", "speculative_memory", "speculative_tree"):
             rows.append({"what": f"{kind}: {name} identical to transformers greedy", "target": "always",
                          "measured": m[name]["identical"], "met": m[name]["all_identical"]})
     doc = results.get("document", {}).get("methods", {}).get("speculative", {})

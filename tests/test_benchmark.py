@@ -150,14 +150,17 @@ def test_speculative_targets_and_markdown_say_what_was_met():
     assert met == {"short: speculative vs transformers generate": False,       # 1.15x < 1.2x
                    "short: speculative vs prompt lookup": True,
                    "short: speculative identical to transformers greedy": True,
+                   "short: speculative_tree identical to transformers greedy": True,
                    "short: speculative_memory identical to transformers greedy": True,
                    "document: speculative vs transformers generate": True,
                    "document: speculative vs prompt lookup": False,
                    "document: speculative identical to transformers greedy": True,
+                   "document: speculative_tree identical to transformers greedy": True,
                    "document: speculative_memory identical to transformers greedy": False,
                    "repeated: speculative_memory vs transformers generate": True,   # memory on: 2.0x
                    "repeated: speculative_memory vs prompt lookup": True,
                    "repeated: speculative identical to transformers greedy": True,
+                   "repeated: speculative_tree identical to transformers greedy": True,
                    "repeated: speculative_memory identical to transformers greedy": True,
                    "document: acceptance rate": True}
     assert kinds["document"]["methods"]["speculative"]["tokens_per_forward"] == pytest.approx(64 / 30)
