@@ -10,7 +10,11 @@ the speculative path with a memory of past generations (`speculative_memory`: it
 set's memory, and each of its completed generations is remembered, hartonomous/memory.py; the
 memory is emptied before each workload and after the run), and the speculative path with greedy
 draft trees (`speculative_tree`: rounds may draft up to TREE_WIDTH branches from one `draft_tree`
-call, verified in one forward with a 4D attention mask; no memory). Three workloads: short
+call, verified in one forward with a 4D attention mask; no memory). Where `llama-cpp-python` is
+installed (the optional `llama` extra, `pip install -e '.[llama]'`, which compiles llama.cpp), the
+same GGUF file decoded greedily by llama.cpp itself (`llama_cpp`) runs too: the fastest CPU peer,
+on another numerical path (quantised kernels, not the dequantised float32 model), so shown for
+speed only; its "identical" column says how far its greedy output agrees anyway. Three workloads: short
 free-continuation prompts, continuations of longer documents (pieces of the atom set's held-out
 TEST half, which neither the atoms nor the calibration saw), and repeated requests (prompts from a
 few templates, each asked twice, the second round in another order: what a memory is for). Per
@@ -157,6 +161,19 @@ class Runner:
                                               max_draft_tokens=max(16, draft_tokens), costs=self.costs,
                                               max_tree_width=TREE_WIDTH))
 
+        self.llama = llama_cpp_model(torch_threads())
+        self.methods = METHODS + (("llama_cpp",) if self.llama is not None else ())
+
+    def _llama(self, ids: list[int]) -> list[int]:
+        """llama.cpp's greedy continuation of `ids` (EOS ignored, as for the others)."""
+        out = []
+        for token in self.llama.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                         reset=True):
+            out.append(int(token))
+            if len(out) == self.max_new_tokens:
+                break
+        return out
+
     def forget(self) -> int:
         """Empty the atom set's memory (before each workload, and after the run)."""
         return self.writer.forget(self.spatial.atom_set.name)
@@ -180,12 +197,39 @@ class Runner:
             out, stats = self._hf(ids), None
         elif method == "prompt_lookup":
             out, stats = self._hf(ids, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), None
+        elif method == "llama_cpp":
+            out, stats = self._llama(ids), None
         else:
             engine = {"exact": self.exact, "speculative": self.speculative, "speculative_schedule": self.schedule,
                       "speculative_memory": self.with_memory, "speculative_tree": self.tree}[method]
             result = engine.generate(ids, self.config)
             out, stats = result.token_ids, result.stats
         return out, time.perf_counter() - t0, stats
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _llama_version() -> str:
+    import llama_cpp
+
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def llama_cpp_model(threads: int):
+    """llama.cpp over the wheel's GGUF file, or None where `llama-cpp-python` is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from hartonomous.model import resolve_source
+
+    source = resolve_source("smollm2")
+    return Llama(model_path=str(source.directory / source.gguf_file), n_ctx=2048, n_threads=threads,
+                 n_threads_batch=threads, seed=0, verbose=False)
 
 
 def same_until_eos(a: list[int], b: list[int], eos: int | None) -> bool:
@@ -222,16 +266,16 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
         kinds = {"short": list(SHORT_PROMPTS[:short_n]),
                  "document": document_prompts(recorded_halves(record.stats).test, runner.tokenizer, docs_n),
                  "repeated": repeated_prompts(templates or (2 if quick else 3), fills or (2 if quick else 3))}
-        for method in METHODS:                       # warm-up: first-call costs out of the timings
+        for method in runner.methods:                # warm-up: first-call costs out of the timings
             runner.run(method, "Warm up the")
         results: dict[str, dict] = {}
         memory_before = runner.forget()
         for kind, prompts in kinds.items():
             runner.forget()                          # each workload starts with an empty memory
-            totals = {m: MethodTotals() for m in METHODS}
+            totals = {m: MethodTotals() for m in runner.methods}
             for prompt in prompts:
                 reference = None
-                for method in METHODS:
+                for method in runner.methods:
                     out, seconds, stats = runner.run(method, prompt)
                     reference = out if reference is None else reference
                     t = totals[method]
@@ -245,7 +289,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
             baseline = totals["transformers_generate"].row(None)["ms_per_token"]
             results[kind] = {"prompts": len(prompts),
                              "prompt_tokens": [len(runner.tokenizer.encode(p)) for p in prompts],
-                             "methods": {m: totals[m].row(baseline) for m in METHODS},
+                             "methods": {m: totals[m].row(baseline) for m in runner.methods},
                              "memory_atoms_after": runner.writer.status(record.name).atoms}
         runner.forget()
         runner.writer.close()
@@ -258,6 +302,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                        "weight_rule": "the atom set's history_weight (1 where it is 0)",
                        "atoms_found_before_the_run": memory_before, "failed_remembers": runner.writer.failed},
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "forward_costs": runner.costs.as_dict(),
+            "llama_cpp": _llama_version() if runner.llama is not None else None,
             "kinds": results, "targets": targets(results),
             "machine": machine}
 
@@ -316,7 +361,11 @@ def markdown(results: dict, command: str) -> str:
              f"speculative_memory: speculative with a memory of its own past generations (emptied before each "
              f"workload; atom weight {_memory_weight(results)}); speculative_tree: speculative whose greedy rounds may "
              f"draft trees of up to {TREE_WIDTH} branches; prompt lookup "
-             f"with prompt_lookup_num_tokens={results['prompt_lookup_num_tokens']}.{load_warning(m)}", ""]
+             f"with prompt_lookup_num_tokens={results['prompt_lookup_num_tokens']}"
+             + (f"; llama_cpp: llama-cpp-python {results['llama_cpp']} decoding the same GGUF greedily (another "
+                f"numerical path: for speed only)" if results.get("llama_cpp") else
+                "; llama.cpp not installed (`pip install -e '.[llama]'` adds it)")
+             + f".{load_warning(m)}", ""]
     for kind, r in results["kinds"].items():
         lines += [f"## {kind} prompts ({r['prompts']}, {min(r['prompt_tokens'], default=0)}–"
                   f"{max(r['prompt_tokens'], default=0)} prompt tokens)", "",

@@ -110,7 +110,7 @@ _FRESH = "2026-11-25-compare-ctx100-mpl2.json"          # a text never used to c
 _BENCH = "2026-11-25-bench-quick.json"
 _KERNEL = "2026-11-26-bench-kernel-3.json"               # next_token's cost per step, both kernels
 _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-source, deep keys, held-out files
-_SPEC = "2026-11-26-bench-speculative-code-src-default-1e6.json"   # speculative decoding, cost-shaped drafts
+_SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -160,10 +160,11 @@ ROWS: tuple[Row, ...] = (
               "speed-ups)",
         source=_SPEC,
         measured="continuing held-out Python files: {doc}× transformers `generate` ({doc_ms} ms/token), prompt "
-                 "lookup {pl}×, output identical {same}, {tpf} tokens per forward; on short free prompts {short}× "
-                 "(prompt lookup {pl_short}×)",
-        n="{docs} documents and {shorts} short prompts × {new} greedy tokens, drafting from {name} "
-          "(python-source, corpus labels)",
+                 "lookup {pl}×, output identical {same}, {tpf} tokens per forward; repeated requests with a memory "
+                 "of past generations {rep}× (without it {rep_plain}×, prompt lookup {pl_rep}×); on short free "
+                 "prompts {short}× (prompt lookup {pl_short}×)",
+        n="{docs} documents, {reps} repeated requests and {shorts} short prompts × {new} greedy tokens, drafting "
+          "from {name} (python-source, corpus labels)",
         fields={"doc": Field("kinds.document.methods.speculative.speedup_vs_generate", ".2f"),
                 "doc_ms": Field("kinds.document.methods.speculative.ms_per_token", ".1f"),
                 "pl": Field("kinds.document.methods.prompt_lookup.speedup_vs_generate", ".2f"),
@@ -171,6 +172,10 @@ ROWS: tuple[Row, ...] = (
                 "tpf": Field("kinds.document.methods.speculative.tokens_per_forward", ".2f"),
                 "short": Field("kinds.short.methods.speculative.speedup_vs_generate", ".2f"),
                 "pl_short": Field("kinds.short.methods.prompt_lookup.speedup_vs_generate", ".2f"),
+                "rep": Field("kinds.repeated.methods.speculative_memory.speedup_vs_generate", ".2f"),
+                "rep_plain": Field("kinds.repeated.methods.speculative.speedup_vs_generate", ".2f"),
+                "pl_rep": Field("kinds.repeated.methods.prompt_lookup.speedup_vs_generate", ".2f"),
+                "reps": Field("kinds.repeated.prompts", "d"),
                 "docs": Field("kinds.document.prompts", "d"),
                 "shorts": Field("kinds.short.prompts", "d"),
                 "new": Field("max_new_tokens", "d"),

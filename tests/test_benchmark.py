@@ -232,3 +232,12 @@ def test_the_scaling_benchmark_counts_the_entries_a_knn_rechecks(server_url):
         drop_atom_set(conn, "bench-recheck")
     assert spread["knn_index_reads_max"] <= 101 and spread["knn_reads_past_k_share"] == 0
     assert packed["knn_index_reads_p50"] >= 300 and packed["knn_reads_past_k_share"] == 1
+
+
+def test_llama_cpp_joins_the_speculative_benchmark_only_where_it_is_installed(monkeypatch):
+    import sys
+
+    from benchmarks.speculative import llama_cpp_model
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)          # import llama_cpp raises ImportError
+    assert llama_cpp_model(2) is None
