@@ -26,7 +26,7 @@ from hartonomous.db.connection import sqlalchemy_url
 from hartonomous.db.models import Base
 
 NOT_OURS = {"spatial_ref_sys", "alembic_version"}
-PARTITION = re.compile(r"^(atoms|atom_tiles)_\d+$")
+PARTITION = re.compile(r"^(atoms|atom_tiles|memory_atoms)_\d+$")
 
 
 def include_object(obj, name, type_, reflected, compare_to) -> bool:

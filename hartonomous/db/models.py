@@ -102,6 +102,32 @@ class Atom(Base):
     key = mapped_column(Vector(), nullable=True)
 
 
+class MemoryAtom(Base):
+    """One token of a remembered generation, at the key of the text before it (migration 0011,
+    sql/070_memory.sql); partitioned by atom set like `atoms`, written only by `remember()`."""
+
+    __tablename__ = "memory_atoms"
+    __table_args__ = (
+        CheckConstraint("step >= 0", name="memory_atoms_step_check"),
+        CheckConstraint("weight > 0 AND weight < 'Infinity'", name="memory_atoms_weight_check"),
+        CheckConstraint("path IN ('exact', 'speculative', 'hybrid')", name="memory_atoms_path_check"),
+        Index("memory_atoms_position_gist", "position", postgresql_using="gist",
+              postgresql_ops={"position": "gist_geometry_ops_nd"}),
+        {"postgresql_partition_by": "LIST (atom_set_id)"},
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position = mapped_column(point_z(), nullable=False)
+    token_id: Mapped[int] = mapped_column(Integer)
+    weight: Mapped[float] = mapped_column(Double)
+    path: Mapped[str] = mapped_column(Text)
+    remembered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
 class _SetCoordinates:
     """A row of one atom set holding coordinates as float8 arrays (xs[i], ys[i], zs[i])."""
 
