@@ -21,6 +21,9 @@ completed exact, speculative or hybrid generation into the atom set's memory thr
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
 said before. The output is the exact path's either way; only the speed changes.
+`max_tree_width` > 1 lets greedy speculative rounds draft trees (one `draft_tree` call, verified
+in one forward with a 4D attention mask; hartonomous.speculative); off by default, since on a
+2-core CPU they measured slower than chains (docs/benchmarks.md).
 """
 
 from __future__ import annotations
