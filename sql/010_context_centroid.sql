@@ -109,6 +109,21 @@ END
 $$;
 
 
+CREATE OR REPLACE FUNCTION ht_check_memory(p_memory boolean, p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The memory argument of next_token, draft_tokens and draft_tree: true or false, not NULL.
+BEGIN
+    IF p_memory IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'memory must be true or false, got NULL',
+            HINT = p_hint;
+    END IF;
+END
+$$;
+
+
 CREATE OR REPLACE FUNCTION ht_raise_foreign_token(p_set_id integer, p_context integer[], p_element integer)
 RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER

@@ -303,10 +303,7 @@ DECLARE
     c record;
     d record;
 BEGIN
-    IF next_token.memory IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'memory must be true or false, got NULL',
-            HINT = 'true reads the atom set''s memory of past generations beside its atoms; false (the default) does not.';
-    END IF;
+    PERFORM ht_check_memory(next_token.memory, 'true reads the atom set''s memory of past generations beside its atoms; false (the default) does not.');
     IF ht_kernel() = 'native' AND NOT next_token.memory THEN
         -- The whole call in C (htk_step, sql/060_kernel.sql) where it serves it: arguments this
         -- function accepts, a set of the rows layout holding every context token, some candidate.

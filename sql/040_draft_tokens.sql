@@ -84,10 +84,7 @@ BEGIN
                              2147483647 - draft_tokens.n, draft_tokens.n, draft_tokens.first_step),
             HINT = 'first_step numbers the seeded draws; step s draws seeded_uniform(seed, first_step + s).';
     END IF;
-    IF draft_tokens.memory IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'memory must be true or false, got NULL',
-            HINT = 'true drafts from the atom set''s memory of past generations too; false (the default) does not.';
-    END IF;
+    PERFORM ht_check_memory(draft_tokens.memory, 'true drafts from the atom set''s memory of past generations too; false (the default) does not.');
     IF ht_kernel() = 'native' THEN
         -- The native loop (sql/060_kernel.sql): the context and the arguments are checked once,
         -- its positions carried from step to step (one lookup per drafted token).
