@@ -704,6 +704,23 @@ class TreeOracle:
         return branches
 
 
+class FixedTree:
+    """A draft policy that always drafts trees of `width` branches of 4 tokens: which rounds draft
+    trees must not depend on how fast this machine runs the tiny model."""
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def length(self, left: int) -> int:
+        return min(4, left)
+
+    def update(self, *args) -> None:
+        pass
+
+    def update_tree(self, *args) -> None:
+        pass
+
+
 @pytest.mark.parametrize("rank, wrong_later", [
     (lambda p: 0, lambda p: False),                       # the first branch, kept whole
     (lambda p: p % 3, lambda p: p % 7 == 2),              # any branch, cut short now and then
@@ -717,12 +734,13 @@ def test_greedy_trees_give_the_exact_paths_output_token_for_token(spatial, rank,
     flat = ForwardCosts((0.04,) * 16)                   # every width costs the same: trees are tried
     engine = speculative(spatial, draft_tokens=4, max_draft_tokens=6, costs=flat, max_tree_width=3)
     engine.backend.drafter = TreeOracle(rank, wrong_later)
+    assert isinstance(engine.backend.policy(config.sampler), CostShapedPolicy)
+    engine.backend.policy = lambda sampler: FixedTree(3)
     for prompt in PROMPTS:
         got = engine.generate(prompt, config)
         assert got.token_ids == exact_engine().generate(prompt, config).token_ids
         assert max(got.stats.draft_widths) > 1
         assert got.stats.tokens == len(got.token_ids) and got.stats.rounds == got.stats.forwards
-    assert isinstance(engine.backend.policy(config.sampler), CostShapedPolicy)
 
 
 def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
@@ -732,6 +750,7 @@ def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
     engine = speculative(spatial, draft_tokens=4, max_draft_tokens=6, costs=ForwardCosts((0.04,) * 16),
                          max_tree_width=3)
     engine.backend.drafter = TreeOracle(rank=lambda p: 1)
+    engine.backend.policy = lambda sampler: FixedTree(3)
     got = engine.generate(PROMPTS[1], config)
     assert got.token_ids == exact_engine().generate(PROMPTS[1], config).token_ids
     assert got.stats.tokens_per_forward > 2               # the second branch's tokens were kept
