@@ -20,7 +20,8 @@ A memory of past generations (hartonomous.memory; off by default): `remember=Tru
 completed exact, speculative or hybrid generation into the atom set's memory through an owner
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
-said before. The output is the exact path's either way; only the speed changes.
+said before (the output is the exact path's either way; only the speed changes), and lets the
+spatial path's next_token read it too (its output then depends on what was remembered).
 `max_tree_width` > 1 lets greedy speculative rounds draft trees (one `draft_tree` call, verified
 in one forward with a 4D attention mask; hartonomous.speculative); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
@@ -90,7 +91,7 @@ class Client:
         key = (path, in_database and path == "spatial")
         if key not in self._engines:
             if path == "spatial":
-                backend = self._spatial_backend(key[1])
+                backend = self._spatial_backend(key[1], memory=self.memory)
             elif path == "exact":
                 backend = self._exact_backend()
             elif path == "hybrid":
@@ -159,18 +160,25 @@ class Client:
             self._owns_conn = True
         return self._conn
 
-    def _spatial_backend(self, in_database: bool):
+    def _spatial_backend(self, in_database: bool, memory: bool = False):
+        """The spatial path's backend; `memory`: its next_token reads the set's memory too (the
+        in-database loop, generate_tokens, reads the stored atoms only)."""
         from hartonomous.backends.in_database import InDatabaseBackend
         from hartonomous.backends.spatial import SpatialBackend
+
+        if in_database and memory:
+            raise InvalidArgument("memory", "the in-database loop (generate_tokens) does not read the memory; "
+                                            "drop in_database, or memory")
 
         tokenizer = self.spatial_tokenizer
         for (path, _), engine in self._engines.items():   # reuse the tokenizer of the other spatial mode
             if path == "spatial":
                 tokenizer = tokenizer or engine.tokenizer
-        backend = InDatabaseBackend if in_database else SpatialBackend
-        return backend(self._connection(), self.atom_set, tokenizer=tokenizer, search_radius=self.search_radius,
-                       max_neighbors=self.max_neighbors, history_weight=self.history_weight,
-                       history_window=self.history_window)
+        options = dict(tokenizer=tokenizer, search_radius=self.search_radius, max_neighbors=self.max_neighbors,
+                       history_weight=self.history_weight, history_window=self.history_window)
+        if in_database:
+            return InDatabaseBackend(self._connection(), self.atom_set, **options)
+        return SpatialBackend(self._connection(), self.atom_set, memory=memory, **options)
 
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend

@@ -74,7 +74,7 @@ _KNN_ARGS = ("temperature", "top_k", "top_p", "search_radius", "max_neighbors", 
              "history_weight", "history_window")
 
 NEXT_TOKEN_SQL = ("SELECT token_id, probability, cumulative_probability FROM "
-                  f"next_token(%(context)s::integer[], {_named(_KNN_ARGS, _CASTS)})")
+                  f"next_token(%(context)s::integer[], {_named((*_KNN_ARGS, 'memory'), _CASTS)})")
 NEXT_TOKEN_BATCH_SQL = ("SELECT context_index, token_id, probability, cumulative_probability FROM "
                         f"next_token_batch(%(contexts)s::jsonb, {_named(_KNN_ARGS, _CASTS)})")
 SAMPLE_NEXT_TOKEN_SQL = ("SELECT sample_next_token(%(context)s::integer[], "
@@ -120,9 +120,11 @@ def _knn_params(sampler: SamplerArgs | None, spatial: SpatialArgs, atom_set: str
 
 
 def next_token_query(context: Sequence[int], sampler: SamplerArgs | None = None,
-                     spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None) -> Query:
-    """`next_token(context, ...)`: rows (token_id, probability, cumulative_probability)."""
-    return Query(NEXT_TOKEN_SQL, {"context": [int(t) for t in context], **_knn_params(sampler, spatial, atom_set)})
+                     spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None, memory: bool = False) -> Query:
+    """`next_token(context, ...)`: rows (token_id, probability, cumulative_probability); `memory`
+    reads the set's memory of past generations too."""
+    return Query(NEXT_TOKEN_SQL, {"context": [int(t) for t in context], **_knn_params(sampler, spatial, atom_set),
+                                  "memory": bool(memory)})
 
 
 def next_token_batch_query(contexts: Sequence[Sequence[int]], sampler: SamplerArgs | None = None,
@@ -185,9 +187,9 @@ def run(conn: psycopg.Connection, query: Query, *, prepare: bool | None = None) 
 
 def next_token(conn: psycopg.Connection, context: Sequence[int], sampler: SamplerArgs | None = None,
                spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
-               prepare: bool | None = True) -> list[tuple[int, float]]:
+               prepare: bool | None = True, memory: bool = False) -> list[tuple[int, float]]:
     """(token_id, probability) rows of `next_token`, in its order (probability desc, token id asc)."""
-    rows = run(conn, next_token_query(context, sampler, spatial, atom_set), prepare=prepare).fetchall()
+    rows = run(conn, next_token_query(context, sampler, spatial, atom_set, memory), prepare=prepare).fetchall()
     return [(int(r[0]), float(r[1])) for r in rows]
 
 

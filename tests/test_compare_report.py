@@ -361,6 +361,45 @@ def test_history_weight_reaches_the_spatial_path_and_its_control(history_runs, s
     assert off != heavy
 
 
+@pytest.fixture(scope="module")
+def memory_runs(server_url, controlled_set):
+    """The test half scored before anything is remembered, then with the test text itself remembered
+    (weight 10^6) by a compare that does not read the memory and by one that does (--memory)."""
+    model, tokenizer = tiny_model(0)
+    ids = encode(tokenizer, TEST)
+    name = controlled_set[0]
+    runs = {}
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        def score(memory: bool) -> dict:
+            options = CompareOptions(atom_set=name, max_positions=30, generation=False, query_samples=2,
+                                     max_neighbors=20, memory=memory)
+            return run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
+        runs["before"] = score(False)
+        conn.execute("SELECT remember(%s, %s, %s, 'exact', weight => 1e6)", (name, ids[:1], ids[1:]))
+        try:
+            runs["ignored"], runs["read"] = score(False), score(True)
+        finally:
+            conn.execute("SELECT forget(%s)", (name,))
+    return runs, ids
+
+
+def test_compare_reads_the_memory_only_when_asked_and_says_so(memory_runs):
+    from hartonomous.compare.render import to_markdown
+
+    runs, ids = memory_runs
+    argmaxes = {k: [r["spatial_argmax"] for r in report["fidelity"]["per_position"]] for k, report in runs.items()}
+    assert argmaxes["ignored"] == argmaxes["before"]            # remembered text changes nothing unless asked
+    assert runs["ignored"]["settings"]["memory"] is None
+    read = runs["read"]
+    validate_report(read)
+    assert read["settings"]["memory"]["atoms"] == len(ids) - 1 and read["settings"]["memory"]["generations"] == 1
+    # the remembered atoms (weight 10^6) outvote the set's (weight 1): every prediction is a remembered token
+    assert set(argmaxes["read"]) <= set(ids[1:])
+    assert argmaxes["read"] != argmaxes["before"]
+    assert "memory of past generations too (--memory)" in to_markdown(read, {})
+    assert "--memory" not in to_markdown(runs["before"], {})
+
+
 def test_compare_without_history_weight_leaves_the_sets_calibrated_value(rendered):
     report, _ = rendered
     assert report["settings"]["history_weight"] is None

@@ -60,14 +60,16 @@ class SpatialBackend:
     def __init__(self, conn: psycopg.Connection, atom_set: str | None = None, *, tokenizer=None,
                  search_radius: float | None = None, max_neighbors: int = 100,
                  history_weight: float | None = None, history_window: int | None = None,
-                 owns_connection: bool = False):
+                 owns_connection: bool = False, memory: bool = False):
         self.spatial = SpatialArgs(search_radius, max_neighbors, history_weight, history_window)
+        self.memory = bool(memory)     # next_token reads the set's memory of past generations too
         self.conn = conn
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(self.atom_set)
         # ht_step_logits is there (one call per step) and serves the set: the C kernel has its kernel
-        self.native = sqlcalls.kernel(conn) == "native" and self.atom_set.kernel != "backoff"
+        # (and it reads the stored atoms only: with the memory, distributions come from next_token)
+        self.native = sqlcalls.kernel(conn) == "native" and self.atom_set.kernel != "backoff" and not self.memory
 
     @classmethod
     def connect(cls, url: str, atom_set: str | None = None, **kwargs) -> "SpatialBackend":
@@ -97,12 +99,14 @@ class SpatialBackend:
     def distribution(self, state: SpatialState, sampler: SamplerArgs) -> Distribution:
         if state.logits is not None:                     # fetched with this step's signals
             return sample_logits(*state.logits, state.ids, sampler)
-        rows = sqlcalls.next_token(self.conn, self.context_for(state, sampler), sampler, self.spatial, self.atom_set.name)
+        rows = sqlcalls.next_token(self.conn, self.context_for(state, sampler), sampler, self.spatial, self.atom_set.name,
+                                   memory=self.memory)
         return Distribution([r[0] for r in rows], [r[1] for r in rows])
 
     def signals(self, state: SpatialState) -> StepSignals:
         """The step's signals and predicted risk (sampler-independent); on the native kernel the
-        step's raw logits come with them and are kept for `distribution` (one call per step)."""
+        step's raw logits come with them and are kept for `distribution` (one call per step).
+        The signals are the stored atoms' only, with or without the memory."""
         if self.native:
             ids, logits, signals = sqlcalls.step_logits(self.conn, self.context_for(state, None), self.spatial,
                                                         self.atom_set.name)

@@ -70,6 +70,10 @@ def compare(
     against: str = typer.Option(None, "--against", help="A second atom set of the same model, scored on the same "
                                 "positions and compared by paired tests (its own calibrated history weight "
                                 "unless --history-weight is given)."),
+    memory: bool = typer.Option(False, "--memory", help="The spatial path reads the atom set's memory of past "
+                                "generations too (next_token(..., memory => true)) in the teacher-forced scores "
+                                "and free generation; the report records what the memory held. Off by default, so "
+                                "that reports depend on the atom set alone."),
     out: Path = typer.Option(None, "--out", help="Output folder (default reports/<atom set>/)."),
 ) -> None:
     """Compare the spatial path with exact inference: report.html, report.md, report.json."""
@@ -83,7 +87,7 @@ def compare(
         max_neighbors=max_neighbors, max_new_tokens=max_new_tokens, seed=seed, device=device or get_settings().device,
         generation=not no_generation, distill_tokens=distill_tokens,
         cache_dir=teacher_cache_dir(get_settings().home), split=split or "test",
-        history_weight=history_weight, against=against,
+        history_weight=history_weight, against=against, memory=memory,
         command=" ".join(["hartonomous", *map(shlex.quote, sys.argv[1:])]))
     options.validate()
     if split is not None and text:

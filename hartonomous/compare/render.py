@@ -87,7 +87,7 @@ def blocks(report: dict) -> list[Block]:
         out.append(Block("p", f"Exact path: {report['machine']['exact_model']}."))
     texts = "; ".join(f"{t['source']} ({'held out' if t['held_out'] else 'user text'}, {t['positions']} positions "
                       f"of {t['tokens']} tokens)" for t in report["texts"])
-    out.append(Block("p", f"Evaluation text: {texts}. {split_sentence(report)}"))
+    out.append(Block("p", f"Evaluation text: {texts}. {split_sentence(report)}{memory_sentence(report)}"))
 
     out.append(Block("h2", "Headline"))
     out.append(Block("table", headers=headline_headers(report), rows=tuple(headline_cells(report, r)
@@ -199,6 +199,16 @@ def control_sentence(report: dict) -> str:
     if control["status"] == "scored":
         return f"Spatial, random positions (atom set '{control['atom_set']}'): {control['note']}."
     return f"Random-positions control: {control['note']}."
+
+
+def memory_sentence(report: dict) -> str:
+    """Whether the spatial path read the set's memory of past generations (compare --memory)."""
+    memory = report["settings"].get("memory")
+    if not memory:
+        return ""
+    return (f" The spatial path read the atom set's memory of past generations too (--memory): "
+            f"{memory['atoms']:,} atoms from {memory['generations']:,} generations when scoring began, so these "
+            "numbers depend on what was remembered, not on the atom set alone.")
 
 
 def split_sentence(report: dict) -> str:

@@ -24,7 +24,7 @@ from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 
 class Progress(Protocol):
@@ -58,6 +58,7 @@ class CompareOptions:
     split: str = "test"                    # which half of the holdout to score; ignored with `texts`
     history_weight: float | None = None    # spatial path's history atoms: None = the set's calibrated weight, 0 = off
     against: str | None = None             # a second atom set scored on the same positions (--against)
+    memory: bool = False                   # the spatial path reads the set's memory of past generations too
 
     def validate(self) -> None:
         if self.max_positions < 1:
@@ -174,8 +175,9 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     control = controls.random_positions(conn, info, options.max_neighbors, options.history_weight)
     scored = {controls.RANDOM_POSITIONS: control.predict} if control.predict else {}
     progress.stage("teacher-forced fidelity", total)
+    memory = _memory_status(conn, info.name) if options.memory else None
     paths = {"spatial": lambda ctx: spatial_distribution(conn, ctx, info.name, options.max_neighbors,
-                                                         options.history_weight), **predictors,
+                                                         options.history_weight, options.memory), **predictors,
              **scored, **({other.name: other.predict} if other else {})}
     kept = [(index, ids[:k]) for index, (ids, k) in enumerate(zip(encoded, keep)) if k >= 2]
     exact = teacher.teacher_force(model, [np.asarray(ids) for _, ids in kept], log_probs=True)
@@ -199,7 +201,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     machine["load"] = {"start": load_start, "end": load_average()}
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
                        machine, atom_set_summary(info, key_dimensions(conn, info)), mixture, control, routing,
-                       other)
+                       other, memory)
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -272,7 +274,8 @@ def _generation(conn, info, model, tokenizer, prompts, options, progress) -> dic
 
     progress.stage("free generation (both paths)", generation.steps(prompts))
     client = Client(connection=conn, atom_set=info.name, spatial_tokenizer=tokenizer,
-                    max_neighbors=options.max_neighbors, exact_model=ExactModel(model, tokenizer))
+                    max_neighbors=options.max_neighbors, exact_model=ExactModel(model, tokenizer),
+                    memory=options.memory)
     try:
         out = generation.side_by_side(client, prompts, max_new_tokens=options.max_new_tokens,
                                       seed=options.seed, on_step=progress.advance)
@@ -280,6 +283,15 @@ def _generation(conn, info, model, tokenizer, prompts, options, progress) -> dic
         client.close()
     out["exact_device"] = str(next(model.parameters()).device)
     return out
+
+
+def _memory_status(conn: psycopg.Connection, atom_set: str) -> dict:
+    """What the set's memory holds as scoring starts (compare --memory reads it, never writes it)."""
+    from hartonomous import sqlcalls
+
+    atoms, generations, oldest, newest = sqlcalls.memory_status(conn, atom_set)
+    return {"atoms": int(atoms), "generations": int(generations),
+            "oldest": oldest.isoformat() if oldest else None, "newest": newest.isoformat() if newest else None}
 
 
 def _clean(value):
@@ -310,7 +322,7 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
 
 
 def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
-              atom_set, mixture, control, routing, other: Against | None = None):
+              atom_set, mixture, control, routing, other: Against | None = None, memory: dict | None = None):
     groups = fid.blocks()                     # one resampling block per position, shared by every path
     spatial = fid_mod.summarise_path(fid.paths["spatial"], groups)
     control_path = (fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS], groups)
@@ -335,6 +347,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
             "seed": options.seed, "max_new_tokens": options.max_new_tokens,
             "split": None if options.texts else options.split,
             "history_weight": options.history_weight,
+            "memory": memory,
         },
         "intervals": interval_section(fid, options.max_positions, DEFAULT_MAX_POSITIONS),
         "texts": [{"source": t.source, "held_out": t.held_out, "split": t.split, "tokens": len(e), "tokens_used": k,

@@ -25,13 +25,15 @@ KNN_KEYS = (
 
 
 def spatial_distribution(conn: psycopg.Connection, context: Sequence[int], atom_set: str,
-                         max_neighbors: int = 100, history_weight: float | None = None) -> Sparse:
+                         max_neighbors: int = 100, history_weight: float | None = None,
+                         memory: bool = False) -> Sparse:
     """next_token's full candidate distribution (top-k and top-p off, T = 1).
 
     history_weight None: the atom set's calibrated weight of the history atoms; 0: none.
+    memory: the set's memory of past generations is read too (compare --memory; off by default).
     """
     args = SpatialArgs(max_neighbors=max_neighbors, history_weight=history_weight)
-    rows = sqlcalls.next_token(conn, context, FULL_DISTRIBUTION, args, atom_set)
+    rows = sqlcalls.next_token(conn, context, FULL_DISTRIBUTION, args, atom_set, memory=memory)
     if not rows:
         return Sparse.empty()
     arr = np.asarray(rows, dtype=np.float64)
