@@ -71,6 +71,7 @@ class TokenEvent:
     mode: str | None = None    # adaptive sampling: the step's sampler, standard | explore | cautious
     route: str | None = None   # hybrid: the path that answered the step, spatial | exact
     origin: str | None = None  # speculative: draft (a drafted token the exact model kept) | exact
+    source: str | None = None  # speculative, config.sources, a kept draft: corpus | self-distilled | memory | context
     live: dict | None = None   # speculative: acceptance_rate, tokens_per_forward, rounds so far
 
 
@@ -256,10 +257,10 @@ class Session:
         """Tokens from a backend that decides several per call; stop rules and cancels as per step."""
         cfg = self.config
         run = self.backend.stream_tokens(self.prompt_ids, cfg.max_new_tokens, cfg.sampler, self.seed,
-                                         sorted(self.stop_ids | self.eos_ids), self.cancel_event)
+                                         sorted(self.stop_ids | self.eos_ids), self.cancel_event, sources=cfg.sources)
         self._stats = run.stats
         try:
-            for step, (token, prob, seconds, origin) in enumerate(run):
+            for step, (token, prob, seconds, origin, source) in enumerate(run):
                 if self.cancel_event.is_set():
                     return self._finish(State.CANCELLED, "cancelled")
                 self._timings.per_token_s.append(seconds)
@@ -267,7 +268,7 @@ class Session:
                 last = "length" if step == cfg.max_new_tokens - 1 else None
                 event = self._accept(step, int(token), prob, seconds, None, last)
                 stats = run.stats
-                yield replace(event, origin=origin, live={"acceptance_rate": stats.acceptance_rate,
+                yield replace(event, origin=origin, source=source, live={"acceptance_rate": stats.acceptance_rate,
                                                           "tokens_per_forward": stats.tokens_per_forward,
                                                           "rounds": stats.rounds})
                 if self.result is not None:

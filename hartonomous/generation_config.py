@@ -54,6 +54,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_at_eos: bool = True
     signals: bool = False              # attach each step's signals (StepSignals) to its event
+    sources: bool = False              # speculative: each kept draft's event says where it came from
     adaptive: bool = False             # risk-scored adaptive sampling (hartonomous/adaptive.py)
     standard_p: float = 0.9
     explore_p: float = 0.95

@@ -103,6 +103,14 @@ class SpatialDrafter:
                                    width, sampler, self.spatial.spatial, self.spatial.atom_set.name, stop_token_ids,
                                    self.memory)
 
+    def sources(self, ids: list[int], tokens: list[int]) -> list[str | None]:
+        """Where each of `tokens` (drafted after `ids`) came from: the source of the atom that voted
+        for it most (SQL `draft_sources`, one call): corpus, self-distilled, memory or context."""
+        if not tokens:
+            return []
+        return sqlcalls.draft_sources(self.spatial.conn, self.spatial.context_for(SpatialState(ids), None), tokens,
+                                      self.spatial.spatial, self.spatial.atom_set.name, self.memory)
+
 
 @dataclass
 class SpeculativeStats:
@@ -116,6 +124,7 @@ class SpeculativeStats:
     draft_s: float = 0.0        # database calls (draft_tokens)
     verify_s: float = 0.0       # exact forwards (the first one reads the prompt) and the sampler over them
     decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
+    sources_s: float = 0.0      # draft_sources calls (only when the kept drafts' sources were asked for)
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
     draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; greedy trees > 1)
 
@@ -176,16 +185,21 @@ class DraftPolicy:
 
 
 class SpeculativeRun:
-    """One speculative generation: iterate for (token_id, probability, seconds, origin); `stats` as it goes.
+    """One speculative generation: iterate for (token_id, probability, seconds, origin, source);
+    `stats` as it goes.
 
     `probability` is the exact model's p(token) at that position (after the shared sampler).
     `seconds` is the round's compute time on its first token and 0.0 on the rest of the round.
     `origin` is "draft" for a drafted token the exact model kept, "exact" for the exact model's own
     (a correction after a rejection, a draw where the drafter had nothing, or a plain step).
+    `source`, with `sources=True`, is where a kept draft came from: the source of the atom that
+    voted for it most (corpus, self-distilled, memory or context; SQL `draft_sources`, one call per
+    round that kept a draft, its time in `stats.sources_s` and in the round's seconds); else None.
     """
 
     def __init__(self, backend: "SpeculativeBackend", prompt_ids: list[int], max_new_tokens: int,
-                 sampler: SamplerArgs, seed: int, stop_token_ids: list[int], cancel: threading.Event):
+                 sampler: SamplerArgs, seed: int, stop_token_ids: list[int], cancel: threading.Event,
+                 sources: bool = False):
         self.backend = backend
         self.prompt_ids = list(prompt_ids)
         self.max_new_tokens = max_new_tokens
@@ -193,16 +207,26 @@ class SpeculativeRun:
         self.seed = seed
         self.stop_token_ids = list(stop_token_ids)
         self.cancel = cancel
+        self.sources = sources
         self.stats = SpeculativeStats()
         self._tokens = self._rounds()
 
-    def __iter__(self) -> Iterator[tuple[int, float, float, str]]:
+    def __iter__(self) -> Iterator[tuple[int, float, float, str, str | None]]:
         return self._tokens
 
     def close(self) -> None:
         self._tokens.close()
 
-    def _rounds(self) -> Iterator[tuple[int, float, float, str]]:
+    def _kept_sources(self, ids: list[int], kept: list[int]) -> list[str | None]:
+        """The sources of a round's kept drafts (asked for), timed into stats.sources_s."""
+        if not self.sources or not kept:
+            return [None] * len(kept)
+        t0 = time.perf_counter()
+        found = self.backend.drafter.sources(ids, kept)
+        self.stats.sources_s += time.perf_counter() - t0
+        return found
+
+    def _rounds(self) -> Iterator[tuple[int, float, float, str, str | None]]:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
         policy = self.backend.policy(self.sampler)
@@ -218,6 +242,7 @@ class SpeculativeRun:
                 produced = len(state.ids) - len(self.prompt_ids)
                 continue
             t0 = time.perf_counter()
+            before = list(state.ids) if self.sources else []
             drafts = drafter.draft(state.ids, n, self.sampler, self.seed ^ DRAFT_SALT, produced,
                                    self.stop_token_ids) if n else []
             self.backend.check_vocabulary(drafts)
@@ -239,19 +264,23 @@ class SpeculativeRun:
             stats.verify_s += t2 - t1
             stats.decide_s += t3 - t2
             policy.update(n, len(draft), accepted, (t1 - t0) if n else None)
+            sources = self._kept_sources(before, tokens[:accepted])
+            seconds = time.perf_counter() - t0
             for j, token in enumerate(tokens):
                 produced += 1
                 stats.tokens += 1
-                yield token, float(probs[j, token]), (t3 - t0) if j == 0 else 0.0, "draft" if j < accepted else "exact"
+                yield (token, float(probs[j, token]), seconds if j == 0 else 0.0, "draft" if j < accepted else "exact",
+                       sources[j] if j < accepted else None)
 
     def _tree_round(self, state, policy, depth: int, width: int, produced: int
-                    ) -> Iterator[tuple[int, float, float, str]]:
+                    ) -> Iterator[tuple[int, float, float, str, str | None]]:
         """One greedy round with a tree of `width` branches of up to `depth` tokens (T = 0 only): the
         branch whose first token is the exact argmax is followed while its tokens are the argmax,
         then the exact model's next token ends the round (a full branch is kept whole). Output is the
         exact path's, as with chains."""
         exact, stats = self.backend.exact, self.stats
         t0 = time.perf_counter()
+        before = list(state.ids) if self.sources else []
         branches = self.backend.drafter.draft_tree(state.ids, depth, width, self.sampler, self.stop_token_ids)
         self.backend.check_vocabulary([Draft(t, Distribution([t], [1.0])) for b in branches for t in b])
         t1 = time.perf_counter()
@@ -289,9 +318,12 @@ class SpeculativeRun:
         stats.verify_s += t2 - t1
         stats.decide_s += t3 - t2
         policy.update_tree(width, None if rank is None else rank + 1, later, t1 - t0)
+        sources = self._kept_sources(before, tokens[:accepted])
+        seconds = time.perf_counter() - t0
         for j, token in enumerate(tokens):
             stats.tokens += 1
-            yield token, 1.0, (t3 - t0) if j == 0 else 0.0, "draft" if j < accepted else "exact"
+            yield token, 1.0, seconds if j == 0 else 0.0, "draft" if j < accepted else "exact", \
+                sources[j] if j < accepted else None
 
     def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
         """(how many draft tokens are kept, the round's tokens).
@@ -389,9 +421,10 @@ class SpeculativeBackend:
         return self.exact.eos_token_ids()
 
     def stream_tokens(self, prompt_ids: list[int], max_new_tokens: int, sampler: SamplerArgs, seed: int,
-                      stop_token_ids: list[int], cancel: threading.Event) -> SpeculativeRun:
-        """The generation as a stream of decided tokens (the engine checks stops and cancels)."""
-        return SpeculativeRun(self, prompt_ids, max_new_tokens, sampler, seed, stop_token_ids, cancel)
+                      stop_token_ids: list[int], cancel: threading.Event, sources: bool = False) -> SpeculativeRun:
+        """The generation as a stream of decided tokens (the engine checks stops and cancels);
+        `sources`: each kept draft carries where it came from (one more database call a round)."""
+        return SpeculativeRun(self, prompt_ids, max_new_tokens, sampler, seed, stop_token_ids, cancel, sources)
 
     def next_draft_length(self, k: int, asked: int, drafted: int, accepted: int) -> int:
         """Grow by 2 after a full acceptance of a full draft, shrink by 1 after a rejection."""

@@ -1,6 +1,6 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
-`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`,
+`next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`, `draft_sources`,
 `next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel`, `context_centroid`
 and the memory's `remember`, `forget` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
@@ -87,6 +87,9 @@ _TREE_ARGS = ("search_radius", "max_neighbors", "atom_set", "repetition_penalty"
               "history_window", "memory")
 DRAFT_TREE_SQL = ("SELECT branch, token_id FROM draft_tree(%(context)s::integer[], %(depth)s::integer, "
                   f"%(width)s::integer, {_named(_TREE_ARGS, _CASTS)}) ORDER BY branch, step")
+_SOURCES_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window", "memory")
+DRAFT_SOURCES_SQL = ("SELECT step, token_id, source FROM draft_sources(%(context)s::integer[], %(tokens)s::integer[], "
+                     f"{_named(_SOURCES_ARGS, _CASTS)}) ORDER BY step")
 REMEMBER_SQL = ("SELECT generation, remembered, evicted, atoms FROM remember(%(atom_set)s::text, %(context)s::integer[], "
                 "%(generated)s::integer[], %(path)s::text, max_atoms => %(max_atoms)s::integer, "
                 "weight => %(weight)s::double precision)")
@@ -245,6 +248,18 @@ def draft_tree(conn: psycopg.Connection, context: Sequence[int], depth: int, wid
     for branch, token in run(conn, query, prepare=True).fetchall():
         branches.setdefault(int(branch), []).append(int(token))
     return [branches[b] for b in sorted(branches)]
+
+
+def draft_sources(conn: psycopg.Connection, context: Sequence[int], tokens: Sequence[int],
+                  spatial: SpatialArgs = SpatialArgs(), atom_set: str | None = None,
+                  memory: bool = False) -> list[str | None]:
+    """`draft_sources(context, tokens, ...)`: per token, the source of the candidate atom that voted
+    for it most (corpus | self-distilled | memory | context; None: no candidate voted for it)."""
+    params = {"context": [int(t) for t in context], "tokens": [int(t) for t in tokens],
+              "search_radius": spatial.search_radius, "max_neighbors": spatial.max_neighbors, "atom_set": atom_set,
+              "history_weight": spatial.history_weight, "history_window": spatial.history_window,
+              "memory": bool(memory)}
+    return [source for _step, _token, source in run(conn, Query(DRAFT_SOURCES_SQL, params), prepare=True)]
 
 
 def next_token_signals(conn: psycopg.Connection, context: Sequence[int], spatial: SpatialArgs = SpatialArgs(),

@@ -22,6 +22,7 @@ import numpy as np
 from hartonomous.centroid import prefix_centroids
 from hartonomous.errors import UserError
 from hartonomous.atomset import AtomRows
+from hartonomous.atomset.write import CORPUS, SELF_DISTILLED
 
 TARGETS = ("argmax", "corpus")  # one atom per position; 'soft' (top-k atoms) is soft_context_atoms
 
@@ -74,7 +75,8 @@ def continuation_atoms(sequences: list[np.ndarray], prompt_tokens: int, token_po
     (t >= prompt_tokens - 1: the atoms whose next token the model wrote; hartonomous/self_distill.py)."""
     rows = context_atoms(sequences, None, token_positions, window, decay, "corpus", token_embeddings, advance)
     keep = np.concatenate([np.arange(len(s) - 1) >= prompt_tokens - 1 for s in sequences])
-    return AtomRows(rows.token_ids[keep], rows.positions[keep], None, None if rows.keys is None else rows.keys[keep])
+    return AtomRows(rows.token_ids[keep], rows.positions[keep], None, None if rows.keys is None else rows.keys[keep],
+                    np.full(int(keep.sum()), SELF_DISTILLED, dtype=np.int16))
 
 
 def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_probs: list[np.ndarray],
@@ -100,12 +102,17 @@ def soft_context_atoms(chunks: list[np.ndarray], top_ids: list[np.ndarray], top_
 
 
 def concat_atoms(parts: list[AtomRows]) -> AtomRows:
-    """One AtomRows of several (weights 1 where a part has none; full keys only if every part has them)."""
+    """One AtomRows of several (weights 1 where a part has none; full keys only if every part has them;
+    sources the corpus's where a part has none, and none at all when no part has any)."""
     weights = [np.ones(len(p.token_ids)) if p.weights is None else np.asarray(p.weights, dtype=np.float64)
                for p in parts]
     keys = None if any(p.keys is None for p in parts) else np.concatenate([p.keys for p in parts])
+    sources = None
+    if any(p.sources is not None for p in parts):
+        sources = np.concatenate([np.full(len(p.token_ids), CORPUS, dtype=np.int16) if p.sources is None
+                                  else np.asarray(p.sources, dtype=np.int16) for p in parts])
     return AtomRows(np.concatenate([p.token_ids for p in parts]).astype(np.int64),
-                    np.concatenate([p.positions for p in parts]), np.concatenate(weights), keys)
+                    np.concatenate([p.positions for p in parts]), np.concatenate(weights), keys, sources)
 
 
 def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:
@@ -113,7 +120,8 @@ def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:
 
     radius 0 merges exact duplicates only (lossless for the kernel sum: one atom of weight w
     at a point scores like w atoms there). A merged atom sits at the weighted mean of its
-    members, with their summed weight (and the weighted mean of their full keys).
+    members, with their summed weight (and the weighted mean of their full keys); its source is
+    the source that holds most of that weight (ties: the lower code, the corpus's).
     """
     if radius < 0 or not np.isfinite(radius):
         raise UserError(f"--merge-radius must be >= 0, got {radius}")
@@ -134,6 +142,12 @@ def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:
     if radius == 0:  # keep the exact coordinates (a mean of equal floats may round)
         merged_pos = pos[first]
     tokens = np.asarray(atoms.token_ids, dtype=np.int64)[first]
+    sources = None
+    if atoms.sources is not None:       # the source holding most of each merged atom's weight
+        codes = np.asarray(atoms.sources, dtype=np.int64)
+        kinds = int(codes.max()) + 1
+        by_source = np.bincount(group * kinds + codes, weights=weights, minlength=len(counts) * kinds)
+        sources = by_source.reshape(len(counts), kinds).argmax(axis=1).astype(np.int16)   # ties: the lower code
     full = None
     if atoms.keys is not None:
         order = np.argsort(group, kind="stable")
@@ -142,4 +156,4 @@ def merge_atoms(atoms: AtomRows, radius: float) -> AtomRows:
         for lo in range(0, atoms.keys.shape[1], 64):  # column blocks bound the float64 temporaries
             block = np.asarray(atoms.keys[order, lo:lo + 64], dtype=np.float64) * weights[order, None]
             full[:, lo:lo + 64] = np.add.reduceat(block, starts, axis=0) / total[:, None]
-    return AtomRows(tokens, merged_pos, total, full)
+    return AtomRows(tokens, merged_pos, total, full, sources)

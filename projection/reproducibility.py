@@ -45,10 +45,14 @@ def labels_digest(forced: Forced) -> str:
 
 
 def atoms_digest(rows: AtomRows) -> str:
-    """The atoms as written: token ids, positions, weights and full keys, in atom id order."""
-    return digest([np.asarray(rows.token_ids, dtype=np.int64), np.asarray(rows.positions, dtype=np.float64),
-                   None if rows.weights is None else np.asarray(rows.weights, dtype=np.float64),
-                   None if rows.keys is None else np.asarray(rows.keys, dtype=np.float32)])
+    """The atoms as written: token ids, positions, weights, full keys and (where recorded) sources,
+    in atom id order; a set without sources digests as before they were recorded."""
+    parts = [np.asarray(rows.token_ids, dtype=np.int64), np.asarray(rows.positions, dtype=np.float64),
+             None if rows.weights is None else np.asarray(rows.weights, dtype=np.float64),
+             None if rows.keys is None else np.asarray(rows.keys, dtype=np.float32)]
+    if rows.sources is not None:
+        parts.append(np.asarray(rows.sources, dtype=np.int16))
+    return digest(parts)
 
 
 def _version(package: str) -> str | None:

@@ -39,6 +39,7 @@ from hartonomous.compare.labels import teacher_chunk_count
 from hartonomous.errors import UserError
 from hartonomous.teacher import Forced
 from projection import calibrate as cal
+from hartonomous.atomset.write import SELF_DISTILLED
 from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, continuation_atoms,
                               merge_atoms, soft_context_atoms, token_atoms)
 from hartonomous.corpus import Corpus, load_corpus
@@ -617,7 +618,8 @@ def collect_stats(options: BuildOptions, loaded: Loaded, projected: Projected, l
         learned_positions=learned.stats if learned is not None else None,
         reproducibility=reproducibility(labelled.forced, atoms.rows),
         self_distill=None if labelled.distilled is None else
-        {**labelled.distilled.stats(), "only": options.self_distill_only},
+        {**labelled.distilled.stats(), "only": options.self_distill_only,
+         "atoms": None if atoms.rows.sources is None else int((atoms.rows.sources == SELF_DISTILLED).sum())},
     )
 
 

@@ -24,7 +24,7 @@ def add_set(db: psycopg.Connection, s: AtomSetData) -> int:
                        projection="hand-made", kind="token", kernel=s.kernel, bandwidth=s.bandwidth,
                        centroid_window=s.window, centroid_decay=s.decay)
     tokens = TokenRows(np.arange(s.vocab_size), [None] * s.vocab_size, s.token_positions)
-    atoms = AtomRows(s.atom_tokens, s.atom_positions, s.atom_weights)
+    atoms = AtomRows(s.atom_tokens, s.atom_positions, s.atom_weights, sources=s.atom_sources)
     set_id = write_atom_set(db, spec, tokens, atoms).atom_set_id
     db.execute("UPDATE atom_sets SET history_weight = %s, history_window = %s WHERE id = %s",
                (s.history_weight, s.history_window, set_id))

@@ -34,6 +34,7 @@ class AtomSetData:
     decay: float = 1.0
     history_weight: float = 0.0      # the atom set's own (atom_sets.history_weight)
     history_window: int = 512
+    atom_sources: np.ndarray | None = None   # atoms.source codes (None: every atom the corpus's)
 
     @property
     def vocab_size(self) -> int:
@@ -50,6 +51,7 @@ class Candidates:
     history: np.ndarray          # True for history atoms
     nearest_stored: float        # distance to the nearest stored atom (before search_radius)
     near: bool                   # a KNN or radius cut within EPS of a distance
+    index: np.ndarray | None = None   # each candidate's row in the set's atom arrays; -1 for history atoms
 
 
 def reference_candidates(s: AtomSetData, context: list[int], search_radius: float | None, max_neighbors: int,
@@ -67,6 +69,7 @@ def reference_candidates(s: AtomSetData, context: list[int], search_radius: floa
     near = bool(max_neighbors < len(ds) and ds[max_neighbors] - ds[max_neighbors - 1] < EPS)
     nearest = order[:max_neighbors]
     tokens, dist, weights = s.atom_tokens[nearest], d[nearest], s.atom_weights[nearest]
+    index = np.asarray(nearest, dtype=np.int64)
     history = np.zeros(len(tokens), dtype=bool)
     weight = s.history_weight if history_weight is None else history_weight
     window = s.history_window if history_window is None else history_window
@@ -76,11 +79,12 @@ def reference_candidates(s: AtomSetData, context: list[int], search_radius: floa
         dist = np.concatenate([dist, np.sqrt(((keys - c) ** 2).sum(axis=1))])
         weights = np.concatenate([weights, np.full(len(keys), float(weight))])
         history = np.concatenate([history, np.ones(len(keys), dtype=bool)])
+        index = np.concatenate([index, np.full(len(keys), -1, dtype=np.int64)])
     if search_radius is not None:
         near |= bool(np.any(np.abs(dist - search_radius) < EPS))
         keep = dist <= search_radius
-        tokens, dist, weights, history = tokens[keep], dist[keep], weights[keep], history[keep]
-    return Candidates(tokens, dist, weights, history, float(ds[0]), near)
+        tokens, dist, weights, history, index = tokens[keep], dist[keep], weights[keep], history[keep], index[keep]
+    return Candidates(tokens, dist, weights, history, float(ds[0]), near, index)
 
 
 def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k: int | None,
@@ -89,7 +93,7 @@ def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k
                    history_window: int | None = None) -> tuple[list[tuple[int, float, float]], bool]:
     """(next_token's rows, whether the case sits within EPS of a decision boundary)."""
     cand = reference_candidates(s, context, search_radius, max_neighbors, history_weight, history_window)
-    near = cand.near
+    near = cand.near or backoff_cut_is_close(s, cand)
     if len(cand.tokens) == 0:
         return [], near
     ids, logits = kernel.token_logits(cand.tokens, cand.distances, cand.weights, s.kernel, s.bandwidth, s.decay)
@@ -98,6 +102,18 @@ def reference_rows(s: AtomSetData, context: list[int], temperature: float, top_k
     args = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
     near |= near_a_boundary(dense, context, **args)
     return next_token_rows(dense, context, **args), near
+
+
+def backoff_cut_is_close(s: AtomSetData, cand: Candidates) -> bool:
+    """The backoff kernel keeps the candidates within its radius R: a cut within EPS of a distance
+    is rounding's to decide. History atoms count even at |d - R| = 0: SQL computes their keys by
+    running sums, which agree with the centroid to rounding, not bit for bit (sql/010), so a history
+    key that equals the context's centroid in exact arithmetic (a context repeating with a period
+    that divides the window) may lie at 0 here and at 1e-17 there, outside a radius of 0."""
+    if s.kernel != "backoff" or len(cand.distances) == 0:
+        return False
+    gap = np.abs(cand.distances - kernel.backoff_radius(cand.distances.min(), s.bandwidth, s.decay))
+    return bool(np.any((gap < EPS) & (cand.history | (gap > 0))))
 
 
 def near_a_boundary(logits: torch.Tensor, context: list[int], *, temperature: float, top_k: int | None,

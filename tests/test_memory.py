@@ -403,3 +403,18 @@ def test_the_spatial_path_reads_the_memory_only_when_asked(server_url, random_ti
     finally:
         writer.forget(random_tiny_set)
         writer.close()
+
+
+def test_kept_drafts_say_where_they_came_from_when_asked(tiny_client, random_tiny_set):
+    """With sources=True each kept draft's event names the source of the atom that voted for it
+    most: a repeated request's drafts come from the memory (weight 10^6); other tokens carry none."""
+    client, _writer = tiny_client
+    options = dict(max_new_tokens=40, temperature=0.0, stop_at_eos=False)
+    exact = client.generate("The capital of France is", path="exact", **options)
+    events = list(client.stream("The capital of France is", path="speculative", sources=True, **options).events())
+    assert [e.token_id for e in events] == exact.token_ids
+    kept = [e.source for e in events if e.origin == "draft"]
+    assert len(kept) > 30 and set(kept) == {"memory"}
+    assert all(e.source is None for e in events if e.origin == "exact")
+    quiet = list(client.stream("The capital of France is", path="speculative", **options).events())
+    assert any(e.origin == "draft" for e in quiet) and all(e.source is None for e in quiet)

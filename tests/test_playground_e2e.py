@@ -83,8 +83,9 @@ def test_playground_streams_both_paths_side_by_side(reader_url, atom_set):
     assert ARTIFACT.stat().st_size > 10_000
 
 
-def tokens_of(browser: Browser, path: str) -> list[str]:
-    return browser.evaluate(f"[...document.querySelectorAll('#pane-{path} .generated .tok')].map(s => s.dataset.origin)")
+def tokens_of(browser: Browser, path: str, field: str = "origin") -> list[str]:
+    return browser.evaluate(f"[...document.querySelectorAll('#pane-{path} .generated .tok')].map(s => s.dataset.{field} "
+                            "?? null)")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,9 @@ def generate_in_panes(browser: Browser, atom_set: str, settings: dict, hybrid: b
     text = lambda p: browser.evaluate(pane(p, "querySelector('.generated').textContent"))  # noqa: E731
     stats = lambda p: browser.evaluate(pane(p, "querySelector('.spec-stats').textContent"))  # noqa: E731
     return {"origins": tokens_of(browser, "speculative"), "routes": tokens_of(browser, "hybrid"),
+            "sources": tokens_of(browser, "speculative", "source"),
+            "source_colours": browser.evaluate("[...document.querySelectorAll('#pane-speculative .generated .tok')]"
+                                               ".map(s => getComputedStyle(s).backgroundColor)"),
             "text": text("speculative"), "exact_text": text("exact"), "spec_stats": stats("speculative"),
             "hybrid_stats": stats("hybrid"), "count": int(browser.evaluate(pane("speculative", "dataset.tokens")))}
 
@@ -141,6 +145,9 @@ def test_the_speculative_and_hybrid_panes_colour_each_token_by_where_it_came_fro
         shown[atom_set] = generate_in_panes(browser, atom_set, settings, hybrid=False)
         streamed = httpx.post(f"{url}/api/generate/stream", timeout=60, json={
             "prompt": PROMPT, "atom_set": distilled_set, "details": True, "path": "hybrid", **settings}).text
+        drafted = httpx.post(f"{url}/api/generate/stream", timeout=60, json={
+            "prompt": PROMPT, "atom_set": distilled_set, "details": True, "path": "speculative", "sources": True,
+            **settings}).text
 
     for name, kind in ((distilled_set, "draft"), (atom_set, "exact")):
         got = shown[name]
@@ -148,8 +155,19 @@ def test_the_speculative_and_hybrid_panes_colour_each_token_by_where_it_came_fro
         assert len(got["origins"]) == got["count"] > 0 and kind in got["origins"], (name, got["origins"])
         assert set(got["origins"]) <= {"draft", "exact"}
         assert f"({got['origins'].count('draft')}/" in got["spec_stats"], got   # "acceptance a (accepted/drafted)"
-    routes = [json.loads(line[len("data: "):]).get("route") for line in streamed.splitlines()
-              if line.startswith('data: {"token"') and '"token_id"' in line]
+    events = lambda text: [json.loads(line[len("data: "):]) for line in text.splitlines()  # noqa: E731
+                           if line.startswith('data: {"token"') and '"token_id"' in line]
+    routes = [e.get("route") for e in events(streamed)]
+    # each kept draft also carries its atom's source, as the API streams it (greedy: the same run),
+    # and is coloured by it; the exact model's own tokens carry none
+    spec = shown[distilled_set]
+    api_sources = [e.get("source") for e in events(drafted)]
+    assert spec["sources"] == api_sources
+    assert all((src is not None) == (origin == "draft") for src, origin in zip(spec["sources"], spec["origins"]))
+    assert set(spec["sources"]) - {None} <= {"corpus", "self-distilled", "memory", "context"}
+    assert {src for src in spec["sources"] if src}, "no kept draft named its source"
+    colour = {src: c for src, c in zip(spec["sources"], spec["source_colours"])}
+    assert len(set(colour.values())) == len(colour)                   # one colour per source (and for exact)
     hybrid = shown[distilled_set]
     assert hybrid["routes"] == routes and set(routes) <= {"spatial", "exact"}
     assert f"{routes.count('exact')} of {len(routes)} steps exact" in hybrid["hybrid_stats"]

@@ -114,7 +114,21 @@ def test_a_self_distilled_set_holds_the_models_words(server_url: str, corpus_fil
     assert one(server_url, total, both.atom_set_id)[0] == pytest.approx(one(server_url, total, plain.atom_set_id)[0]
                                                                          + 400)
     assert "self_distill" in both.stage_seconds
+    # each atom records where it came from: the corpus (0) or the model's own text (1); a merged atom
+    # the source holding most of its weight
+    by_source = "SELECT source, count(*) FROM atoms WHERE atom_set_id = %s GROUP BY source ORDER BY source"
+    assert rows(server_url, by_source, plain.atom_set_id) == [(0, plain.atoms)]
+    assert rows(server_url, by_source, alone.atom_set_id) == [(1, alone.atoms)]
+    mixed = dict(rows(server_url, by_source, both.atom_set_id))
+    assert set(mixed) == {0, 1} and mixed[1] == record["atoms"] and 0 < mixed[1] <= alone.atoms
     baselines_learn_the_same_continuations(server_url, plain, both, alone)
+
+
+def rows(url: str, sql: str, *args) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql, args).fetchall()
 
 
 def baselines_learn_the_same_continuations(server_url: str, plain, both, alone) -> None:

@@ -10,11 +10,11 @@ from hartonomous.atomset.catalog import (atom_set_exists, atom_set_names, drop_a
 from hartonomous.atomset.record import (AtomSet, AtomStats, BuildStats, CalibrationStats, ControlStats, CorpusStats,
                                         DistillStats, HoldoutStats, IngestStats, ProjectionStats, SplitStats,
                                         SyntheticStats)
-from hartonomous.atomset.write import (INDEX_LAYOUT, AtomRows, AtomSetSpec, IngestReport, LandmarkRows,
-                                       TokenRows, write_atom_set)
+from hartonomous.atomset.write import (ATOM_SOURCES, INDEX_LAYOUT, AtomRows, AtomSetSpec, IngestReport,
+                                       LandmarkRows, TokenRows, write_atom_set)
 
 __all__ = [
-    "AtomRows", "AtomSet", "AtomSetSpec", "AtomStats", "BuildStats", "CalibrationStats", "ControlStats", "CorpusStats",
+    "ATOM_SOURCES", "AtomRows", "AtomSet", "AtomSetSpec", "AtomStats", "BuildStats", "CalibrationStats", "ControlStats", "CorpusStats",
     "DistillStats", "HoldoutStats", "INDEX_LAYOUT", "IngestReport", "IngestStats", "LandmarkRows",
     "ProjectionStats", "SplitStats", "SyntheticStats", "TokenRows", "atom_set_exists", "atom_set_names", "drop_atom_set",
     "key_dimensions", "list_atom_sets", "load_atom_set", "set_default_atom_set", "tokenizer_for",

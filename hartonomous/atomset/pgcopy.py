@@ -19,7 +19,10 @@ def _fields(columns: list[tuple[str, np.ndarray]]) -> tuple[np.dtype, list]:
     descr: list = [("nfields", ">i2")]
     fill: list = []
     for i, (kind, values) in enumerate(columns):
-        if kind == "int4":
+        if kind == "int2":
+            descr += [(f"len{i}", ">i4"), (f"v{i}", ">i2")]
+            fill.append((i, kind, 2, values))
+        elif kind == "int4":
             descr += [(f"len{i}", ">i4"), (f"v{i}", ">i4")]
             fill.append((i, kind, 4, values))
         elif kind == "int8":

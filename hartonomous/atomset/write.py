@@ -87,14 +87,23 @@ class TokenRows:
     embeddings: np.ndarray | None = None
 
 
+# Where an atom came from, by the code stored in atoms.source (migration 0012): the index here.
+# SQL names them with ht_atom_source (sql/080_draft_sources.sql; tests/test_draft_sources.py checks
+# the two agree). Memory atoms and history atoms are not stored atoms: 'memory' and 'context'.
+ATOM_SOURCES = ("corpus", "self-distilled")
+CORPUS, SELF_DISTILLED = 0, 1
+
+
 @dataclass
 class AtomRows:
-    """The atoms: which token each votes for, where, with what weight, optional full-dim key."""
+    """The atoms: which token each votes for, where, with what weight, optional full-dim key, and
+    where each came from (`sources`: ATOM_SOURCES codes; None: every atom from the corpus)."""
 
     token_ids: np.ndarray
     positions: np.ndarray
     weights: np.ndarray | None = None
     keys: np.ndarray | None = None
+    sources: np.ndarray | None = None
 
 
 @dataclass
@@ -256,6 +265,9 @@ def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
         raise UserError(f"{len(unknown)} atom token ids are not in the token table (e.g. {min(unknown)})")
     if atoms.weights is not None and not np.all(np.asarray(atoms.weights) > 0):
         raise UserError("atom weights must be > 0")
+    if atoms.sources is not None and (len(atoms.sources) != len(atoms.token_ids)
+                                      or not np.isin(atoms.sources, np.arange(len(ATOM_SOURCES))).all()):
+        raise UserError(f"atom sources must be one code per atom, each one of {dict(enumerate(ATOM_SOURCES))}")
     for arr, what in ((tokens.positions, "token positions"), (atoms.positions, "atom positions")):
         if np.asarray(arr).ndim != 2 or np.asarray(arr).shape[1] != 3 or not np.all(np.isfinite(arr)):
             raise UserError(f"{what} must be finite (n, 3) arrays")
@@ -333,7 +345,8 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
     order = hilbert_order(positions)
     n = len(order)
     weights = np.ones(n) if atoms.weights is None else np.asarray(atoms.weights, dtype=np.float64)
-    names = "atom_set_id, atom_id, token_id, position, weight" + (", key" if atoms.keys is not None else "")
+    names = ("atom_set_id, atom_id, token_id, position, weight" + (", key" if atoms.keys is not None else "")
+             + (", source" if atoms.sources is not None else ""))
     # FREEZE: the table was created in this transaction, so the rows can be written frozen and
     # all-visible; the first queries then do not dirty every page to set hint bits, and the
     # autovacuum that follows a large insert has nothing to rewrite. (Not for Citus shards: the
@@ -347,6 +360,8 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
                        ("float8", weights[idx])]
             if atoms.keys is not None:
                 columns.append(("vector", np.asarray(atoms.keys, dtype=np.float32)[idx]))
+            if atoms.sources is not None:
+                columns.append(("int2", np.asarray(atoms.sources)[idx]))
             copy.write(fixed_width_payload(columns, header=lo == 0, trailer=lo + COPY_CHUNK_ROWS >= n))
             copied(len(idx))
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from geoalchemy2 import Geometry
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
-    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, Text,
+    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, SmallInteger, Text,
     func, text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -87,6 +87,7 @@ class Atom(Base):
     __tablename__ = "atoms"
     __table_args__ = (
         CheckConstraint("weight > 0", name="atoms_weight_check"),
+        CheckConstraint("source IN (0, 1)", name="atoms_source_check"),
         Index("atoms_position_gist", "position", postgresql_using="gist",
               postgresql_ops={"position": "gist_geometry_ops_nd"}),
         {"postgresql_partition_by": "LIST (atom_set_id)"},
@@ -100,6 +101,7 @@ class Atom(Base):
     position = mapped_column(point_z(), nullable=False)
     weight: Mapped[float] = mapped_column(Double, server_default=text("1"))
     key = mapped_column(Vector(), nullable=True)
+    source: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))   # ATOM_SOURCES code
 
 
 class MemoryAtom(Base):

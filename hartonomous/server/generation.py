@@ -108,7 +108,7 @@ def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:
             for t, p in zip(dist.token_ids[:top_n], dist.probabilities[:top_n])]
     if event.signals is not None:
         payload["signals"] = {k: _finite(v) for k, v in event.signals.as_dict().items()}
-    for name in ("mode", "route", "origin"):   # adaptive sampler / hybrid path / speculative origin of the token
+    for name in ("mode", "route", "origin", "source"):   # adaptive sampler / hybrid path / speculative origin, source
         if getattr(event, name) is not None:
             payload[name] = getattr(event, name)
     if event.live is not None:                 # speculative: running acceptance and tokens per forward

@@ -98,6 +98,9 @@ class GenerationOptions(SamplerParams):
                                               "above 1: always spatial).")
     signals: bool = Field(GenerationConfig.signals, description="With details: each event carries the step's "
                                                                 "signals (H, H2, varentropy, R, geometry, risk).")
+    sources: bool = Field(GenerationConfig.sources, description="Speculative, with details: each kept drafted "
+                          "token's event carries `source`, where it came from: the source of the atom that voted "
+                          "for it most (corpus, self-distilled, memory or context); one more database call a round.")
     adaptive: bool = Field(GenerationConfig.adaptive, description="Risk-scored adaptive sampling (spatial, exact "
                                                                   "and hybrid paths).")
     standard_p: float = Field(GenerationConfig.standard_p, gt=0, le=1, allow_inf_nan=False,
@@ -118,7 +121,8 @@ class GenerationOptions(SamplerParams):
         """Keyword options for hartonomous.client.make_config."""
         return dict(self.sampler_options(), max_new_tokens=self.max_new_tokens, seed=self.seed,
                     stop_strings=tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids),
-                    stop_at_eos=not self.ignore_eos, signals=self.signals, adaptive=self.adaptive,
+                    stop_at_eos=not self.ignore_eos, signals=self.signals, sources=self.sources,
+                    adaptive=self.adaptive,
                     standard_p=self.standard_p, explore_p=self.explore_p, explore_temp=self.explore_temp,
                     cautious_mode=self.cautious_mode, explore_risk=self.explore_risk,
                     cautious_risk=self.cautious_risk)
@@ -171,6 +175,7 @@ class SpeculativeStatsOut(BaseModel):
     draft_s: float
     verify_s: float
     decide_s: float
+    sources_s: float = 0.0                # draft_sources calls (with `sources`)
     draft_lengths: list[int]
     draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a greedy tree
     acceptance_rate: float | None = None

@@ -1,6 +1,7 @@
 // Hartonomous playground: streams the chosen paths (spatial, exact, speculative, hybrid) side by
 // side over SSE (fetch + POST, parsed here, since EventSource cannot POST), colours each token of
-// the speculative and hybrid panes by where it came from, and draws the spatial distribution of
+// the speculative and hybrid panes by where it came from (on the speculative pane, a kept draft
+// also by the source of the atom that voted for it most), and draws the spatial distribution of
 // the latest step.
 "use strict";
 
@@ -14,6 +15,13 @@ const ORIGIN = {
                                            exact: "the exact model's own (a correction or a plain step)" } },
   hybrid: { field: "route", words: { spatial: "answered by the spatial path (risk below the threshold)",
                                      exact: "answered by the exact model (risk at or above the threshold)" } },
+};
+// A kept draft's source (the stream's `source`, asked for with `sources: true`): the atom that voted for it most.
+const SOURCE_WORDS = {
+  corpus: "an atom of the corpus",
+  "self-distilled": "an atom of the model's own self-distilled text",
+  memory: "the memory of past generations",
+  context: "the context's own earlier text (a history atom)",
 };
 let running = [];   // AbortControllers of the streams in flight
 
@@ -91,6 +99,11 @@ function pane(path) {
         span.className = `tok tok-${origin}`;
         span.dataset.origin = origin;
         span.title = ORIGIN[path].words[origin] || origin;
+        if (event.source) {                        // a kept draft: coloured by its atom's source too
+          span.classList.add(`src-${event.source}`);
+          span.dataset.source = event.source;
+          span.title += `; from ${SOURCE_WORDS[event.source] || event.source}`;
+        }
         span.textContent = event.token;
         q(".generated").appendChild(span);
       } else {
@@ -182,7 +195,8 @@ async function run(path, body) {
   p.reset(body.prompt);
   try {
     p.state("streaming");
-    await streamEvents({ ...body, path }, controller.signal, ({ event, data }) => {
+    const request = path === "speculative" ? { ...body, path, sources: true } : { ...body, path };
+    await streamEvents(request, controller.signal, ({ event, data }) => {
       if (event === "message" && data === "[DONE]") return false;
       const payload = JSON.parse(data);
       if (event === "error") throw new Error(payload.error);
