@@ -127,8 +127,7 @@ def register(app: typer.Typer) -> None:
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         memory: bool = typer.Option(False, "--memory",
-                                    help="Speculative: draft from the atom set's memory of past generations too; "
-                                         "spatial: next_token reads it too."),
+                                    help="Speculative: draft from the atom set's memory of past generations too."),
         remember: bool = typer.Option(False, "--remember",
                                       help="Exact, speculative, hybrid: remember this generation in the atom set's "
                                            "memory (written as the database owner)."),

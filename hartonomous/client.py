@@ -20,8 +20,9 @@ A memory of past generations (hartonomous.memory; off by default): `remember=Tru
 completed exact, speculative or hybrid generation into the atom set's memory through an owner
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
-said before (the output is the exact path's either way; only the speed changes), and lets the
-spatial path's next_token read it too (its output then depends on what was remembered).
+said before (the output is the exact path's either way; only the speed changes).
+`spatial_memory=True` lets the spatial path's next_token read it too (its output then depends on
+what was remembered; `compare --memory` uses it).
 `max_tree_width` > 1 lets greedy speculative rounds draft trees (one `draft_tree` call, verified
 in one forward with a 4D attention mask; hartonomous.speculative); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
@@ -61,7 +62,8 @@ class Client:
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
                  exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5,
-                 memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1):
+                 memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1,
+                 spatial_memory: bool = False):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
@@ -73,7 +75,8 @@ class Client:
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)
-        self.memory = bool(memory)
+        self.memory = bool(memory)                   # the speculative drafter reads the memory
+        self.spatial_memory = bool(spatial_memory)   # the spatial path's next_token reads it too
         self._writer, self._owns_writer = None, False
         if isinstance(remember, MemoryWriter):
             self._writer = remember
@@ -91,7 +94,7 @@ class Client:
         key = (path, in_database and path == "spatial")
         if key not in self._engines:
             if path == "spatial":
-                backend = self._spatial_backend(key[1], memory=self.memory)
+                backend = self._spatial_backend(key[1], memory=self.spatial_memory)
             elif path == "exact":
                 backend = self._exact_backend()
             elif path == "hybrid":
@@ -167,8 +170,8 @@ class Client:
         from hartonomous.backends.spatial import SpatialBackend
 
         if in_database and memory:
-            raise InvalidArgument("memory", "the in-database loop (generate_tokens) does not read the memory; "
-                                            "drop in_database, or memory")
+            raise InvalidArgument("spatial_memory", "the in-database loop (generate_tokens) does not read the "
+                                                    "memory; drop in_database, or spatial_memory")
 
         tokenizer = self.spatial_tokenizer
         for (path, _), engine in self._engines.items():   # reuse the tokenizer of the other spatial mode

@@ -382,21 +382,23 @@ def test_a_client_without_memory_neither_reads_nor_writes_it(server_url, random_
 
 
 def test_the_spatial_path_reads_the_memory_only_when_asked(server_url, random_tiny_set):
-    """Client(memory=True): the spatial path's next_token reads the memory too (so a remembered
-    continuation comes back greedily); without it the memory changes nothing."""
+    """Client(spatial_memory=True): the spatial path's next_token reads the memory too (so a
+    remembered continuation comes back greedily); without it (memory=True is the drafter's) the
+    memory changes nothing."""
     model, tokenizer = tiny_model(0)
     writer = MemoryWriter(server_url, weight=1e6)
     writer.forget(random_tiny_set)
     options = dict(max_new_tokens=12, temperature=0.0, stop_at_eos=False)
     try:
-        with Client(database_url=server_url, atom_set=random_tiny_set, spatial_tokenizer=tokenizer) as plain:
+        with Client(database_url=server_url, atom_set=random_tiny_set, spatial_tokenizer=tokenizer,
+                    memory=True) as plain:
             before = plain.generate([5, 6, 7], path="spatial", **options).token_ids
             remembered = [(3 * j + 1) % VOCAB for j in range(12)]
             assert remembered != before
             writer.remember(random_tiny_set, [5, 6, 7], remembered, "exact")
             assert plain.generate([5, 6, 7], path="spatial", **options).token_ids == before
         with Client(database_url=server_url, atom_set=random_tiny_set, spatial_tokenizer=tokenizer,
-                    memory=True) as reading:
+                    spatial_memory=True) as reading:
             assert reading.generate([5, 6, 7], path="spatial", **options).token_ids == remembered
             with pytest.raises(UserError, match="in-database loop .* does not read the memory"):
                 reading.engine("spatial", in_database=True)

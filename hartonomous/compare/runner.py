@@ -275,7 +275,7 @@ def _generation(conn, info, model, tokenizer, prompts, options, progress) -> dic
     progress.stage("free generation (both paths)", generation.steps(prompts))
     client = Client(connection=conn, atom_set=info.name, spatial_tokenizer=tokenizer,
                     max_neighbors=options.max_neighbors, exact_model=ExactModel(model, tokenizer),
-                    memory=options.memory)
+                    spatial_memory=options.memory)
     try:
         out = generation.side_by_side(client, prompts, max_new_tokens=options.max_new_tokens,
                                       seed=options.seed, on_step=progress.advance)
