@@ -132,7 +132,7 @@ def register(app: typer.Typer) -> None:
                                       help="Exact, speculative, hybrid: remember this generation in the atom set's "
                                            "memory (written as the database owner)."),
         tree_width: int = typer.Option(1, "--tree-width",
-                                       help="Speculative, greedy: let rounds draft trees of up to this many branches "
+                                       help="Speculative: let rounds draft trees of up to this many branches "
                                             "(1 = chains)."),
         risk_threshold: float = typer.Option(0.5, "--risk-threshold",
                                              help="Hybrid: spatial step when the predicted risk is below this "

@@ -23,7 +23,7 @@ speculative path's drafter read that memory, so repeated or similar requests dra
 said before (the output is the exact path's either way; only the speed changes).
 `spatial_memory=True` lets the spatial path's next_token read it too (its output then depends on
 what was remembered; `compare --memory` uses it).
-`max_tree_width` > 1 lets greedy speculative rounds draft trees (one `draft_tree` call, verified
+`max_tree_width` > 1 lets speculative rounds draft trees (one `draft_tree` call, verified
 in one forward with a 4D attention mask; hartonomous.speculative); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
 """
@@ -71,7 +71,7 @@ class Client:
         self.model, self.device, self.dtype = model, device, dtype
         self._exact_model = exact_model
         self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
-        self.max_tree_width = max_tree_width     # > 1: greedy speculative rounds may draft trees this wide
+        self.max_tree_width = max_tree_width     # > 1: speculative rounds may draft trees this wide
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)

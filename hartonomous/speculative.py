@@ -126,7 +126,7 @@ class SpeculativeStats:
     decide_s: float = 0.0       # the acceptance rule, residual sampling, cache rollback
     sources_s: float = 0.0      # draft_sources calls (only when the kept drafts' sources were asked for)
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
-    draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; greedy trees > 1)
+    draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; trees > 1)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -274,10 +274,17 @@ class SpeculativeRun:
 
     def _tree_round(self, state, policy, depth: int, width: int, produced: int
                     ) -> Iterator[tuple[int, float, float, str, str | None]]:
-        """One greedy round with a tree of `width` branches of up to `depth` tokens (T = 0 only): the
-        branch whose first token is the exact argmax is followed while its tokens are the argmax,
-        then the exact model's next token ends the round (a full branch is kept whole). Output is the
-        exact path's, as with chains."""
+        """One round with a tree of `width` branches of up to `depth` tokens, verified by drawing
+        from p: at each position the exact model's token is drawn from its distribution p (the
+        seeded inverse CDF of `_draw`; at T = 0 p is one-hot, so it is the argmax), the branch whose
+        first token it is is followed while its tokens are the draws, and the first draw off the
+        branch ends the round (a full branch is kept whole). Each token is a draw from p given the
+        tokens before it, so the output has the exact path's distribution at any temperature (at
+        T = 0 it is the exact path's output, token for token). The branches are chosen, not
+        sampled (SQL draft_tree: the most likely first tokens, continued greedily), and for a
+        chosen set S of candidates no exact rule keeps a draft more often than p(S), which this
+        one does; SpecInfer's recursive rejection over siblings is the rule for candidates sampled
+        from q."""
         exact, stats = self.backend.exact, self.stats
         t0 = time.perf_counter()
         before = list(state.ids) if self.sources else []
@@ -287,23 +294,23 @@ class SpeculativeRun:
         fed = [b[:depth - 1] if len(b) == depth else b for b in branches]   # a full branch's last token: no forward
         root, rows = exact.score_tree(state, fed, self.sampler)
         t2 = time.perf_counter()
-        first = int(root.argmax())
+        first = self._draw(root, produced)
         rank = next((i for i, b in enumerate(branches) if b[0] == first), None)
-        tokens, later, accepted = [first], [], 0
+        tokens, probabilities, later, accepted = [first], [float(root[first])], [], 0
         if rank is not None:
             branch, judged, accepted = branches[rank], rows[rank], 1
             for j in range(1, len(branch) + 1):
                 if j - 1 >= judged.shape[0]:          # a full branch: its last token had no forward
                     break
-                best = int(judged[j - 1].argmax())
+                drawn = self._draw(judged[j - 1], produced + j)
+                tokens.append(drawn)
+                probabilities.append(float(judged[j - 1][drawn]))
                 if j < len(branch):
-                    later.append(branch[j] == best)
-                    if branch[j] == best:
-                        tokens.append(best)
+                    later.append(branch[j] == drawn)
+                    if branch[j] == drawn:
                         accepted += 1
                         continue
-                tokens.append(best)                   # the correction, or the token after a short branch
-                break
+                break                                 # the correction, or the token after a short branch
         tokens = tokens[:self.max_new_tokens - produced]
         accepted = min(accepted, len(tokens))
         exact.accept(state, fed[0] if fed else [], tokens)
@@ -322,7 +329,7 @@ class SpeculativeRun:
         seconds = time.perf_counter() - t0
         for j, token in enumerate(tokens):
             stats.tokens += 1
-            yield token, 1.0, seconds if j == 0 else 0.0, "draft" if j < accepted else "exact", \
+            yield token, probabilities[j], seconds if j == 0 else 0.0, "draft" if j < accepted else "exact", \
                 sources[j] if j < accepted else None
 
     def _decide(self, drafts: list[Draft], probs: torch.Tensor, position: int) -> tuple[int, list[int]]:
@@ -409,7 +416,7 @@ class SpeculativeBackend:
         if self.adaptive and self.costs is not None:
             greedy = sampler.temperature == 0
             return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=0 if greedy else 1,
-                                    max_width=self.max_tree_width if greedy else 1)   # trees are greedy only
+                                    max_width=self.max_tree_width)
         return DraftPolicy(self)
 
     @property

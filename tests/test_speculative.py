@@ -363,10 +363,11 @@ RUNS = 1500
 ALPHA = 1e-4            # fixed seeds make the test deterministic; at this level a correct rule fails 1 time in 10^4
 
 
-def sampled_sequences(engine: Engine, prompt: str, length: int, seeds) -> tuple[Counter, SpeculativeStats]:
+def sampled_sequences(engine: Engine, prompt: str, length: int, seeds, sampler: SamplerArgs = SAMPLER
+                      ) -> tuple[Counter, SpeculativeStats]:
     """How often each generated sequence came out over the seeds, and the summed statistics."""
-    config = GenerationConfig(max_new_tokens=length, temperature=SAMPLER.temperature, top_k=SAMPLER.top_k,
-                              top_p=SAMPLER.top_p, repetition_penalty=SAMPLER.repetition_penalty,
+    config = GenerationConfig(max_new_tokens=length, temperature=sampler.temperature, top_k=sampler.top_k,
+                              top_p=sampler.top_p, repetition_penalty=sampler.repetition_penalty,
                               stop_at_eos=False)
     counts, totals = Counter(), SpeculativeStats()
     for seed in seeds:
@@ -756,16 +757,67 @@ def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
     assert got.stats.tokens_per_forward > 2               # the second branch's tokens were kept
 
 
-def test_sampling_drafts_chains_only(spatial):
+def tree_engine(spatial) -> Engine:
+    """Speculative rounds that draft trees of 3 branches after a first 1-token chain round."""
+    from hartonomous.draft_cost import ForwardCosts
+
+    engine = speculative(spatial, draft_tokens=1, max_draft_tokens=4, costs=ForwardCosts((0.04,) * 16),
+                         max_tree_width=3)
+    engine.backend.policy = lambda sampler: FixedTree(3)
+    return engine
+
+
+def test_sampling_may_draft_trees_too(spatial):
     from hartonomous.draft_cost import ForwardCosts
 
     engine = speculative(spatial, draft_tokens=4, costs=ForwardCosts((0.04,) * 16), max_tree_width=4)
-    assert engine.backend.policy(SAMPLED.sampler).max_width == 1
-    assert engine.backend.policy(GREEDY.sampler).max_width == 4
-    result = engine.generate(PROMPTS[0], SAMPLED)
-    assert set(result.stats.draft_widths) == {1}
+    assert engine.backend.policy(SAMPLED.sampler).max_width == engine.backend.policy(GREEDY.sampler).max_width == 4
+    result = tree_engine(spatial).generate(PROMPTS[0], SAMPLED)
+    assert max(result.stats.draft_widths) == 3
     with pytest.raises(UserError, match="max_tree_width must be between 1 and 16"):
         speculative(spatial, max_tree_width=17)
+
+
+# Trees need a first chain round and then rounds of 2+ tokens: 4 tokens a run, top-k 2 so that each
+# of the 16 sequences expects ~90 of 1500 runs (the test has power; the check below shows it).
+TREE_SAMPLER = SamplerArgs(temperature=1.3, top_k=2, top_p=1.0, repetition_penalty=1.2)
+
+
+def test_sampled_output_with_trees_has_the_exact_paths_distribution(spatial):
+    """Chi-squared over 1500 seeded runs of 4 tokens, each run a 1-token chain round and then
+    trees verified by drawing from p, against the exact path's joint probabilities."""
+    engine = tree_engine(spatial)
+    prompt = PROMPTS[0]
+    joint = exact_joint(engine.encode(prompt), TREE_SAMPLER, 4)
+    counts, totals = sampled_sequences(engine, prompt, 4, range(RUNS), TREE_SAMPLER)
+    assert 0 < totals.accepted < totals.drafted          # trees kept drafts and lost some
+    one = engine.generate(prompt, GenerationConfig(max_new_tokens=4, temperature=TREE_SAMPLER.temperature,
+                                                   top_k=TREE_SAMPLER.top_k, top_p=TREE_SAMPLER.top_p,
+                                                   repetition_penalty=TREE_SAMPLER.repetition_penalty,
+                                                   stop_at_eos=False, seed=0))
+    assert max(one.stats.draft_widths) == 3
+    assert chi_squared_p_value(counts, joint) > ALPHA
+
+
+def test_the_tree_distribution_test_catches_greedy_verification_at_t_above_0(spatial, monkeypatch):
+    """Power check: verifying trees by the argmax instead of a draw from p is exact at T = 0 only;
+    at T = 1.3 the chi-squared test rejects it."""
+    from hartonomous.speculative import SpeculativeRun
+
+    original = SpeculativeRun._tree_round
+
+    def argmax_tree(self, *args):
+        self._draw = lambda probs, position: int(probs.argmax())
+        try:
+            yield from original(self, *args)
+        finally:
+            del self._draw
+
+    monkeypatch.setattr(SpeculativeRun, "_tree_round", argmax_tree)
+    engine = tree_engine(spatial)
+    joint = exact_joint(engine.encode(PROMPTS[0]), TREE_SAMPLER, 4)
+    counts, _ = sampled_sequences(engine, PROMPTS[0], 4, range(500), TREE_SAMPLER)
+    assert chi_squared_p_value(counts, joint) < ALPHA
 
 
 def test_sql_draft_tree_branches_into_the_most_likely_first_tokens_each_continued_greedily(server_url, atom_set):

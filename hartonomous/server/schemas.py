@@ -177,7 +177,7 @@ class SpeculativeStatsOut(BaseModel):
     decide_s: float
     sources_s: float = 0.0                # draft_sources calls (with `sources`)
     draft_lengths: list[int]
-    draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a greedy tree
+    draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a tree
     acceptance_rate: float | None = None
     tokens_per_forward: float | None = None
 
