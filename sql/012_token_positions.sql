@@ -62,3 +62,27 @@ BEGIN
                             THEN pz[slot[(t >> 8) + 1]][(t & 255) + 1] END FROM unnest(p_context) AS t);
 END
 $$;
+
+
+CREATE OR REPLACE FUNCTION ht_check_known_tokens(p_set_id integer, p_ids integer[], p_argument text,
+                                                 p_hint text)
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Raises 22023 naming p_argument and the first element of p_ids the atom set has no token for
+-- (remember's `generated`, draft_sources' `tokens`; contexts are checked by ht_context_centroid).
+DECLARE
+    pos record;
+    hit integer;
+BEGIN
+    SELECT * INTO pos FROM ht_token_positions(p_set_id, p_ids);
+    hit := array_position(pos.xs, NULL);
+    IF hit IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s: token id %s (element %s) is not in atom set %L', p_argument, p_ids[hit], hit,
+                             (SELECT s.name FROM atom_sets s WHERE s.id = p_set_id)),
+            HINT = p_hint;
+    END IF;
+END
+$$;

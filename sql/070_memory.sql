@@ -65,9 +65,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     s       record;
-    pos     record;
     c       record;
-    hit     integer;
     v_w     double precision := remember.weight;
     v_g     integer := cardinality(remember.generated);
     v_have  bigint;
@@ -98,14 +96,8 @@ BEGIN
             MESSAGE = format('weight must be a positive finite number, got %s', v_w),
             HINT = 'Leave it NULL for the atom set''s history_weight.';
     END IF;
-    SELECT * INTO pos FROM ht_token_positions(s.id, remember.generated);
-    hit := array_position(pos.xs, NULL);
-    IF hit IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('generated: token id %s (element %s) is not in atom set %L',
-                             remember.generated[hit], hit, s.name),
-            HINT = 'Remember generations of the model the set was built from.';
-    END IF;
+    PERFORM ht_check_known_tokens(s.id, remember.generated, 'generated',
+                                  'Remember generations of the model the set was built from.');
     -- The keys (ht_context_centroid raises 22023 naming a context token the set lacks).
     SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay,
                                              remember.context || remember.generated, v_g);

@@ -59,8 +59,6 @@ AS $$
 DECLARE
     s       record;
     c       record;
-    pos     record;
-    hit     integer;
     ctx     integer[];
     v_after integer;
     v_ln_w  double precision;
@@ -75,14 +73,8 @@ BEGIN
     PERFORM ht_check_memory(draft_sources.memory, 'true reads the atom set''s memory of past generations beside its atoms; false (the default) does not.');
     SELECT * INTO s FROM ht_atom_set(draft_sources.atom_set, draft_sources.history_weight,
                                      draft_sources.history_window);
-    SELECT * INTO pos FROM ht_token_positions(s.id, draft_sources.tokens);
-    hit := array_position(pos.xs, NULL);
-    IF hit IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('tokens: token id %s (element %s) is not in atom set %L',
-                             draft_sources.tokens[hit], hit, s.name),
-            HINT = 'Pass the token ids the atom set drafted (draft_tokens).';
-    END IF;
+    PERFORM ht_check_known_tokens(s.id, draft_sources.tokens, 'tokens',
+                                  'Pass the token ids the atom set drafted (draft_tokens).');
     v_ln_w := CASE WHEN s.history_weight > 0 THEN ln(s.history_weight) END;
     FOR i IN 1 .. cardinality(draft_sources.tokens) LOOP
         ctx := draft_sources.context || draft_sources.tokens[1:i - 1];
