@@ -13,6 +13,8 @@ from dataclasses import replace
 import numpy as np
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hand_sets import add_set, random_set
 from hartonomous import kernel
@@ -159,3 +161,47 @@ def test_bad_input_names_the_argument(conn, sourced, arguments, message):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
         conn.execute(SOURCES_SQL, tuple(args.values()))
     conn.execute("ROLLBACK TO SAVEPOINT bad")
+
+
+# -- any input: one row per token, or 22023 naming a bad argument --------------------------------
+
+TOKEN = st.integers(0, 49)
+BAD = {
+    "context": st.one_of(st.just([]), st.lists(st.one_of(st.none(), TOKEN), min_size=1, max_size=4)
+                         .filter(lambda c: None in c), st.lists(st.integers(50, 2**31 - 1), min_size=1, max_size=2)),
+    "tokens": st.one_of(st.just([]), st.just([None]), st.lists(TOKEN, min_size=65, max_size=66),
+                        st.lists(st.integers(50, 2**31 - 1), min_size=1, max_size=2)),
+    "search_radius": st.sampled_from([-1.0, float("nan"), float("-inf")]),
+    "max_neighbors": st.sampled_from([0, -5, 100_001]),
+    "history_weight": st.sampled_from([-1.0, float("nan"), float("inf")]),
+    "memory": st.none(),
+}
+GOOD = {
+    "context": st.lists(TOKEN, min_size=1, max_size=12),
+    "tokens": st.lists(TOKEN, min_size=1, max_size=6),
+    "search_radius": st.one_of(st.none(), st.floats(0.05, 2.0)),
+    "max_neighbors": st.integers(1, 200),
+    "history_weight": st.one_of(st.none(), st.sampled_from([0.0, 0.5, 3.0])),
+    "memory": st.booleans(),
+}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_input_gives_one_row_per_token_or_22023_naming_a_bad_argument(conn, sourced, data):
+    bad = data.draw(st.sets(st.sampled_from(sorted(BAD)), max_size=2))
+    args = {name: data.draw(BAD[name] if name in bad else GOOD[name]) for name in GOOD}
+    conn.execute("SAVEPOINT fuzz")
+    try:
+        rows = conn.execute(SOURCES_SQL, (args["context"], args["tokens"], args["search_radius"],
+                                          args["max_neighbors"], sourced.name, args["history_weight"],
+                                          args["memory"])).fetchall()
+    except psycopg.errors.InvalidParameterValue as exc:
+        conn.execute("ROLLBACK TO SAVEPOINT fuzz")
+        message = exc.diag.message_primary
+        assert bad and any(message.startswith(name) for name in bad), (bad, message)
+        return
+    conn.execute("RELEASE SAVEPOINT fuzz")
+    assert not bad, (bad, args)
+    assert [(step, token) for step, token, _ in rows] == list(enumerate(args["tokens"]))
+    assert {source for _, _, source in rows} <= {None, "corpus", "self-distilled", "memory", "context"}
