@@ -14,7 +14,7 @@ import time
 import torch
 
 from hartonomous.model import load_model, load_tokenizer
-from hartonomous.corpus import load_corpus
+from hartonomous.corpus.sources import load_corpus
 from projection.distill import chunk_ids, distill, tokenize
 
 

@@ -65,7 +65,7 @@ def gather(args) -> None:
     from hartonomous.exact import ExactModel
     from hartonomous.generation_config import SamplerArgs
     from hartonomous.splits import recorded_halves
-    from hartonomous.teacher import teacher_force
+    from hartonomous.corpus.teacher import teacher_force
 
     torch.set_num_threads(1)
     conn = psycopg.connect(owner_url(), autocommit=True)

@@ -44,7 +44,7 @@ from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine, GenerationConfig
 from hartonomous.exact import ExactModel
 from hartonomous.splits import recorded_halves
-from hartonomous.teacher import teacher_force
+from hartonomous.corpus.teacher import teacher_force
 from projection.risk import calibration_gap
 
 FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)

@@ -4,10 +4,10 @@ Five ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS
 transformers `generate` (greedy), transformers prompt-lookup decoding (`prompt_lookup_num_tokens=3`),
 our exact path (hartonomous.engine with the KV-cached ExactBackend), our speculative path (the
 spatial path drafts from the atom set, the exact model verifies; draft lengths from the forward
-costs measured at start-up, hartonomous/draft_cost.py, as the client and server run it) and the
+costs measured at start-up, hartonomous/speculative/draft_cost.py, as the client and server run it) and the
 same with the legacy draft schedule (`speculative_schedule`: grow by 2 / shrink by 1 / pause), and
 the speculative path with a memory of past generations (`speculative_memory`: its drafts read the
-set's memory, and each of its completed generations is remembered, hartonomous/memory.py; the
+set's memory, and each of its completed generations is remembered, hartonomous/speculative/memory.py; the
 memory is emptied before each workload and after the run), and the speculative path with greedy
 draft trees (`speculative_tree`: rounds may draft up to TREE_WIDTH branches from one `draft_tree`
 call, verified in one forward with a 4D attention mask; no memory). Where `llama-cpp-python` is
@@ -36,7 +36,7 @@ import psycopg
 from hartonomous.errors import UserError
 
 if TYPE_CHECKING:                      # torch comes with it; imported where used
-    from hartonomous.speculative import SpeculativeStats
+    from hartonomous.speculative.decoding import SpeculativeStats
 
 SHORT_PROMPTS = (
     "The capital of France is",
@@ -74,7 +74,7 @@ class MethodTotals:
 
     def add_drafting(self, stats: SpeculativeStats) -> None:
         """Sum one generation's speculative stats into `drafting` (every field; lists are joined)."""
-        from hartonomous.speculative import SpeculativeStats
+        from hartonomous.speculative.decoding import SpeculativeStats
 
         total = self.drafting or SpeculativeStats()
         for f in fields(SpeculativeStats):
@@ -130,12 +130,12 @@ class Runner:
                  writer_url: str):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.backends.spatial import SpatialBackend
-        from hartonomous.draft_cost import forward_costs
+        from hartonomous.speculative.draft_cost import forward_costs
         from hartonomous.engine import Engine
         from hartonomous.exact import ExactModel
         from hartonomous.generation_config import GenerationConfig
-        from hartonomous.memory import MemoryWriter
-        from hartonomous.speculative import SpeculativeBackend
+        from hartonomous.speculative.memory import MemoryWriter
+        from hartonomous.speculative.decoding import SpeculativeBackend
 
         self.model = ExactModel.load("smollm2", device="cpu")
         self.tokenizer = self.model.tokenizer

@@ -19,7 +19,7 @@ from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative import SpeculativeBackend
+from hartonomous.speculative.decoding import SpeculativeBackend
 
 PROMPTS = [
     "The capital of France is",

@@ -243,7 +243,7 @@ def build_cmd(
     from pathlib import Path
 
     from hartonomous.db.connection import connect, owner_url
-    from hartonomous.teacher import cache_dir
+    from hartonomous.corpus.teacher import cache_dir
     from projection.build import BuildOptions, build
     from projection.progress import RichReporter
 

@@ -10,13 +10,13 @@
 Models, tokenizers and the database connection are opened on first use and reused. Options
 are GenerationConfig's (its defaults, its checks); `in_database=True` runs the spatial loop in
 SQL `generate_tokens` (hartonomous.backends.in_database). `path="speculative"` drafts with the
-spatial path and verifies with the exact model (hartonomous.speculative): the exact path's output,
+spatial path and verifies with the exact model (hartonomous.speculative.decoding): the exact path's output,
 with `result.stats` (a SpeculativeStats) saying how much drafting helped. `path="hybrid"` takes each
 step from the spatial path when the atom set's predicted risk is below `risk_threshold`, else from
 the exact model (hartonomous.backends.hybrid; `result.stats` is a HybridStats). The exact path's
 per-step signals carry the spatial predictor's risk for the same context (read from the database).
 
-A memory of past generations (hartonomous.memory; off by default): `remember=True` writes every
+A memory of past generations (hartonomous.speculative.memory; off by default): `remember=True` writes every
 completed exact, speculative or hybrid generation into the atom set's memory through an owner
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
@@ -24,7 +24,7 @@ said before (the output is the exact path's either way; only the speed changes).
 `spatial_memory=True` lets the spatial path's next_token read it too (its output then depends on
 what was remembered; `compare --memory` uses it).
 `max_tree_width` > 1 lets speculative rounds draft trees (one `draft_tree` call, verified
-in one forward with a 4D attention mask; hartonomous.speculative); off by default, since on a
+in one forward with a 4D attention mask; hartonomous.speculative.decoding); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 from hartonomous.engine import Engine, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.memory import REMEMBERED_PATHS, MemoryWriter
+from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
 
 PATHS = ("spatial", "exact", "speculative", "hybrid")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
@@ -119,9 +119,9 @@ class Client:
 
     def _speculative_backend(self):
         """The exact model verifying drafts of a spatial backend of its own (same atom set options),
-        draft lengths shaped by the exact model's forward costs measured here (hartonomous/draft_cost.py)."""
-        from hartonomous.draft_cost import forward_costs
-        from hartonomous.speculative import SpeculativeBackend
+        draft lengths shaped by the exact model's forward costs measured here (hartonomous/speculative/draft_cost.py)."""
+        from hartonomous.speculative.draft_cost import forward_costs
+        from hartonomous.speculative.decoding import SpeculativeBackend
 
         exact = self._exact_backend()
         costs = forward_costs(exact.model) if exact.model.use_cache else None   # once per model: ~6 s for SmolLM2 on 2 cores

@@ -5,7 +5,7 @@ calibration half; `compare` scores the test half by default. Calibrating and sco
 text would flatter the spatial path, so the halves never overlap. The holdout is a sequence of
 segments joined by a blank line (already shuffled with the build's seed); the split keeps whole
 segments: the first ones up to half the characters calibrate, the rest test. A corpus held out by
-document (hartonomous.corpus: directories, python-source) records its halves itself: the holdout is
+document (hartonomous.corpus.sources: directories, python-source) records its halves itself: the holdout is
 the calibration documents, a blank line, then the test documents, and `recorded_halves` cuts it at
 the calibration half's recorded length.
 """

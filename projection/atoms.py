@@ -72,7 +72,7 @@ def continuation_atoms(sequences: list[np.ndarray], prompt_tokens: int, token_po
                        window: int | None, decay: float, token_embeddings: np.ndarray | None = None,
                        advance: Callable[[int], None] | None = None) -> AtomRows:
     """Corpus-labelled atoms of prompt + continuation sequences at the continuation's positions only
-    (t >= prompt_tokens - 1: the atoms whose next token the model wrote; hartonomous/self_distill.py)."""
+    (t >= prompt_tokens - 1: the atoms whose next token the model wrote; hartonomous/corpus/self_distill.py)."""
     rows = context_atoms(sequences, None, token_positions, window, decay, "corpus", token_embeddings, advance)
     keep = np.concatenate([np.arange(len(s) - 1) >= prompt_tokens - 1 for s in sequences])
     return AtomRows(rows.token_ids[keep], rows.positions[keep], None, None if rows.keys is None else rows.keys[keep],

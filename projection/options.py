@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
-from hartonomous.corpus import resolve_source
+from hartonomous.corpus.sources import resolve_source
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
@@ -47,7 +47,7 @@ class BuildOptions:
     name: str
     kind: str = "context"
     model: str = "smollm2"
-    corpus: list[Path] = field(default_factory=list)  # files, directories, or a built-in name (hartonomous.corpus)
+    corpus: list[Path] = field(default_factory=list)  # files, directories, or a built-in name (hartonomous.corpus.sources)
     include: list[str] = field(default_factory=list)  # globs on the names of the files in --corpus directories
     max_tokens: int = 100_000
     projection: str = "lmds"
@@ -83,8 +83,8 @@ class BuildOptions:
     learn_decay: bool = False
     keep_epoch: str = "best"  # best (early-stopped on the calibration half) | last (a diagnostic)
     calibrate_by: str = DEFAULT_CRITERION  # how (history weight, h) is chosen: top1 or loglik (projection/history.py)
-    teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.teacher); None = always run the model
-    self_distill: int = 0  # tokens the exact model writes as extra training text (hartonomous/self_distill.py)
+    teacher_cache: Path | None = None  # the teacher-label cache (hartonomous.corpus.teacher); None = always run the model
+    self_distill: int = 0  # tokens the exact model writes as extra training text (hartonomous/corpus/self_distill.py)
     self_distill_only: bool = False  # atoms from the self-distilled text alone (the corpus gives prompts and holdout)
     self_distill_temperature: float = 0.8  # odd batches sampled at this temperature; 0 = every batch greedy
 

@@ -16,7 +16,7 @@ from importlib import metadata
 import numpy as np
 
 from hartonomous.atomset import AtomRows
-from hartonomous.teacher import Forced
+from hartonomous.corpus.teacher import Forced
 from hartonomous.threads import machine_threads
 
 PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "transformers")

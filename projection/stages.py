@@ -10,7 +10,7 @@ project    the embeddings to 3D (LMDS or PCA) and the projection's quality
 label      teacher forcing: the exact model's argmax (and top-k for --target soft) at every
            training and calibration position (the test half is left to `compare`)
 self_distill  with --self-distill N: the exact model continues prompts cut from the training
-           tokens until it has written N tokens (hartonomous/self_distill.py); atoms on its words
+           tokens until it has written N tokens (hartonomous/corpus/self_distill.py); atoms on its words
 choose_centroid  the centroid window/decay: the options' own, or the best of a calibration sweep
 learn_positions  with --positions learned: the token positions (and the bandwidth, with --learn-decay
            the decay) trained from the projection's (projection/learned.py), validated on the calibration half
@@ -37,13 +37,13 @@ import numpy as np
 
 from hartonomous.compare.labels import teacher_chunk_count
 from hartonomous.errors import UserError
-from hartonomous.teacher import Forced
+from hartonomous.corpus.teacher import Forced
 from projection import calibrate as cal
 from hartonomous.atomset.write import SELF_DISTILLED
 from projection.atoms import (concat_atoms, context_atoms, context_keys, context_values, continuation_atoms,
                               merge_atoms, soft_context_atoms, token_atoms)
-from hartonomous.corpus import Corpus, load_corpus
-from hartonomous.corpus_origin import origin_stats
+from hartonomous.corpus.sources import Corpus, load_corpus
+from hartonomous.corpus.origin import origin_stats
 from projection.distill import chunk_ids, distill, tokenize
 from hartonomous.atomset import (AtomRows, AtomSetSpec, AtomStats, BuildStats, ControlStats, CorpusStats,
                                  DistillStats, HoldoutStats, IngestReport, LandmarkRows, SplitStats, TokenRows,
@@ -58,7 +58,7 @@ from projection.progress import Reporter
 from projection.project import FittedProjection, fit_projection
 from projection.quality import projection_quality
 from projection.reproducibility import reproducibility
-from hartonomous.self_distill import Distilled, self_distill as run_self_distill
+from hartonomous.corpus.self_distill import Distilled, self_distill as run_self_distill
 from projection.sweep import CANDIDATES, Evaluated, sweep
 
 KEY_CALIBRATION_QUERIES = 1000
@@ -101,12 +101,12 @@ class Loaded:
 
 
 def load_texts(options: BuildOptions, tokenizer, ui: Reporter | None = None) -> Texts:
-    """The corpus (hartonomous.corpus: --corpus, --include) tokenized: the holdout's calibration and test
+    """The corpus (hartonomous.corpus.sources: --corpus, --include) tokenized: the holdout's calibration and test
     halves as the corpus gives them, and for context sets the training tokens cut at --max-tokens (a
     streamed corpus's documents are read and tokenized only as they are taken, under a progress bar in
     tokens), each cut into chunks of --context-length. A streamed corpus keeps no training text, so
     `train_text` is then empty (stats.corpus records where the text came from)."""
-    from hartonomous.corpus import TrainingTokens, training_tokens
+    from hartonomous.corpus.sources import TrainingTokens, training_tokens
 
     is_context = options.kind == "context"
     corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context,

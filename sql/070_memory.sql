@@ -102,7 +102,7 @@ BEGIN
     SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay,
                                              remember.context || remember.generated, v_g);
 
-    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.memory'), s.id);
+    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.speculative.memory'), s.id);
     v_part := format('memory_atoms_%s', s.id);
     IF to_regclass(v_part) IS NULL THEN
         EXECUTE format('CREATE TABLE %I PARTITION OF memory_atoms FOR VALUES IN (%s)', v_part, s.id);
@@ -146,7 +146,7 @@ DECLARE
     n bigint;
 BEGIN
     SELECT * INTO s FROM ht_memory_set(forget.atom_set);
-    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.memory'), s.id);
+    PERFORM pg_advisory_xact_lock(hashtext('hartonomous.speculative.memory'), s.id);
     DELETE FROM memory_atoms m WHERE m.atom_set_id = s.id;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;

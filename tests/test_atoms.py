@@ -11,7 +11,7 @@ from hartonomous.errors import UserError
 from hartonomous.kernel import token_logits
 from projection.atoms import context_atoms, merge_atoms, token_atoms
 from projection.calibrate import calibrate_bandwidth, nearest_atoms, score
-from hartonomous.corpus import Document, segments, split_corpus, stdlib_documents
+from hartonomous.corpus.sources import Document, segments, split_corpus, stdlib_documents
 from projection.distill import chunk_ids, distill
 from hartonomous.atomset import AtomRows
 from tiny_model import tiny_model

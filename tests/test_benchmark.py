@@ -131,7 +131,7 @@ def test_repeated_requests_ask_every_template_prompt_twice_the_second_time_in_an
 
 def test_speculative_targets_and_markdown_say_what_was_met():
     from benchmarks.speculative import METHODS, MethodTotals, markdown, targets
-    from hartonomous.speculative import SpeculativeStats
+    from hartonomous.speculative.decoding import SpeculativeStats
 
     def kind(ms: dict, rate: float) -> dict:
         totals = {m: MethodTotals(seconds=ms[m] * 64 / 1000, tokens=64, identical=1, prompts=1) for m in METHODS}

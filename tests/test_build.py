@@ -20,8 +20,8 @@ from hartonomous.centroid import context_centroid as py_centroid
 from hartonomous.errors import UserError
 from hartonomous.atomset import write as ingest
 from projection.build import BuildOptions, build
-from hartonomous.corpus import load_corpus
-from hartonomous.corpus_origin import recorded_training_text, sha256_file, sha256_text
+from hartonomous.corpus.sources import load_corpus
+from hartonomous.corpus.origin import recorded_training_text, sha256_file, sha256_text
 from projection.distill import chunk_ids, distill, tokenize
 from projection.project import load_projector
 from tiny_model import tiny_model

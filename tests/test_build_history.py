@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import drop_atom_set, load_atom_set
-from hartonomous.corpus_origin import recorded_training_text
+from hartonomous.corpus.origin import recorded_training_text
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
 from projection.calibrate import nearest_atoms, score, with_history
@@ -182,7 +182,7 @@ def test_a_rebuild_and_compare_labels_read_the_builds_teacher_labels(server_url:
     """The build stores its teacher pass in the teacher-label cache; a re-build with other calibration
     reads every label from it, and compare's n-gram labels (teacher.argmax_labels over the same
     training tokens, in chunks of the build's context length) find them there too."""
-    from hartonomous.teacher import argmax_labels
+    from hartonomous.corpus.teacher import argmax_labels
 
     first = run_build(server_url, options("tiny-cached", "context", corpus_file, soft_k=2, teacher_cache=tmp_path,
                                           replace=True))

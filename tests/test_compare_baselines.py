@@ -153,7 +153,7 @@ def test_corpus_labels_run_no_model():
 
 
 def test_soft_labels_are_the_teachers_top_k_at_the_atom_positions(tmp_path):
-    from hartonomous.teacher import teacher_force
+    from hartonomous.corpus.teacher import teacher_force
     from tiny_model import tiny_model
 
     model, _ = tiny_model(0)
@@ -180,7 +180,7 @@ def in_memory_set(stats: dict, kind: str = "context"):
 
 
 class Stages:
-    """runner.Progress that remembers the stages it was told about."""
+    """progress.Progress that remembers the stages it was told about."""
 
     def __init__(self):
         self.names: list[str] = []
@@ -195,8 +195,8 @@ class Stages:
 @pytest.fixture()
 def recorded_file_set(tmp_path):
     """A corpus-labelled set recording its corpus file by path and sha256, as a build does."""
-    from hartonomous.corpus import load_corpus
-    from hartonomous.corpus_origin import origin_stats
+    from hartonomous.corpus.sources import load_corpus
+    from hartonomous.corpus.origin import origin_stats
 
     doc = tmp_path / "doc.txt"
     doc.write_text("\n\n".join(f"Paragraph {i}: the value of item {i % 7} is {i % 5}." for i in range(60)),
@@ -211,9 +211,9 @@ def recorded_file_set(tmp_path):
 
 def test_corpus_labels_need_no_teacher_pass(recorded_file_set, monkeypatch):
     """A corpus-labelled set's baselines learn the text's own next tokens: the model never runs."""
-    from hartonomous import teacher
+    from hartonomous.corpus import teacher
     from hartonomous.compare.baselines import counting_baselines, recorded_corpus
-    from hartonomous.corpus import chunk_ids, tokenize
+    from hartonomous.corpus.sources import chunk_ids, tokenize
     from tiny_model import tiny_model
 
     def refuse(*args, **kwargs):
@@ -237,7 +237,7 @@ def test_corpus_labels_need_no_teacher_pass(recorded_file_set, monkeypatch):
 
 def test_a_changed_corpus_file_is_refused_with_the_reason(recorded_file_set):
     from hartonomous.compare.baselines import counting_baselines, recorded_corpus
-    from hartonomous.corpus_origin import CorpusUnavailable
+    from hartonomous.corpus.origin import CorpusUnavailable
     from tiny_model import tiny_model
 
     info, doc, _ = recorded_file_set
@@ -256,9 +256,9 @@ def test_a_changed_corpus_file_is_refused_with_the_reason(recorded_file_set):
 def test_the_builtin_corpus_is_named_with_its_version_and_checked_by_its_sha256(monkeypatch):
     """A set built from the stdlib docstrings of another Python is refused unless the training text's
     sha256 confirms the rebuilt text; the record names the corpus and the version."""
-    from hartonomous import corpus as corpus_mod
-    from hartonomous.corpus import BUILTIN_CORPUS, builtin_version
-    from hartonomous.corpus_origin import CorpusUnavailable, origin_stats, recorded_training_text, sha256_text
+    from hartonomous.corpus import sources as corpus_mod
+    from hartonomous.corpus.sources import BUILTIN_CORPUS, builtin_version
+    from hartonomous.corpus.origin import CorpusUnavailable, origin_stats, recorded_training_text, sha256_text
 
     record = origin_stats([], None)
     assert (record["name"], record["version"], record["files"]) == (BUILTIN_CORPUS, builtin_version(), [])
@@ -350,7 +350,7 @@ def test_the_report_names_the_labels_and_fits_each_cache_on_the_calibration_half
     fitted on the calibration half; the report says which labels and text the baselines used."""
     import psycopg
 
-    from hartonomous import teacher
+    from hartonomous.corpus import teacher
     from hartonomous.compare import CompareOptions, baselines, run_compare, write_report
     from hartonomous.compare.atomset import calibration_text
     from hartonomous.compare.runner import encode

@@ -465,8 +465,8 @@ def test_cli_rebuilds_the_training_split_from_the_recorded_corpus_settings(tmp_p
     checked against the recorded holdout; a changed file is refused with the reason."""
     from hartonomous.atomset import AtomSet, BuildStats
     from hartonomous.compare.baselines import recorded_corpus
-    from hartonomous.corpus import load_corpus
-    from hartonomous.corpus_origin import CorpusUnavailable
+    from hartonomous.corpus.sources import load_corpus
+    from hartonomous.corpus.origin import CorpusUnavailable
 
     doc = tmp_path / "doc.txt"
     doc.write_text("\n\n".join(f"Paragraph {i}: " + "word " * 40 for i in range(30)), encoding="utf-8")

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hartonomous import corpus as corpus_mod
+from hartonomous.corpus import sources as corpus_mod
 from hartonomous.atomset.record import BuildStats, CorpusStats
-from hartonomous.corpus import (CHARS_PER_TOKEN_BOUND, HOLDOUT_DOC_MAX_CHARS, HOLDOUT_MAX_CHARS, HOLDOUT_PASSES,
+from hartonomous.corpus.sources import (CHARS_PER_TOKEN_BOUND, HOLDOUT_DOC_MAX_CHARS, HOLDOUT_MAX_CHARS, HOLDOUT_PASSES,
                                 PYTHON_SOURCE, SEPARATOR, list_files, load_corpus, python_source_files, read_documents,
                                 resolve_source, seeded_order, tokenize, training_tokens)
-from hartonomous.corpus_origin import CorpusUnavailable, origin_stats, recorded_training_text
+from hartonomous.corpus.origin import CorpusUnavailable, origin_stats, recorded_training_text
 from hartonomous.errors import UserError
 
 

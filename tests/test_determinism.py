@@ -24,7 +24,7 @@ import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from hartonomous.atomset import AtomRows
-from hartonomous.teacher import teacher_force
+from hartonomous.corpus.teacher import teacher_force
 from hartonomous.threads import fixed_threads, machine_threads
 from projection.build import BuildOptions, build
 from projection.reproducibility import atoms_digest

@@ -1,10 +1,10 @@
-"""Draft lengths shaped by the measured forward costs (hartonomous/draft_cost.py)."""
+"""Draft lengths shaped by the measured forward costs (hartonomous/speculative/draft_cost.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hartonomous.draft_cost import (PROBE_EVERY, CostShapedPolicy, ForwardCosts, expected_tokens,
+from hartonomous.speculative.draft_cost import (PROBE_EVERY, CostShapedPolicy, ForwardCosts, expected_tokens,
                                     measure_forward_costs)
 from hartonomous.exact import ExactModel
 from tiny_model import tiny_model
@@ -81,7 +81,7 @@ def test_forward_costs_are_measured_for_one_to_sixteen_tokens() -> None:
 def test_concurrent_first_requests_measure_the_costs_once(monkeypatch) -> None:
     import threading
 
-    from hartonomous import draft_cost
+    from hartonomous.speculative import draft_cost
 
     calls = []
 

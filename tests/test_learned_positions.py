@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from hartonomous.atomset import load_atom_set
-from hartonomous.corpus_origin import recorded_training_text
+from hartonomous.corpus.origin import recorded_training_text
 from hartonomous.errors import UserError
 from projection import calibrate as cal
 from projection.atoms import context_keys

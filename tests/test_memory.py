@@ -18,10 +18,10 @@ import torch
 from generation_helpers import drop_atom_set, write_tiny_atom_set
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.client import Client
-from hartonomous.draft_cost import ForwardCosts
+from hartonomous.speculative.draft_cost import ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
-from hartonomous.memory import MemoryWriter, worth_remembering
+from hartonomous.speculative.memory import MemoryWriter, worth_remembering
 from tiny_model import tiny_model
 
 VOCAB = 40

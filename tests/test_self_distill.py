@@ -1,4 +1,4 @@
-"""--self-distill: the exact model's own continuations become atoms (hartonomous/self_distill.py)."""
+"""--self-distill: the exact model's own continuations become atoms (hartonomous/corpus/self_distill.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hartonomous.errors import UserError
-from hartonomous import self_distill as sd
+from hartonomous.corpus import self_distill as sd
 from projection.atoms import continuation_atoms, context_atoms
 from tiny_model import tiny_model
 
@@ -136,7 +136,7 @@ def baselines_learn_the_same_continuations(server_url: str, plain, both, alone) 
     recorded training text and seed: the same tokens), the same information as the spatial path."""
     from hartonomous.atomset import load_atom_set
     from hartonomous.compare.baselines import build_tokens, counting_baselines, recorded_corpus
-    from hartonomous.corpus import tokenize
+    from hartonomous.corpus.sources import tokenize
     from test_compare_baselines import Stages
 
     model, tokenizer = tiny_model(0)

@@ -23,7 +23,7 @@ from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sampling import logits_to_probs
-from hartonomous.speculative import Draft, SpeculativeBackend, SpeculativeStats
+from hartonomous.speculative.decoding import Draft, SpeculativeBackend, SpeculativeStats
 from hartonomous.textstream import REPLACEMENT, decode
 from tiny_model import tiny_model
 
@@ -177,7 +177,7 @@ def test_drafting_pauses_below_the_break_even_and_probes_again(spatial):
     """Rejected drafts cost a database call and a wider forward: after MIN_JUDGED judged draft tokens
     below min_acceptance, rounds draft nothing (a plain exact step) and a 1-token probe comes every
     probe_every rounds; the output stays the exact path's."""
-    from hartonomous.speculative import MIN_JUDGED, PROBE_EVERY
+    from hartonomous.speculative.decoding import MIN_JUDGED, PROBE_EVERY
 
     config = GREEDY.with_options(max_new_tokens=40)
     expected = exact_engine().generate(PROMPTS[0], config).token_ids
@@ -198,7 +198,7 @@ def test_drafting_pauses_below_the_break_even_and_probes_again(spatial):
 
 
 def test_a_kept_probe_resumes_drafting(spatial):
-    from hartonomous.speculative import MIN_JUDGED, PROBE_EVERY
+    from hartonomous.speculative.decoding import MIN_JUDGED, PROBE_EVERY
 
     first_probe = MIN_JUDGED + PROBE_EVERY          # the output position the first probe drafts
     config = GREEDY.with_options(max_new_tokens=40)
@@ -299,7 +299,7 @@ def test_a_sample_depends_on_the_seed_and_the_text_alone(random_spatial):
     for options in ({"draft_tokens": 1, "adaptive": False}, {"draft_tokens": 7, "max_draft_tokens": 7, "min_acceptance": 0}):
         assert speculative(random_spatial, **options).generate(
             PROMPTS[0], SAMPLED.with_options(max_new_tokens=24)).token_ids == reference.token_ids
-    engine = speculative(random_spatial, draft_tokens=4, min_acceptance=0)   # pausing: another sample (see speculative.py)
+    engine = speculative(random_spatial, draft_tokens=4, min_acceptance=0)   # pausing: another sample (see speculative/decoding.py)
     assert engine.generate(PROMPTS[0], SAMPLED.with_options(max_new_tokens=5)).token_ids == reference.token_ids[:5]
     ref = reference.token_ids
     i = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i])
@@ -393,7 +393,7 @@ def test_sampled_output_has_the_exact_paths_distribution(request, drafter):
 def test_the_distribution_test_catches_a_rule_that_keeps_every_draft(spatial, monkeypatch):
     """Power check: keeping every draft token (no acceptance test) gives the drafter's
     distribution, which the chi-squared test rejects; so the test above can fail."""
-    from hartonomous.speculative import SpeculativeRun
+    from hartonomous.speculative.decoding import SpeculativeRun
 
     def keep_all(self, drafts, probs, position):
         tokens = [d.token_id for d in drafts]
@@ -608,10 +608,10 @@ def test_greedy_identity_on_smollm2(server_url, smollm2_set):
             assert got.stats.drafted > 0
 
 
-# -- cost-shaped draft lengths (hartonomous/draft_cost.py) ---------------------------------------
+# -- cost-shaped draft lengths (hartonomous/speculative/draft_cost.py) ---------------------------------------
 
 def cost_tables():
-    from hartonomous.draft_cost import ForwardCosts
+    from hartonomous.speculative.draft_cost import ForwardCosts
 
     flat = ForwardCosts((0.040,) + (0.045,) * 15)                 # long drafts almost free: draft long
     linear = ForwardCosts(tuple(0.040 * n for n in range(1, 17)))  # every fed token costs: stay plain
@@ -729,7 +729,7 @@ class FixedTree:
 ])
 @pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
 def test_greedy_trees_give_the_exact_paths_output_token_for_token(spatial, rank, wrong_later, repetition_penalty):
-    from hartonomous.draft_cost import CostShapedPolicy, ForwardCosts
+    from hartonomous.speculative.draft_cost import CostShapedPolicy, ForwardCosts
 
     config = GREEDY.with_options(repetition_penalty=repetition_penalty, max_new_tokens=40)
     flat = ForwardCosts((0.04,) * 16)                   # every width costs the same: trees are tried
@@ -745,7 +745,7 @@ def test_greedy_trees_give_the_exact_paths_output_token_for_token(spatial, rank,
 
 
 def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
-    from hartonomous.draft_cost import ForwardCosts
+    from hartonomous.speculative.draft_cost import ForwardCosts
 
     config = GREEDY.with_options(max_new_tokens=30)
     engine = speculative(spatial, draft_tokens=4, max_draft_tokens=6, costs=ForwardCosts((0.04,) * 16),
@@ -759,7 +759,7 @@ def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
 
 def tree_engine(spatial) -> Engine:
     """Speculative rounds that draft trees of 3 branches after a first 1-token chain round."""
-    from hartonomous.draft_cost import ForwardCosts
+    from hartonomous.speculative.draft_cost import ForwardCosts
 
     engine = speculative(spatial, draft_tokens=1, max_draft_tokens=4, costs=ForwardCosts((0.04,) * 16),
                          max_tree_width=3)
@@ -768,7 +768,7 @@ def tree_engine(spatial) -> Engine:
 
 
 def test_sampling_may_draft_trees_too(spatial):
-    from hartonomous.draft_cost import ForwardCosts
+    from hartonomous.speculative.draft_cost import ForwardCosts
 
     engine = speculative(spatial, draft_tokens=4, costs=ForwardCosts((0.04,) * 16), max_tree_width=4)
     assert engine.backend.policy(SAMPLED.sampler).max_width == engine.backend.policy(GREEDY.sampler).max_width == 4
@@ -802,7 +802,7 @@ def test_sampled_output_with_trees_has_the_exact_paths_distribution(spatial):
 def test_the_tree_distribution_test_catches_greedy_verification_at_t_above_0(spatial, monkeypatch):
     """Power check: verifying trees by the argmax instead of a draw from p is exact at T = 0 only;
     at T = 1.3 the chi-squared test rejects it."""
-    from hartonomous.speculative import SpeculativeRun
+    from hartonomous.speculative.decoding import SpeculativeRun
 
     original = SpeculativeRun._tree_round
 

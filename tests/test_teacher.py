@@ -1,4 +1,4 @@
-"""The shared teacher-forcing pass (hartonomous.teacher): batched over chunks of any length, it gives
+"""The shared teacher-forcing pass (hartonomous.corpus.teacher): batched over chunks of any length, it gives
 what one plain forward pass per chunk gives: argmax, top-k probabilities, full log-probabilities."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hartonomous.teacher import argmax_labels, max_context, teacher_force, windows
+from hartonomous.corpus.teacher import argmax_labels, max_context, teacher_force, windows
 from tiny_model import tiny_model
 
 TEXT = "The capital of France is Paris. def add(a, b): return a + b. héllo wörld 東京 " * 3

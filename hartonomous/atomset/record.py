@@ -35,7 +35,7 @@ CalibrationStats = _section(
     "CalibrationStats", "The bandwidth calibration on the holdout (projection/calibrate.py).",
     h=float, top1=float, log_likelihood=float, coverage=float)
 CorpusStats = _section(
-    "CorpusStats", "What the atoms were distilled from and how to read it again (hartonomous.corpus_origin."
+    "CorpusStats", "What the atoms were distilled from and how to read it again (hartonomous.corpus.origin."
     "recorded_training_text): the built-in corpus's `name` and `version`, or the `files` (absolute paths) with their "
     "`sha256`; the sha256 of the training text (`train_sha256`) and the settings that cut it. `text` is the copy of "
     "the training text that builds before 2026-11-25 stored instead. `split` is how the holdout was cut: "
@@ -95,7 +95,7 @@ class BuildStats(_section(
         history=dict[str, Any],            # the history-weight calibration (grid and choice)
         controls=ControlStats, learned_positions=LearnedPositionsStats,
         reproducibility=ReproducibilityStats,
-        self_distill=dict[str, Any])):     # hartonomous/self_distill.py: what the model wrote for the set
+        self_distill=dict[str, Any])):     # hartonomous/corpus/self_distill.py: what the model wrote for the set
     """Everything a build records about itself; each section is None when the build had no such step."""
 
     @model_validator(mode="before")

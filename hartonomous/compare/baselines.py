@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from hartonomous import teacher
+from hartonomous.corpus import teacher
 from hartonomous.atomset import AtomSet
 from hartonomous.centroid import context_centroid
 from hartonomous.compare import cache, labels as labels_mod, ngram, spatial
 from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse
-from hartonomous.corpus import chunk_ids, tokenize
-from hartonomous.corpus_origin import CorpusUnavailable, TrainingText, recorded_training_text
+from hartonomous.corpus.sources import chunk_ids, tokenize
+from hartonomous.corpus.origin import CorpusUnavailable, TrainingText, recorded_training_text
 
 Predictor = Callable[[Sequence[int]], Sparse]
 
@@ -112,7 +112,7 @@ CorpusLoader = Callable[[AtomSet], TrainingText]
 
 
 def recorded_corpus(info: AtomSet) -> TrainingText:
-    """The set's training text, from where its stats say it came from (hartonomous.corpus_origin); raises
+    """The set's training text, from where its stats say it came from (hartonomous.corpus.origin); raises
     CorpusUnavailable with the reason when it cannot be had exactly."""
     holdout = info.stats.holdout
     return recorded_training_text(info.stats.corpus, holdout.text if holdout is not None else None)
@@ -212,7 +212,7 @@ def with_self_distilled(labelled: labels_mod.TrainingLabels, recorded: dict, mod
     """`labelled` joined with the set's self-distilled continuations (stats.self_distill), generated
     again as the build did (same model, training tokens and seed; the build's cache answers), or
     those alone where the set keeps no corpus atoms."""
-    from hartonomous.self_distill import self_distill
+    from hartonomous.corpus.self_distill import self_distill
 
     progress.stage("the model's own continuations (self-distill cache)", int(recorded["tokens"]))
     distilled = self_distill(model, train_ids, int(recorded["tokens"]), seed=int(recorded["seed"]),

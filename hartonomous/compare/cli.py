@@ -17,7 +17,7 @@ console = Console(stderr=True)
 
 
 class RichProgress:
-    """runner.Progress on a rich progress bar: one task per stage."""
+    """progress.Progress on a rich progress bar: one task per stage."""
 
     def __init__(self, bar: Progress):
         self.bar, self.task = bar, None
@@ -79,7 +79,7 @@ def compare(
     """Compare the spatial path with exact inference: report.html, report.md, report.json."""
     from hartonomous.compare import CompareOptions, run_compare, write_report
     from hartonomous.config import get_settings
-    from hartonomous.teacher import cache_dir as teacher_cache_dir
+    from hartonomous.corpus.teacher import cache_dir as teacher_cache_dir
     from hartonomous.db.connection import connect, reader_url
 
     options = CompareOptions(

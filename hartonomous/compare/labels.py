@@ -13,7 +13,7 @@ chunk's last token has no next token in it). The baselines count exactly these l
 baseline and the atom set it is compared with learn from the same information. A token set stores
 no labels; its baselines learn the exact argmax.
 
-The soft and argmax labels come from one teacher-forcing pass (hartonomous.teacher) over the build's
+The soft and argmax labels come from one teacher-forcing pass (hartonomous.corpus.teacher) over the build's
 own chunks, so the teacher-label cache that the build filled answers it and the labels are the
 build's; corpus labels need no model at all.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hartonomous import teacher
+from hartonomous.corpus import teacher
 
 TARGETS = ("soft", "argmax", "corpus", "mixed")
 
@@ -93,7 +93,7 @@ def from_soft(chunks: Sequence[Sequence[int]], top_ids: Sequence[np.ndarray],
 
 
 def from_continuations(sequences: Sequence[Sequence[int]], prompt_tokens: int, k: int = 1) -> TrainingLabels:
-    """Self-distilled text (hartonomous.self_distill): the next token at the continuation's positions
+    """Self-distilled text (hartonomous.corpus.self_distill): the next token at the continuation's positions
     t >= prompt_tokens - 1, weight 1; the prompt's positions are unlabelled (weight 0), as they hold no
     atom. `k` columns, to join labels of k columns (weight 0 beyond the first)."""
     chunks = _chunks(sequences)

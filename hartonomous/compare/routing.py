@@ -44,7 +44,7 @@ if TYPE_CHECKING:               # annotations only: projection/risk.py imports t
 
     from hartonomous.atomset import AtomSet
     from hartonomous.compare.fidelity import Fidelity
-    from hartonomous.compare.runner import Progress
+    from hartonomous.compare.progress import Progress
 
 FRACTIONS = tuple(i / 10 for i in range(11))     # 0, 10 %, ..., 100 % of steps to the exact model
 EXACT_STEPS = 64                                 # cached one-token forwards timed per report

@@ -6,15 +6,15 @@ import datetime as dt
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import psycopg
 
-from hartonomous import teacher
+from hartonomous.corpus import teacher
 from hartonomous.compare import DEFAULT_MAX_POSITIONS, baselines, claims, controls, generation, intervals, metrics, plots
 from hartonomous.compare import fidelity as fid_mod
 from hartonomous.compare.against import Against, load_against
+from hartonomous.compare.progress import NoProgress, Progress
 from hartonomous.compare.comparisons import interval_section, paired_comparisons
 from hartonomous.compare.routing import routing_section
 from hartonomous.compare.spatial import spatial_distribution
@@ -25,19 +25,6 @@ from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
 SCHEMA_VERSION = "1.6"
-
-
-class Progress(Protocol):
-    def stage(self, description: str, total: int) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-
-
-class NoProgress:
-    def stage(self, description: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
 
 
 @dataclass
@@ -53,7 +40,7 @@ class CompareOptions:
     generation: bool = True
     distill_tokens: int | None = None      # None: as many as the build used (stats['corpus'])
     query_samples: int = 30
-    cache_dir: Path | None = None          # the teacher-label cache (hartonomous.teacher)
+    cache_dir: Path | None = None          # the teacher-label cache (hartonomous.corpus.teacher)
     command: str = ""
     split: str = "test"                    # which half of the holdout to score; ignored with `texts`
     history_weight: float | None = None    # spatial path's history atoms: None = the set's calibrated weight, 0 = off

@@ -6,7 +6,7 @@ use, or in the background at start-up) and shared; its forward passes are serial
 so concurrent generations interleave step by step instead of fighting over the CPU cores.
 Generations run in a bounded thread pool; the event loop never blocks on them.
 With `remember` on, completed exact, speculative and hybrid generations are written into the atom
-set's memory (hartonomous/memory.py) through one writer connection of the owner's, kept apart from
+set's memory (hartonomous/speculative/memory.py) through one writer connection of the owner's, kept apart from
 the reader pool, and speculative drafts read that memory.
 """
 
@@ -120,7 +120,7 @@ class Runtime:
                                    check=ConnectionPool.check_connection, name="hartonomous-server")
         self.pool.open(wait=False)
         if self.config.remember:
-            from hartonomous.memory import MemoryWriter
+            from hartonomous.speculative.memory import MemoryWriter
 
             self.memory_writer = MemoryWriter(self.config.writer_url, max_atoms=self.config.memory_max_atoms,
                                               weight=self.config.memory_weight)

@@ -2,7 +2,7 @@
 
 A build does not store its training text (at 10^7 tokens it would be tens of MB of JSON in
 atom_sets.stats). It records in stats.corpus where the text came from (`origin_stats`), how it was
-split (`split`: "segments" or "documents", hartonomous.corpus), the sha256 of the training text
+split (`split`: "segments" or "documents", hartonomous.corpus.sources), the sha256 of the training text
 (`train_sha256`) and the settings that cut it (--max-tokens, --holdout-chars, seed):
 
 - python-docstrings: its name (`python-stdlib-docstrings`, as the first builds recorded it) and
@@ -29,7 +29,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from hartonomous.corpus import (BUILTIN_CORPUS, CHARS_PER_TOKEN_BOUND, PYTHON_SOURCE, SEPARATOR, Corpus, DocumentStream,
+from hartonomous.corpus.sources import (BUILTIN_CORPUS, CHARS_PER_TOKEN_BOUND, PYTHON_SOURCE, SEPARATOR, Corpus, DocumentStream,
                                 builtin_version, installed_distributions, load_corpus, python_source_version,
                                 resolve_source)
 from hartonomous.errors import UserError

@@ -21,7 +21,7 @@ from typing import Any
 
 from hartonomous.errors import UserError
 
-log = logging.getLogger("hartonomous.memory")
+log = logging.getLogger("hartonomous.speculative.memory")
 
 DEFAULT_MAX_ATOMS = 100_000          # per atom set; remember() evicts whole generations beyond it
 MAX_ATOMS_LIMIT = 10_000_000         # remember()'s own bound on max_atoms

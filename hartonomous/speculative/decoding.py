@@ -14,7 +14,7 @@ Per round, with i the position of the next output token (0 = the first generated
    temperature, top-k, top-p), so every output token is distributed exactly as on the exact path,
    and greedy output is the exact path's token for token;
 4. the KV cache is rolled back past the rejected draft tokens.
-The draft length adapts. With forward costs measured at start-up (`costs`, hartonomous/draft_cost.py;
+The draft length adapts. With forward costs measured at start-up (`costs`, hartonomous/speculative/draft_cost.py;
 what the client and the server pass) the first round drafts `draft_tokens` and every later one
 the length with the most expected tokens per second given the running acceptance and the measured
 cost of feeding that many tokens (CostShapedPolicy); at T > 0 its "plain" rounds draft one token
@@ -54,7 +54,7 @@ from hartonomous import sqlcalls
 from hartonomous.backends.base import Cancelled, Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
-from hartonomous.draft_cost import CostShapedPolicy, ForwardCosts
+from hartonomous.speculative.draft_cost import CostShapedPolicy, ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
 from hartonomous.sampling import pick_index, seeded_uniform
@@ -81,7 +81,7 @@ class Draft:
 
 class SpatialDrafter:
     """Drafts with SQL `draft_tokens`: n spatial steps in one database call; with `memory`, from the
-    set's memory of past generations too (hartonomous/memory.py)."""
+    set's memory of past generations too (hartonomous/speculative/memory.py)."""
 
     def __init__(self, spatial: SpatialBackend, memory: bool = False):
         self.spatial = spatial

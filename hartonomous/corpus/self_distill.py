@@ -172,7 +172,7 @@ def _cache_path(cache_dir: Path | None, model, batch: np.ndarray, sample: bool, 
         return None
     import torch
 
-    from hartonomous.teacher import model_fingerprint
+    from hartonomous.corpus.teacher import model_fingerprint
 
     fingerprint = model_fingerprint(model)
     device = next(model.parameters()).device.type

@@ -20,7 +20,7 @@ the best k > 0 anyway, so that a rate learnt on a bad stretch can recover.
 Trees (`max_width` > 1): a round may draft a tree of w branches of depth k (SQL `draft_tree`: the
 w most likely first tokens, each continued greedily), verified in one forward of 1 + w (k - 1)
 tokens. Its first token is kept when the exact model's token (the argmax at T = 0, a draw from p
-at T > 0; hartonomous/speculative.py) is among the w first tokens,
+at T > 0; hartonomous/speculative/decoding.py) is among the w first tokens,
 with running probability p1(w) (per width, counted over the rounds that drafted at least that
 wide, shrunk towards a prior, and never below p1(w - 1)); the later ones with the running rate a.
 A round then yields E(k, w) = p1(w) E(k) + 1 - p1(w) a^(k-1) tokens (w = 1 with p1 = a is the chain's

@@ -31,10 +31,10 @@ holdout closes when it is full, holds a tenth of the files listed, or has passed
 `training_tokens` reads them only as it needs them, tokenizes them in batches and joins them with
 the tokens a blank line becomes between two documents, cut at exactly --max-tokens. For a
 byte-level BPE tokenizer (SmolLM2's) that stream is the tokenization of the documents joined by a
-blank line: the text hartonomous.corpus_origin reads again for `compare`.
+blank line: the text hartonomous.corpus.origin reads again for `compare`.
 
 The training tokens are cut into chunks of `--context-length` (`chunk_ids`), each one context. A
-build records where its text came from, not the text (hartonomous.corpus_origin).
+build records where its text came from, not the text (hartonomous.corpus.origin).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import numpy as np
 
 from hartonomous.errors import UserError
 from hartonomous.splits import split_holdout
-from hartonomous.teacher import windows
+from hartonomous.corpus.teacher import windows
 
 SEGMENT_CHARS = 2000
 MIN_DOCSTRING_CHARS = 40
