@@ -92,7 +92,7 @@ class ExactModel:
         self._check(ids)
         cache.reset()
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, cache=cache.layers, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
 
     @torch.inference_mode()
@@ -100,7 +100,7 @@ class ExactModel:
         """Feed one token against the cache; logits (V,) for the token after it."""
         self._check([token_id])
         input_ids = torch.tensor([[int(token_id)]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, cache=cache.layers, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
 
     @torch.inference_mode()
@@ -114,7 +114,7 @@ class ExactModel:
         if not 1 <= keep <= len(ids):
             raise ValueError(f"keep must be between 1 and {len(ids)}, got {keep}")
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=input_ids, cache=cache.layers, use_cache=True, logits_to_keep=keep)
         return out.logits[0].float()
 
     @torch.inference_mode()
@@ -147,7 +147,7 @@ class ExactModel:
         mask = torch.full((1, 1, n, past + n), torch.finfo(dtype).min, dtype=dtype)
         mask.masked_fill_(allowed[None, None], 0.0)
         input_ids = torch.tensor([flat], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache.layers, use_cache=True,
+        out = self.model(input_ids=input_ids, cache=cache.layers, use_cache=True,
                          attention_mask=mask.to(self.device),
                          position_ids=torch.tensor([positions], dtype=torch.long, device=self.device))
         return out.logits[0].float()

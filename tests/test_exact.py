@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -56,6 +58,21 @@ def test_greedy_equals_transformers_generate_on_the_tiny_model(repetition_penalt
     config = GenerationConfig(max_new_tokens=30, temperature=0.0, repetition_penalty=repetition_penalty)
     got = Engine(ExactBackend(tiny_exact())).generate(PROMPT, config)
     assert got.token_ids == expected
+
+
+def test_cached_forwards_use_the_supported_cache_argument_without_warnings():
+    """Prefill, one-token decode, extend and a tree forward pass the KV cache as transformers'
+    current `cache` argument: no deprecation warning (the old one is removed in 5.40)."""
+    exact = tiny_exact()
+    ids = exact.tokenizer.encode(PROMPT)
+    cache = exact.new_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact.prefill(ids[:-2], cache)
+        exact.decode_one_token(ids[-2], cache)
+        exact.extend(ids[-1:] + [5, 6], cache, 3)
+        exact.extend_tree([7], [[8, 9], [10]], cache)
+    assert cache.length == len(ids) + 2 + 1 + 3
 
 
 def test_ordered_distribution_sorts_by_probability_then_token_id():
