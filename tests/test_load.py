@@ -4,7 +4,9 @@ The server is the real command in its own process (tiny model, a hand-made 320-t
 the reader role, the default pool of 4 connections), on loopback, remembering generations
 (`--remember`, a bound of MEMORY_MAX_ATOMS atoms, so eviction runs under load too). Asserts zero
 errors, that the server never holds more connections than its pool, that every connection is
-gone once it stops, and that the memory was written, never failed and stayed within its bound. Prints the figures (run with -s) and writes them to test-artifacts/load.json.
+gone once it stops, and that the memory was written, never failed and stayed within its bound. Prints the figures (run with -s) and writes them, with the machine's load average before and after,
+to test-artifacts/load.json; the run docs/reliability.md quotes is that file committed as
+docs/results/<date>-load.json (tests/test_docs_results.py checks the docs against it).
 HARTONOMOUS_LOAD_SECONDS shortens or lengthens the run (default 60).
 """
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from hartonomous.measure import percentile
+from hartonomous.measure import checkout, host, load_average, percentile
 
 KINDS = ("next_token", "generate", "generate_in_database", "generate_speculative")
 PROMPTS = ("The capital of France is", "def add(a, b):", "Return the sum of the numbers",
@@ -49,6 +49,7 @@ class LoadReport:
     by_kind: dict[str, dict[str, float | None]]
     connections: dict[str, int] = field(default_factory=dict)
     memory: dict = field(default_factory=dict)       # the server's memory of past generations, when remembering
+    machine: dict = field(default_factory=dict)      # measure.host(), the load average before the run, the commit
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +65,9 @@ class LoadReport:
                        f"p99 {_ms(s['p99_ms']):>8} ms")
         if self.connections:
             out.append("database connections: " + ", ".join(f"{k} {v}" for k, v in self.connections.items()))
+        if self.machine:
+            out.append(f"machine: {self.machine.get('cores')} cores, load average {self.machine.get('load_average_before')} "
+                       f"before, {self.machine.get('load_average')} after")
         if self.memory:
             out.append("memory: " + ", ".join(f"{k} {v}" for k, v in self.memory.items()))
         out.extend(f"  error: {e}" for e in self.error_samples)
@@ -135,6 +139,7 @@ class _Client(threading.Thread):
 def run_load(url: str, clients: int = 16, seconds: float = 60.0, max_new_tokens: int = 8,
              warmup_s: float = 5.0, timeout_s: float = 120.0) -> LoadReport:
     """Run `clients` threads against the server at `url` for `warmup_s` + `seconds`; what happened."""
+    load_before = load_average()           # other work on the machine moves the figures: record it
     measure_from = time.monotonic() + warmup_s
     workers = [_Client(i, url, measure_from, measure_from + seconds, max_new_tokens, timeout_s)
                for i in range(clients)]
@@ -154,7 +159,9 @@ def run_load(url: str, clients: int = 16, seconds: float = 60.0, max_new_tokens:
                       errors=len(errors),
                       error_samples=[f"{n} x {e}" for e, n in common],
                       requests_per_second=len(all_ms) / elapsed, tokens_per_second=sum(w.tokens for w in workers)
-                      / elapsed, p50_ms=percentile(all_ms, 50), p99_ms=percentile(all_ms, 99), by_kind=by_kind)
+                      / elapsed, p50_ms=percentile(all_ms, 50), p99_ms=percentile(all_ms, 99), by_kind=by_kind,
+                      machine={**host(), "load_average_before": load_before, **checkout(),
+                               "date": time.strftime("%Y-%m-%d", time.gmtime())})
 
 
 # -- database connections ---------------------------------------------------------------------------
