@@ -165,7 +165,7 @@ COMMENT ON FUNCTION draft_tokens(integer[], integer, double precision, integer, 
     'Speculative decoding''s drafter: n steps of next_token(context || drafted) in one call, step s picked at seeded_uniform(seed, first_step + s); one row per token with the distribution it was drawn from. See docs/sql.md.';
 
 
--- draft_tree: a small tree of greedy drafts in one call, for speculative decoding at T = 0.
+-- draft_tree: a small tree of greedy drafts in one call, for speculative decoding at any temperature.
 --
 --   draft_tree(context integer[], depth integer, width integer,
 --              search_radius float8 = NULL, max_neighbors integer = 100, atom_set text = NULL,
@@ -187,8 +187,12 @@ COMMENT ON FUNCTION draft_tokens(integer[], integer, double precision, integer, 
 --  3. Rows: (branch, step, token_id), ordered by branch, then step.
 --  4. Bad input raises SQLSTATE 22023 naming the argument: depth outside 1..64, width outside
 --     1..16, memory NULL; the context and the other arguments are checked by next_token.
--- Sampling (T > 0) drafts chains with draft_tokens: its acceptance rule needs each token's draft
--- distribution q, which a tree of greedy branches does not have.
+-- The branches are chosen, not sampled, whatever the generation's temperature: the tree carries no
+-- draft distribution q, and none is needed. The speculative path (hartonomous/speculative/decoding.py)
+-- verifies a tree by drawing each position's token from the exact model's distribution p (at T = 0
+-- the argmax) and following the branch that holds the draws, so its output has the exact path's
+-- distribution at any temperature (docs/design.md "Speculative decoding"). Chains drafted at T > 0
+-- come from draft_tokens, whose rows carry q for the acceptance rule min(1, p/q).
 
 CREATE OR REPLACE FUNCTION draft_tree(
     context integer[],
@@ -258,4 +262,4 @@ $$;
 
 COMMENT ON FUNCTION draft_tree(integer[], integer, integer, double precision, integer, text, double precision,
                                integer[], double precision, integer, boolean) IS
-    'Speculative decoding''s tree drafter (T = 0): the first position branches into the width most likely tokens, each continued greedily to depth tokens; one row per (branch, step). See docs/sql.md.';
+    'Speculative decoding''s tree drafter (any temperature; the verifier draws from the exact model): the first position branches into the width most likely tokens, each continued greedily to depth tokens; one row per (branch, step). See docs/sql.md.';
