@@ -22,7 +22,7 @@ import psycopg
 from hartonomous.corpus import teacher
 from hartonomous.atomset import AtomSet
 from hartonomous.centroid import context_centroid
-from hartonomous.compare import cache, labels as labels_mod, ngram, spatial
+from hartonomous.compare import cache, knn, labels as labels_mod, ngram, spatial
 from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse
 from hartonomous.corpus.sources import chunk_ids, tokenize
@@ -224,17 +224,40 @@ def with_self_distilled(labelled: labels_mod.TrainingLabels, recorded: dict, mod
 
 
 def knn_predictor(conn: psycopg.Connection, info: AtomSet, embeddings: np.ndarray,
-                  k: int = 100) -> Predictor:
+                  k: int = 100) -> KeyKnn:
     """Full-dimensional KNN on the atoms' `key` column: the query key is the context centroid of
     the tokens' full-dimensional embeddings with the set's window and decay (the key definition
-    of context atoms), matched by exact L2 search (pgvector, no index)."""
-    bandwidth = info.stats.key_bandwidth
+    of context atoms), matched by exact L2 search (pgvector's distances and order; compare.knn)."""
+    return KeyKnn(conn, info, embeddings, k, knn.load_keys(conn, info.id))
 
-    def predict(context: Sequence[int]) -> Sparse:
-        window = info.centroid_window
+
+class KeyKnn:
+    """The KNN predictor: call it with a context; `prepare(ids)` first searches all of a text's
+    prefixes in batches (fidelity.evaluate_text does), so that each call only ranks its candidates."""
+
+    def __init__(self, conn: psycopg.Connection, info: AtomSet, embeddings: np.ndarray, k: int,
+                 keys: knn.KeySearch):
+        self.conn, self.info, self.embeddings, self.k, self.keys = conn, info, embeddings, k, keys
+        self._candidates: dict[str, np.ndarray] = {}
+
+    def literal(self, context: Sequence[int]) -> str:
+        window = self.info.centroid_window
         recent = list(context)[-window:] if window else list(context)
-        query = context_centroid(embeddings[np.asarray(recent)], window, info.centroid_decay)
-        dist, _ = spatial.knn_distribution(conn, query, info.id, k, bandwidth)
-        return dist
+        return knn.vector_literal(context_centroid(self.embeddings[np.asarray(recent)], window,
+                                                   self.info.centroid_decay))
 
-    return predict
+    def prepare(self, ids: Sequence[int]) -> None:
+        """Search the queries of the contexts ids[:1], ids[:2], ..., ids[:-1] at once."""
+        literals = [self.literal(ids[: t + 1]) for t in range(len(ids) - 1)]
+        if not literals:
+            return
+        found = self.keys.candidates(np.stack([knn.literal_values(q) for q in literals]), self.k)
+        self._candidates = dict(zip(literals, found))
+
+    def __call__(self, context: Sequence[int]) -> Sparse:
+        literal = self.literal(context)
+        candidates = self._candidates.pop(literal, None)
+        if candidates is None:
+            candidates = self.keys.candidates(knn.literal_values(literal)[None], self.k)[0]
+        rows = knn.ranked(self.conn, literal, self.info.id, candidates, self.k)
+        return spatial.knn_kernel(rows, self.info.stats.key_bandwidth)[0]

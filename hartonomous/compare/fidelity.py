@@ -92,6 +92,10 @@ def evaluate_text(fid: Fidelity, text_index: int, ids: Sequence[int], exact_log_
     if "spatial" not in predictors:
         raise ValueError("predictors must include 'spatial'")
     ids = [int(t) for t in ids]
+    for predict in predictors.values():
+        prepare = getattr(predict, "prepare", None)   # a predictor that searches all positions at once
+        if prepare is not None:
+            prepare(ids)
     rows = exact_log_probs.numpy() if hasattr(exact_log_probs, "numpy") else np.asarray(exact_log_probs)
     for t in range(len(ids) - 1):
         log_p = rows[t].astype(np.float64)

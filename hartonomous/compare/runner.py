@@ -211,8 +211,11 @@ def _baselines(conn, info, model, model_name, tokenizer, options, progress, corp
             knn_note = (f"keys have {key_dim} dimensions, the embeddings {emb.shape[1]}; "
                         "full-dimensional KNN skipped")
         else:
+            progress.stage("the set's full-dimensional keys (KNN baseline)", 1)
             predictors["knn"] = baselines.knn_predictor(conn, info, emb, options.max_neighbors)
-            knn_note = (f"exact L2 KNN (pgvector) over {info.atoms} atom keys, K = {options.max_neighbors}, "
+            progress.advance()
+            knn_note = (f"exact L2 KNN (pgvector's distances and order) over {info.atoms} atom keys, "
+                        f"K = {options.max_neighbors}, "
                         "query = full-dimensional context centroid, Gaussian kernel with h = "
                         + ("stats.key_bandwidth" if info.stats.key_bandwidth else
                            "the median neighbour distance"))

@@ -8,6 +8,7 @@ import numpy as np
 import psycopg
 
 from hartonomous import sqlcalls
+from hartonomous.compare.knn import vector_literal
 from hartonomous.compare.metrics import Sparse
 from hartonomous.generation_config import SamplerArgs
 from hartonomous.sqlcalls import SpatialArgs
@@ -40,20 +41,22 @@ def spatial_distribution(conn: psycopg.Connection, context: Sequence[int], atom_
     return Sparse(arr[:, 0].astype(np.int64), arr[:, 1])
 
 
-def vector_literal(values: np.ndarray) -> str:
-    return "[" + ",".join(f"{float(v):.7g}" for v in values) + "]"
-
-
 def knn_distribution(conn: psycopg.Connection, query: np.ndarray, atom_set_id: int, k: int = 100,
                      bandwidth: float | None = None) -> tuple[Sparse, float]:
     """Exact KNN (pgvector, L2) on the atoms' full-dimensional keys, Gaussian kernel per token.
 
     Each neighbour a votes w_a * exp(-(d_a / h)^2) for its token; h is `bandwidth`, or the
     median distance of the K neighbours when None (a per-query scale: full-dimensional
-    distances have no fixed unit). Returns the distribution and the h used.
+    distances have no fixed unit). Returns the distribution and the h used. One full scan of the
+    set's keys per call: compare scores through baselines.KeyKnn (compare.knn), which returns the same.
     """
     literal = vector_literal(query)
     rows = conn.execute(KNN_KEYS, (literal, atom_set_id, literal, k), prepare=True).fetchall()
+    return knn_kernel(rows, bandwidth)
+
+
+def knn_kernel(rows: Sequence[tuple], bandwidth: float | None = None) -> tuple[Sparse, float]:
+    """knn_distribution's vote over (token_id, weight, distance) rows of the K neighbours."""
     if not rows:
         return Sparse.empty(), float("nan")
     arr = np.asarray(rows, dtype=np.float64)
