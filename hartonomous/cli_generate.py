@@ -77,6 +77,7 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
             risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
+    from hartonomous.speculative.memory import REMEMBERED_PATHS
 
     check_prompt(prompt)
     if path not in paths:
@@ -85,6 +86,9 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise UserError(f"--tree-width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
+    if remember and path not in REMEMBERED_PATHS:
+        raise UserError(f"--remember keeps only the exact model's words: use it with --path "
+                        f"{' or '.join(REMEMBERED_PATHS)} (the {path} path's output holds the store's own guesses)")
     return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
                   risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width)
 
@@ -129,8 +133,9 @@ def register(app: typer.Typer) -> None:
         memory: bool = typer.Option(False, "--memory",
                                     help="Speculative: draft from the atom set's memory of past generations too."),
         remember: bool = typer.Option(False, "--remember",
-                                      help="Exact, speculative, hybrid: remember this generation in the atom set's "
-                                           "memory (written as the database owner)."),
+                                      help="Exact, speculative: remember this generation in the atom set's "
+                                           "memory (written as the database owner; only the exact model's words "
+                                           "are remembered, so not with spatial or hybrid)."),
         tree_width: int = typer.Option(1, "--tree-width",
                                        help="Speculative: let rounds draft trees of up to this many branches "
                                             "(1 = chains)."),

@@ -17,7 +17,8 @@ the exact model (hartonomous.backends.hybrid; `result.stats` is a HybridStats). 
 per-step signals carry the spatial predictor's risk for the same context (read from the database).
 
 A memory of past generations (hartonomous.speculative.memory; off by default): `remember=True` writes every
-completed exact, speculative or hybrid generation into the atom set's memory through an owner
+completed exact or speculative generation (only tokens the exact model chose: never the spatial or
+hybrid path's) into the atom set's memory, within the set's bound, through an owner
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
 said before (the output is the exact path's either way; only the speed changes).
@@ -106,7 +107,8 @@ class Client:
 
     def _remembering(self, path: str):
         """With a memory writer: the engine's on_result hook that remembers the path's completed
-        generations in the atom set's memory (the spatial path's are its own guesses: never)."""
+        generations in the atom set's memory; only for REMEMBERED_PATHS (the spatial and hybrid
+        paths' outputs hold the store's own guesses: never)."""
         if self._writer is None or path not in REMEMBERED_PATHS:
             return None
         writer = self._writer

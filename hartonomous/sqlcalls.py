@@ -2,7 +2,7 @@
 
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`, `draft_sources`,
 `next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel`, `context_centroid`
-and the memory's `remember`, `forget` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
+and the memory's `remember`, `forget`, `set_memory_bound` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
 SQL functions' own defaults are the same values.
@@ -94,6 +94,7 @@ REMEMBER_SQL = ("SELECT generation, remembered, evicted, atoms FROM remember(%(a
                 "%(generated)s::integer[], %(path)s::text, max_atoms => %(max_atoms)s::integer, "
                 "weight => %(weight)s::double precision)")
 FORGET_SQL = "SELECT forget(%(atom_set)s::text)"
+SET_MEMORY_BOUND_SQL = "SELECT set_memory_bound(%(atom_set)s::text, %(max_atoms)s::integer)"
 MEMORY_STATUS_SQL = "SELECT atoms, generations, oldest, newest FROM memory_status(%(atom_set)s::text)"
 _SIGNAL_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window")
 NEXT_TOKEN_SIGNALS_SQL = ("SELECT h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, "
@@ -298,12 +299,18 @@ def context_centroid(conn: psycopg.Connection, context: Sequence[int],
 
 
 def remember(conn: psycopg.Connection, atom_set: str | None, context: Sequence[int], generated: Sequence[int],
-             path: str, max_atoms: int, weight: float | None = None) -> tuple[int, int, int, int]:
-    """`remember(...)` (the owner's connection): (generation, remembered, evicted, atoms now in memory)."""
+             path: str, max_atoms: int | None = None, weight: float | None = None) -> tuple[int, int, int, int]:
+    """`remember(...)` (the owner's connection): (generation, remembered, evicted, atoms now in memory).
+    The set's bound holds; `max_atoms` may only lower it for this call."""
     row = run(conn, Query(REMEMBER_SQL, {"atom_set": atom_set, "context": [int(t) for t in context],
                                          "generated": [int(t) for t in generated], "path": path,
                                          "max_atoms": max_atoms, "weight": weight})).fetchone()
     return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def set_memory_bound(conn: psycopg.Connection, atom_set: str | None, max_atoms: int) -> int:
+    """`set_memory_bound(atom_set, max_atoms)` (the owner's connection): the atoms evicted to fit it."""
+    return int(run(conn, Query(SET_MEMORY_BOUND_SQL, {"atom_set": atom_set, "max_atoms": max_atoms})).fetchone()[0])
 
 
 def forget(conn: psycopg.Connection, atom_set: str | None) -> int:

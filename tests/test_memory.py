@@ -1,5 +1,6 @@
-"""The memory of past generations: remember() keys, bounds, evicts and validates; only the owner
-writes it; the KNN reads it only when asked; drafts and the clients use it.
+"""The memory of past generations: remember() keys, bounds, evicts and validates; the bound is the
+set's (memory_bounds), not the caller's; only the owner writes either; only the exact model's words
+are remembered; the KNN reads it only when asked; drafts and the clients use it.
 
 SQL first (sql/070_memory.sql, sql/015_knn.sql rule 4), on a real database, then the Python
 writer and the speculative path with the tiny model.
@@ -21,7 +22,7 @@ from hartonomous.client import Client
 from hartonomous.speculative.draft_cost import ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
-from hartonomous.speculative.memory import MemoryWriter, worth_remembering
+from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter, worth_remembering
 from tiny_model import tiny_model
 
 VOCAB = 40
@@ -49,16 +50,21 @@ def memory_set(server_url: str) -> str:
     return name
 
 
+UNBOUND = "DELETE FROM memory_bounds b USING atom_sets s WHERE s.id = b.atom_set_id AND s.name = %s"
+
+
 @pytest.fixture
 def owner(server_url: str, memory_set: str):
-    """An autocommit owner connection on an empty memory (emptied again afterwards)."""
+    """An autocommit owner connection on an empty memory with the default bound (so again afterwards)."""
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute("SELECT forget(%s)", (memory_set,))
+        conn.execute(UNBOUND, (memory_set,))
         yield conn
         conn.execute("SELECT forget(%s)", (memory_set,))
+        conn.execute(UNBOUND, (memory_set,))
 
 
-def remember(conn, atom_set, context=CONTEXT, generated=GENERATED, path="exact", max_atoms=100_000, weight=None):
+def remember(conn, atom_set, context=CONTEXT, generated=GENERATED, path="exact", max_atoms=None, weight=None):
     return conn.execute("SELECT * FROM remember(%s, %s, %s, %s, max_atoms => %s, weight => %s)",
                         (atom_set, context, generated, path, max_atoms, weight)).fetchone()
 
@@ -104,17 +110,60 @@ def test_generations_are_numbered_in_order_and_carry_their_path_and_weight(owner
 
 # -- bounds and eviction ------------------------------------------------------------------------
 
-def test_the_oldest_generations_are_evicted_to_stay_within_max_atoms(owner, memory_set):
-    g1 = remember(owner, memory_set, generated=[1, 2, 3, 4], max_atoms=10)[0]
-    g2 = remember(owner, memory_set, generated=[5, 6, 7, 8], max_atoms=10)[0]
-    g3, remembered, evicted, atoms = remember(owner, memory_set, generated=[9, 10, 11, 12], max_atoms=10)
+def set_bound(conn, atom_set, max_atoms) -> int:
+    return conn.execute("SELECT set_memory_bound(%s, %s)", (atom_set, max_atoms)).fetchone()[0]
+
+
+def bound(conn, atom_set) -> int:
+    return conn.execute("SELECT max_atoms FROM memory_status(%s)", (atom_set,)).fetchone()[0]
+
+
+def test_the_oldest_generations_are_evicted_to_stay_within_the_sets_bound(owner, memory_set):
+    assert bound(owner, memory_set) == 100_000                     # no row: the default
+    assert set_bound(owner, memory_set, 10) == 0
+    assert bound(owner, memory_set) == 10
+    g1 = remember(owner, memory_set, generated=[1, 2, 3, 4])[0]
+    g2 = remember(owner, memory_set, generated=[5, 6, 7, 8])[0]
+    g3, remembered, evicted, atoms = remember(owner, memory_set, generated=[9, 10, 11, 12])
     assert (remembered, evicted, atoms) == (4, 4, 8)
     assert {r[0] for r in memory_rows(owner, memory_set)} == {g2, g3}
     # Room for three more evicts nothing; a fourth more would need the next-oldest whole generation.
-    assert remember(owner, memory_set, generated=[13, 14], max_atoms=10)[1:] == (2, 0, 10)
-    _, _, evicted, atoms = remember(owner, memory_set, generated=[15], max_atoms=10)
+    assert remember(owner, memory_set, generated=[13, 14])[1:] == (2, 0, 10)
+    _, _, evicted, atoms = remember(owner, memory_set, generated=[15])
     assert (evicted, atoms) == (4, 7)
     assert g1 not in {r[0] for r in memory_rows(owner, memory_set)}
+
+
+def test_a_caller_cannot_grow_the_memory_past_the_sets_bound(owner, memory_set):
+    """max_atoms => 10^7 on every call (the old per-call bound) still leaves at most the set's 6 atoms."""
+    set_bound(owner, memory_set, 6)
+    held = [remember(owner, memory_set, generated=[i % VOCAB, (i + 1) % VOCAB], max_atoms=10_000_000)[3]
+            for i in range(8)]
+    assert max(held) == 6 and len(memory_rows(owner, memory_set)) == 6
+    assert bound(owner, memory_set) == 6
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="generated has 7 tokens, more than max_atoms "
+                                                                   r"\(6\) for atom set 'memory-test'"):
+        remember(owner, memory_set, generated=list(range(7)), max_atoms=10_000_000)
+
+
+def test_max_atoms_only_lowers_the_bound_for_its_call(owner, memory_set):
+    set_bound(owner, memory_set, 8)
+    remember(owner, memory_set, generated=[1, 2, 3])
+    remember(owner, memory_set, generated=[4, 5, 6])
+    assert remember(owner, memory_set, generated=[7], max_atoms=4)[2:] == (3, 4)     # evicted 3, holds 4
+    assert remember(owner, memory_set, generated=[8, 9, 10, 11])[2:] == (0, 8)      # the set's 8 again
+    assert bound(owner, memory_set) == 8
+
+
+def test_lowering_the_bound_evicts_the_oldest_generations_at_once(owner, memory_set):
+    first = remember(owner, memory_set, generated=[1, 2, 3])[0]
+    remember(owner, memory_set, generated=[4, 5, 6])
+    assert set_bound(owner, memory_set, 100) == 0
+    assert set_bound(owner, memory_set, 4) == 3
+    assert first not in {r[0] for r in memory_rows(owner, memory_set)}
+    assert owner.execute("SELECT atoms FROM memory_status(%s)", (memory_set,)).fetchone()[0] == 3
+    assert owner.execute("SELECT forget(%s)", (memory_set,)).fetchone()[0] == 3
+    assert bound(owner, memory_set) == 4                           # forget() empties, the bound stays
 
 
 def test_a_generation_longer_than_the_bound_is_refused_and_nothing_is_evicted(owner, memory_set):
@@ -123,6 +172,20 @@ def test_a_generation_longer_than_the_bound_is_refused_and_nothing_is_evicted(ow
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="generated has 6 tokens, more than max_atoms"):
         remember(owner, memory_set, generated=[1, 2, 3, 4, 5, 6], max_atoms=5)
     assert memory_rows(owner, memory_set) == before
+
+
+@pytest.mark.parametrize("atom_set, max_atoms, message", [
+    ("memory-test", 0, "max_atoms must be between 1 and 10000000, got 0"),
+    ("memory-test", None, "max_atoms must be between 1 and 10000000, got NULL"),
+    ("memory-test", 10_000_001, "max_atoms must be between 1 and 10000000, got 10000001"),
+    ("no-such-set", 5, "atom_set: no atom set named 'no-such-set'"),
+])
+def test_a_bad_bound_names_the_argument_and_changes_nothing(owner, memory_set, atom_set, max_atoms, message):
+    set_bound(owner, memory_set, 7)
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as error:
+        set_bound(owner, atom_set, max_atoms)
+    assert message in error.value.diag.message_primary
+    assert bound(owner, memory_set) == 7
 
 
 def test_concurrent_writers_never_exceed_the_bound(server_url, owner, memory_set):
@@ -156,7 +219,10 @@ def test_concurrent_writers_never_exceed_the_bound(server_url, owner, memory_set
     (dict(context=[1, 999]), "context: token id 999 (element 2) is not in atom set"),
     (dict(generated=None), "generated must be a non-empty array"),
     (dict(generated=[3, 999]), "generated: token id 999 (element 2) is not in atom set"),
-    (dict(path="spatial"), "path must be exact, speculative or hybrid, got 'spatial'"),
+    (dict(path="spatial"), "path must be exact or speculative, got 'spatial'"),
+    (dict(path="hybrid"), "path must be exact or speculative, got 'hybrid'"),
+    (dict(path="augmented"), "path must be exact or speculative, got 'augmented'"),
+    (dict(path=None), "path must be exact or speculative, got NULL"),
     (dict(max_atoms=0), "max_atoms must be between 1 and 10000000, got 0"),
     (dict(weight=0.0), "weight must be a positive finite number, got 0"),
     (dict(weight=float("inf")), "weight must be a positive finite number"),
@@ -188,13 +254,31 @@ def test_memory_must_be_true_or_false(owner, memory_set, function):
     "DELETE FROM memory_atoms",
     "UPDATE memory_atoms SET weight = 2",
     "TRUNCATE memory_atoms",
+    "SELECT set_memory_bound('memory-test', 10000000)",
+    "SELECT set_memory_bound('memory-test', 1)",
+    "UPDATE memory_bounds SET max_atoms = 10000000",
+    "DELETE FROM memory_bounds",
+    "INSERT INTO memory_bounds (atom_set_id, max_atoms) SELECT id, 10000000 FROM atom_sets WHERE name = 'memory-test' "
+    "ON CONFLICT (atom_set_id) DO UPDATE SET max_atoms = 10000000",
+    "TRUNCATE memory_bounds",
+    "SELECT ht_memory_evict(id, 100) FROM atom_sets WHERE name = 'memory-test'",
 ])
-def test_the_reader_role_cannot_write_the_memory(reader_url, owner, memory_set, statement):
+def test_the_reader_role_cannot_write_the_memory_or_its_bound(reader_url, owner, memory_set, statement):
+    set_bound(owner, memory_set, 5)
     remember(owner, memory_set)
     with psycopg.connect(reader_url, autocommit=True) as reader:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.execute(statement)
+        assert reader.execute("SELECT max_atoms FROM memory_status(%s)", (memory_set,)).fetchone()[0] == 5
     assert len(memory_rows(owner, memory_set)) == len(GENERATED)
+
+
+@pytest.mark.parametrize("function", ["remember(text, integer[], integer[], text, integer, double precision)",
+                                      "forget(text)", "set_memory_bound(text, integer)",
+                                      "ht_memory_evict(integer, bigint)"])
+def test_the_reader_role_may_not_execute_the_memorys_writers(owner, function):
+    assert owner.execute("SELECT has_function_privilege('hartonomous_reader', %s, 'EXECUTE')",
+                         (function,)).fetchone() == (False,)
 
 
 def test_the_reader_role_reads_the_memory_through_inference(reader_url, owner, memory_set):
@@ -296,21 +380,47 @@ class Result:
 
 
 @pytest.mark.parametrize("result, kept", [
-    (Result(), True), (Result(path="speculative", finish_reason="eos"), True), (Result(path="hybrid"), True),
-    (Result(path="spatial"), False), (Result(finish_reason="cancelled"), False), (Result(finish_reason="error"), False),
-    (Result(token_ids=()), False),
+    (Result(), True), (Result(path="speculative", finish_reason="eos"), True),
+    (Result(path="hybrid"), False), (Result(path="spatial"), False), (Result(path="augmented"), False),
+    (Result(finish_reason="cancelled"), False), (Result(finish_reason="error"), False), (Result(token_ids=()), False),
 ])
 def test_only_completed_generations_of_the_exact_models_words_are_remembered(result, kept):
+    """A whitelist: a path that mixes the store's guesses in (hybrid's spatial steps; any path not
+    listed, such as a later augmented one) is never remembered."""
     assert worth_remembering(result) is kept
+    assert REMEMBERED_PATHS == ("exact", "speculative")
 
 
 @pytest.mark.parametrize("options, message", [
     (dict(max_atoms=0), "max_atoms must be between 1 and 10,000,000"),
+    (dict(max_atoms=10_000_001), "max_atoms must be between 1 and 10,000,000"),
     (dict(weight=-1.0), "weight must be a positive finite number"),
 ])
 def test_the_writer_checks_its_settings(options, message):
     with pytest.raises(UserError, match=message):
         MemoryWriter("postgresql://unused", **options)
+
+
+def test_a_writer_with_a_bound_keeps_the_set_at_it_and_one_without_leaves_it(server_url, owner, memory_set):
+    """MemoryWriter(max_atoms=N) (`serve --memory-max-atoms N`) sets the set's bound before it
+    writes; a writer without one (Client(remember=True)) never touches it."""
+    set_bound(owner, memory_set, 50)
+    plain = MemoryWriter(server_url)
+    bounded = MemoryWriter(server_url, max_atoms=4)
+    try:
+        plain.remember(memory_set, CONTEXT, [1, 2, 3], "exact")
+        assert bound(owner, memory_set) == 50
+        assert bounded.remember(memory_set, CONTEXT, [4, 5], "exact").atoms == 2     # the older 3 evicted
+        assert bound(owner, memory_set) == 4
+        set_bound(owner, memory_set, 6)                                              # an owner lowers it...
+        plain.remember(memory_set, CONTEXT, [6, 7], "exact")
+        assert bound(owner, memory_set) == 6
+        bounded.remember(memory_set, CONTEXT, [8], "exact")                          # ...the server's comes back
+        assert bound(owner, memory_set) == 4 and plain.status(memory_set).atoms <= 4
+        assert bounded.set_bound(memory_set, 1) == 2 and bound(owner, memory_set) == 1
+    finally:
+        plain.close()
+        bounded.close()
 
 
 def test_a_failed_remember_is_logged_and_counted_not_raised(server_url, caplog):
@@ -379,6 +489,37 @@ def test_a_client_without_memory_neither_reads_nor_writes_it(server_url, random_
     finally:
         writer.forget(random_tiny_set)
         writer.close()
+
+
+@pytest.mark.parametrize("risk_threshold", [math.inf, 0.0])
+def test_hybrid_generations_are_not_remembered(server_url, random_tiny_set, risk_threshold):
+    """Hybrid's spatial steps are the store's own guesses (inf: every step); even where every step
+    was the model's (0), the path is not on the whitelist. The exact path's are remembered."""
+    model, tokenizer = tiny_model(0)
+    writer = MemoryWriter(server_url)
+    writer.forget(random_tiny_set)
+    options = dict(max_new_tokens=8, temperature=0.0, stop_at_eos=False)
+    try:
+        with Client(database_url=server_url, atom_set=random_tiny_set, exact_model=ExactModel(model, tokenizer),
+                    remember=writer, risk_threshold=risk_threshold) as client:
+            hybrid = client.generate([5, 6, 7], path="hybrid", **options)
+            assert hybrid.finish_reason == "length" and len(hybrid.token_ids) == 8
+            assert writer.status(random_tiny_set).atoms == 0 and writer.failed == 0
+            client.generate([5, 6, 7], path="exact", **options)
+            assert writer.status(random_tiny_set).atoms == 8
+    finally:
+        writer.forget(random_tiny_set)
+        writer.close()
+
+
+@pytest.mark.parametrize("path", ["hybrid", "spatial"])
+def test_generate_refuses_to_remember_a_path_that_mixes_the_store_in(capsys, path):
+    from generation_helpers import run_cli
+
+    code, out, err = run_cli(capsys, "generate", "def f(x):", "--path", path, "--remember")
+    assert code != 0 and not out
+    assert "--remember keeps only the exact model's words: use it with --path exact or speculative" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_the_spatial_path_reads_the_memory_only_when_asked(server_url, random_tiny_set):

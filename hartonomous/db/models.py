@@ -112,7 +112,7 @@ class MemoryAtom(Base):
     __table_args__ = (
         CheckConstraint("step >= 0", name="memory_atoms_step_check"),
         CheckConstraint("weight > 0 AND weight < 'Infinity'", name="memory_atoms_weight_check"),
-        CheckConstraint("path IN ('exact', 'speculative', 'hybrid')", name="memory_atoms_path_check"),
+        CheckConstraint("path IN ('exact', 'speculative')", name="memory_atoms_path_check"),   # 0014
         Index("memory_atoms_position_gist", "position", postgresql_using="gist",
               postgresql_ops={"position": "gist_geometry_ops_nd"}),
         {"postgresql_partition_by": "LIST (atom_set_id)"},
@@ -128,6 +128,22 @@ class MemoryAtom(Base):
     weight: Mapped[float] = mapped_column(Double)
     path: Mapped[str] = mapped_column(Text)
     remembered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class MemoryBound(Base):
+    """A set's memory bound, in atoms (migration 0014, sql/070_memory.sql): written by the owner
+    with `set_memory_bound()`, enforced by `remember()`; a set without a row has 100,000."""
+
+    __tablename__ = "memory_bounds"
+    __table_args__ = (
+        CheckConstraint("max_atoms BETWEEN 1 AND 10000000", name="memory_bounds_max_atoms_check"),
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    max_atoms: Mapped[int] = mapped_column(Integer)
+    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class _SetCoordinates:

@@ -48,12 +48,16 @@ def register(app: typer.Typer) -> None:
                                      help="Load the exact model in the background at start-up."),
         log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
         remember: bool = typer.Option(False, "--remember/--no-remember",
-                                      help="Remember completed exact, speculative and hybrid generations in the "
-                                           "atom set's memory (written by the database owner, never the reader), "
-                                           "and let speculative drafts read it. Off by default."),
-        memory_max_atoms: int = typer.Option(100_000, "--memory-max-atoms", min=1, max=10_000_000,
-                                             help="With --remember: the memory's bound per atom set, in atoms (one "
-                                                  "per generated token); the oldest generations are evicted."),
+                                      help="Remember completed exact and speculative generations (the exact "
+                                           "model's words) in the atom set's memory (written by the database "
+                                           "owner, never the reader), and let speculative drafts read it. Off by "
+                                           "default."),
+        memory_max_atoms: Optional[int] = typer.Option(None, "--memory-max-atoms", min=1, max=10_000_000,
+                                                       help="With --remember: set this bound on the memory of each "
+                                                            "atom set the server writes, in atoms (one per generated "
+                                                            "token; the oldest generations are evicted). Default: "
+                                                            "each set's own bound (100,000 unless the owner set "
+                                                            "one with set_memory_bound)."),
         memory_weight: Optional[float] = typer.Option(None, "--memory-weight",
                                                       help="With --remember: a remembered atom's weight (default: "
                                                            "the atom set's history_weight)."),
@@ -92,7 +96,8 @@ def register(app: typer.Typer) -> None:
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
                   "address can use it", file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
-        memory = f"; remembering generations (at most {memory_max_atoms:,} atoms per set)" if remember else ""
+        bound = f"at most {memory_max_atoms:,} atoms per set" if memory_max_atoms else "each set's own bound"
+        memory = f"; remembering generations ({bound})" if remember else ""
         print(f"hartonomous: http://{shown}:{port}/ (playground), /docs (API); database {redact(url)}; "
               f"{default_set}{memory}", file=sys.stderr)
         uvicorn.run(create_app(config=config), host=host, port=port, log_level=log_level.lower(),

@@ -5,9 +5,11 @@ connection from a pool for as long as it generates. The exact model is loaded on
 use, or in the background at start-up) and shared; its forward passes are serialised by a lock,
 so concurrent generations interleave step by step instead of fighting over the CPU cores.
 Generations run in a bounded thread pool; the event loop never blocks on them.
-With `remember` on, completed exact, speculative and hybrid generations are written into the atom
-set's memory (hartonomous/speculative/memory.py) through one writer connection of the owner's, kept apart from
-the reader pool, and speculative drafts read that memory.
+With `remember` on, completed exact and speculative generations (the exact model's words; never
+the spatial or hybrid path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
+through one writer connection of the owner's, kept apart from the reader pool, and speculative
+drafts read that memory. `memory_max_atoms`, when set, is written as the bound of each set's memory
+before the server writes there; the database enforces it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class ServerConfig:
     ping_seconds: float = 15.0            # SSE keep-alive comment interval
     preload_exact: bool = False           # load the exact model in the background at start-up
     remember: bool = False                # write completed generations to the set's memory; drafts read it
-    memory_max_atoms: int = 100_000       # the memory's bound per atom set (oldest generations evicted)
+    memory_max_atoms: int | None = None   # the bound this server sets on each set's memory (None: the sets' own)
     memory_weight: float | None = None    # a remembered atom's weight (None: the set's history_weight)
     writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
 

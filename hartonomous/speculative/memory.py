@@ -1,14 +1,15 @@
 """A memory of past generations: what the exact model said, kept beside an atom set for drafting.
 
-Completed generations of the exact, speculative and hybrid paths (every token the exact model
-produced or confirmed) can be written back, one atom per generated token at the key of the text
-before it (sql/070_memory.sql). The speculative path's drafter reads them beside the set's atoms
+Completed generations of the paths in REMEMBERED_PATHS (exact, speculative: every token the exact
+model chose) can be written back, one atom per generated token at the key of the text before it
+(sql/070_memory.sql). The speculative path's drafter reads them beside the set's atoms
 (`draft_tokens(..., memory => true)`), so a repeated or similar request drafts what the model said
 before, as SuffixDecoding does with its tree over past outputs. Atom sets stay immutable, and the
 reader role never writes: a MemoryWriter holds its own connection as the database owner, and the
-SQL function `remember()` validates, bounds the memory at `max_atoms` and evicts the oldest
-generations. Off by default everywhere (`Client(memory=..., remember=...)`, `serve --remember`);
-`compare` never reads it, so reports depend on the atom set alone.
+SQL function `remember()` validates, keeps the memory within the set's bound (`memory_bounds`,
+written by the owner with `set_memory_bound()`) and evicts the oldest generations. Off by default
+everywhere (`Client(memory=..., remember=...)`, `serve --remember`); `compare` reads it only with
+`--memory`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ from hartonomous.errors import UserError
 
 log = logging.getLogger("hartonomous.speculative.memory")
 
-DEFAULT_MAX_ATOMS = 100_000          # per atom set; remember() evicts whole generations beyond it
-MAX_ATOMS_LIMIT = 10_000_000         # remember()'s own bound on max_atoms
-REMEMBERED_PATHS = ("exact", "speculative", "hybrid")   # what the exact model said (not the spatial path's guesses)
+DEFAULT_MAX_ATOMS = 100_000          # a set's bound where the owner never set one (SQL ht_memory_bound)
+MAX_ATOMS_LIMIT = 10_000_000         # set_memory_bound()'s own limit on a bound
+# A whitelist of the paths whose every token is the exact model's choice: exact, and speculative
+# (a draft is kept only where the model agrees). A path that mixes the store's guesses into the
+# output is never remembered: the spatial path, hybrid (its spatial steps are the store's), and
+# any later one (the planned augmented path) until it is added here and to remember()'s own list
+# on purpose. sql/070_memory.sql refuses any other path too.
+REMEMBERED_PATHS = ("exact", "speculative")
 REMEMBERED_REASONS = ("eos", "length", "stop_token", "stop_string")   # completed, not cancelled or failed
 
 
@@ -64,7 +70,7 @@ def status(conn: Any, atom_set: str | None) -> MemoryStatus:
 
 
 def worth_remembering(result: Any) -> bool:
-    """A completed generation of a path whose tokens are the exact model's, with tokens to keep."""
+    """A completed generation of a REMEMBERED_PATHS path (every token the exact model's), with tokens."""
     return (result.path in REMEMBERED_PATHS and result.finish_reason in REMEMBERED_REASONS
             and len(result.token_ids) > 0)
 
@@ -74,14 +80,18 @@ class MemoryWriter:
 
     Thread-safe: one connection, one lock (a remember() takes a few milliseconds). Connects on
     first use; `url` defaults to the owner's (the embedded cluster's), which the reader role's
-    server never hands out.
+    server never hands out. The bound is the set's (`remember()` enforces it): `max_atoms` None
+    leaves every set's bound as it is; a number is the owner's configuration
+    (`serve --memory-max-atoms`), and the writer sets it as the bound of each set it writes into,
+    before each write (`set_memory_bound()`; nothing is written while it is unchanged).
     """
 
-    def __init__(self, url: str | None = None, *, max_atoms: int = DEFAULT_MAX_ATOMS, weight: float | None = None):
+    def __init__(self, url: str | None = None, *, max_atoms: int | None = None, weight: float | None = None):
         if weight is not None and not (weight > 0 and weight < float("inf")):
             raise UserError(f"the memory's weight must be a positive finite number (or left out for the atom "
                             f"set's history_weight), got {weight}")
-        self.url, self.max_atoms, self.weight = url, check_max_atoms(max_atoms), weight
+        self.url, self.weight = url, weight
+        self.max_atoms = None if max_atoms is None else check_max_atoms(max_atoms)
         self._conn = None
         self._lock = threading.Lock()
         self.written = 0             # generations remembered by this writer
@@ -101,8 +111,10 @@ class MemoryWriter:
         from hartonomous import sqlcalls
 
         with self._lock:
-            row = sqlcalls.remember(self._connection(), atom_set, prompt_ids, token_ids, path, self.max_atoms,
-                                    self.weight)
+            conn = self._connection()
+            if self.max_atoms is not None:
+                sqlcalls.set_memory_bound(conn, atom_set, self.max_atoms)
+            row = sqlcalls.remember(conn, atom_set, prompt_ids, token_ids, path, weight=self.weight)
             self.written += 1
         return Remembered(*row)
 
@@ -122,6 +134,13 @@ class MemoryWriter:
                     self._conn.close()
                 self._conn = None
             return None
+
+    def set_bound(self, atom_set: str | None, max_atoms: int) -> int:
+        """Set the set's memory bound (the owner's); the atoms evicted to fit it."""
+        from hartonomous import sqlcalls
+
+        with self._lock:
+            return sqlcalls.set_memory_bound(self._connection(), atom_set, check_max_atoms(max_atoms))
 
     def forget(self, atom_set: str | None) -> int:
         """Empty the set's memory; the atoms removed."""
