@@ -496,3 +496,241 @@ def test_generate_tokens_accepts_at_most_max_new_tokens(db, sets) -> None:
                                     None, None))
     _assert_fails_naming(error, "max_new_tokens")
     assert "4096" in error.diag.message_primary
+
+
+# -- draft_tokens -------------------------------------------------------------------------------------
+# Its own arguments are checked first (n, first_step with seed, first_step's range, memory), then the
+# context, the sampler arguments and the atom set, as next_token checks them.
+
+DRAFT = ("SELECT step, token_id, token_ids, probabilities FROM draft_tokens(%s::int[], %s::int, %s::float8, "
+         "%s::int, %s::float8, %s::float8, %s::int, %s::text, %s::float8, %s::bigint, %s::int, %s::int[], "
+         "%s::float8, %s::int, %s::boolean)")
+MAX_DRAFT = 64
+VALID["n"] = st.integers(1, 10)
+ANY["n"] = st.one_of(ANY_INT, st.sampled_from([0, MAX_DRAFT, MAX_DRAFT + 1]))
+VALID["first_step"] = st.one_of(st.just(0), st.integers(0, 10**6))
+ANY["first_step"] = st.one_of(ANY_INT, st.sampled_from([2**31 - 1 - MAX_DRAFT, 2**31 - MAX_DRAFT]))
+VALID["memory"] = st.booleans()
+ANY["memory"] = st.one_of(st.none(), st.booleans())
+
+
+def _draft_error(n, seed, first_step, memory) -> str | None:
+    if n is None or not 1 <= n <= MAX_DRAFT:
+        return "n"
+    if seed is not None and first_step is None:
+        return "first_step"
+    if first_step is not None and not 0 <= first_step <= 2**31 - 1 - n:
+        return "first_step"
+    if memory is None:
+        return "memory"
+    return None
+
+
+def _stops(stop_tokens) -> set[int]:
+    return set(stop_tokens or []) - {None}
+
+
+@settings(FUZZ, max_examples=100)
+@given(a=inputs(("context", "n", *SAMPLER, "atom_set", "seed", "first_step", "stop_tokens", "memory")))
+def test_draft_tokens_drafts_distributions_of_the_set_or_22023(db, sets, a) -> None:
+    n = a["n"]
+    params = _params(a)
+    rows, error = _call(db, DRAFT, (a["context"], n, *params[1:], a["seed"], a["first_step"], a["stop_tokens"],
+                                    *_history(a), a["memory"]))
+    own = _draft_error(n, a["seed"], a["first_step"], a["memory"])
+    argument, fs = (own, None) if own else _expected(db, sets, a)
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    assert [r[0] for r in rows] == list(range(len(rows))) and len(rows) <= n
+    context, stops = list(a["context"]), _stops(a["stop_tokens"])
+    for _, token, ids, probabilities in rows:         # each step's q: next_token on the text drafted so far
+        check_distribution(list(zip(ids, probabilities)),
+                           fs.can_answer(context, a["history_weight"], a["history_window"]))
+        assert token in ids
+        if a["temperature"] == 0:
+            assert ids == [token] and probabilities == [1.0]
+        context.append(token)
+    if len(rows) < n:                                 # stopped early: a stop token (kept) or no candidates
+        assert (rows and rows[-1][1] in stops) or a["search_radius"] is not None
+    assert not stops & {r[1] for r in rows[:-1]}
+
+
+# -- draft_tree -----------------------------------------------------------------------------------------
+# depth and width first, then next_token's checks (memory, the context, the sampler, the atom set).
+
+TREE = ("SELECT branch, step, token_id FROM draft_tree(%s::int[], %s::int, %s::int, %s::float8, %s::int, "
+        "%s::text, %s::float8, %s::int[], %s::float8, %s::int, %s::boolean)")
+MAX_WIDTH = 16
+VALID["depth"] = st.integers(1, 6)
+ANY["depth"] = ANY["n"]
+VALID["width"] = st.one_of(st.integers(1, 4), st.just(MAX_WIDTH))
+ANY["width"] = st.one_of(ANY_INT, st.sampled_from([0, MAX_WIDTH, MAX_WIDTH + 1]))
+TREE_SAMPLER = ("search_radius", "max_neighbors", "repetition_penalty", "history_weight", "history_window")
+
+
+def _tree_error(a: dict) -> str | None:
+    if a["depth"] is None or not 1 <= a["depth"] <= MAX_DRAFT:
+        return "depth"
+    if a["width"] is None or not 1 <= a["width"] <= MAX_WIDTH:
+        return "width"
+    if a["memory"] is None:
+        return "memory"
+    if _context_error(a["context"]):
+        return "context"
+    return _sampler_error(1.0, a["width"], 1.0, *(a[k] for k in TREE_SAMPLER))
+
+
+@settings(FUZZ, max_examples=80)
+@given(a=inputs(("context", "depth", "width", *TREE_SAMPLER, "atom_set", "stop_tokens", "memory")))
+def test_draft_tree_drafts_branches_of_the_set_or_22023(db, sets, a) -> None:
+    rows, error = _call(db, TREE, (a["context"], a["depth"], a["width"], a["search_radius"], a["max_neighbors"],
+                                   a["atom_set"], a["repetition_penalty"], a["stop_tokens"], *_history(a),
+                                   a["memory"]))
+    argument, fs = _tree_error(a), None
+    if argument is None:
+        fs = _resolve(db, sets, a["atom_set"])
+        argument = _set_error(fs, a["context"])
+    if argument:
+        return _assert_fails_naming(error, argument)
+    _assert_succeeds(error)
+    branches = sorted({r[0] for r in rows})
+    assert branches == list(range(1, len(branches) + 1)) and len(branches) <= a["width"]
+    assert rows == sorted(rows, key=lambda r: (r[0], r[1]))
+    assert branches or a["search_radius"] is not None
+    firsts = [r[2] for r in rows if r[1] == 0]
+    assert len(firsts) == len(branches) == len(set(firsts))          # distinct first tokens, one per branch
+    stops = _stops(a["stop_tokens"])
+    for b in branches:
+        tokens = [r[2] for r in rows if r[0] == b]
+        assert [r[1] for r in rows if r[0] == b] == list(range(len(tokens))) and len(tokens) <= a["depth"]
+        context = list(a["context"])
+        for token in tokens:
+            assert token in fs.can_answer(context, a["history_weight"], a["history_window"])
+            context.append(token)
+        if len(tokens) < a["depth"]:
+            assert tokens[-1] in stops or a["search_radius"] is not None
+        assert not stops & set(tokens[:-1])
+
+
+# -- remember, forget and set_memory_bound (the owner's) --------------------------------------------
+# remember() checks the atom set, context, generated, path, max_atoms, weight, then the ids (generated's,
+# then context's), then the length against the set's bound (max_atoms may only lower it). A refused call
+# leaves the memory and its bound as they were; an accepted one keeps the memory within the bound,
+# evicting whole generations, oldest first.
+
+MEMORY_SET = "fuzz_memory"
+REMEMBER = "SELECT * FROM remember(%s::text, %s::int[], %s::int[], %s::text, %s::int, %s::float8)"
+BOUND_LIMIT = 10_000_000
+VALID_M = {
+    "atom_set": st.just(MEMORY_SET),
+    "context": st.lists(TOKEN, min_size=1, max_size=12),
+    "generated": st.lists(TOKEN, min_size=1, max_size=12),
+    "path": st.sampled_from(["exact", "speculative"]),
+    "max_atoms": st.one_of(st.none(), st.integers(1, 40), st.just(BOUND_LIMIT)),
+    "weight": st.one_of(st.none(), st.floats(0.01, 100.0), st.sampled_from([5e-324, 1.7e308])),
+    "bound": st.one_of(st.integers(1, 40), st.just(BOUND_LIMIT)),
+}
+ANY_M = {
+    # not NULL: that is the database's default set, perhaps another module's
+    "atom_set": st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20),
+    "context": ANY["context"], "generated": ANY["context"],
+    "path": st.one_of(st.none(), st.sampled_from(["hybrid", "spatial", "augmented", "EXACT", "exact ", ""]),
+                      st.text(max_size=8)),
+    "max_atoms": st.one_of(ANY_INT, st.sampled_from([0, BOUND_LIMIT + 1])),
+    "weight": ANY_FLOAT,
+    "bound": st.one_of(ANY_INT, st.sampled_from([0, BOUND_LIMIT + 1])),
+}
+
+
+@pytest.fixture(scope="module")
+def owner(server_url: str) -> Iterator[psycopg.Connection]:
+    """The owner's connection, and a set of its own whose memory starts empty with a bound of 30."""
+    _write(server_url, MEMORY_SET, 5, (-3, 3), 1.0, centroid_window=3, centroid_decay=0.5)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("SELECT set_memory_bound(%s, 30)", (MEMORY_SET,))
+        yield conn
+        assert conn.execute("SELECT 1").fetchone() == (1,), "the database did not survive the memory calls"
+        drop_atom_set(conn, MEMORY_SET)
+
+
+def _memory_state(conn: psycopg.Connection) -> tuple[list[tuple], int]:
+    rows = conn.execute("SELECT m.generation, m.step, m.token_id, m.weight, m.path FROM memory_atoms m "
+                        "JOIN atom_sets s ON s.id = m.atom_set_id WHERE s.name = %s ORDER BY 1, 2",
+                        (MEMORY_SET,)).fetchall()
+    return rows, conn.execute("SELECT max_atoms FROM memory_status(%s)", (MEMORY_SET,)).fetchone()[0]
+
+
+def _remember_error(a: dict, bound: int, names: set[str]) -> str | None:
+    if a["atom_set"] not in names:
+        return "atom_set"
+    for argument in ("context", "generated"):
+        if _context_error(a[argument]):
+            return argument
+    if a["path"] not in ("exact", "speculative"):
+        return "path"
+    if a["max_atoms"] is not None and not 1 <= a["max_atoms"] <= BOUND_LIMIT:
+        return "max_atoms"
+    if a["weight"] is not None and not (0 < a["weight"] < math.inf):
+        return "weight"
+    for argument in ("generated", "context"):
+        if any(not 0 <= t < VOCAB for t in a[argument]):
+            return argument
+    if len(a["generated"]) > min(bound, a["max_atoms"] or bound):
+        return "generated"
+    return None
+
+
+def _generations(rows: list[tuple]) -> list[int]:
+    return sorted({r[0] for r in rows})
+
+
+@settings(FUZZ, max_examples=150)
+@given(data=st.data())
+def test_remember_forget_and_the_bound_answer_or_22023_and_keep_the_memory_whole(owner, data) -> None:
+    names = {r[0] for r in owner.execute("SELECT name FROM atom_sets")}
+    call = data.draw(st.sampled_from(["remember"] * 4 + ["forget", "set_memory_bound"]), label="call")
+    fields = {"remember": ("atom_set", "context", "generated", "path", "max_atoms", "weight"),
+              "forget": ("atom_set",), "set_memory_bound": ("atom_set", "bound")}[call]
+    fuzzed = data.draw(st.sets(st.sampled_from(fields), max_size=2), label="fuzzed")
+    a = {k: data.draw(ANY_M[k] if k in fuzzed else VALID_M[k], label=k) for k in fields}
+    if a["atom_set"] != MEMORY_SET and a["atom_set"] in names:
+        return                                       # another module's set: not this test's to write
+    before, bound = _memory_state(owner)
+    if call == "remember":
+        rows, error = _call(owner, REMEMBER, tuple(a[k] for k in fields))
+        argument = _remember_error(a, bound, names)
+    elif call == "forget":
+        rows, error = _call(owner, "SELECT forget(%s::text)", (a["atom_set"],))
+        argument = None if a["atom_set"] in names else "atom_set"
+    else:
+        rows, error = _call(owner, "SELECT set_memory_bound(%s::text, %s::int)", (a["atom_set"], a["bound"]))
+        argument = ("atom_set" if a["atom_set"] not in names else
+                    None if a["bound"] is not None and 1 <= a["bound"] <= BOUND_LIMIT else "max_atoms")
+    after, bound_after = _memory_state(owner)
+    if argument:
+        _assert_fails_naming(error, argument)
+        assert (after, bound_after) == (before, bound), "a refused call changed the memory"
+        return
+    _assert_succeeds(error)
+    if call == "forget":
+        assert rows == [(len(before),)] and after == [] and bound_after == bound
+        return
+    kept = _generations(after)
+    if call == "set_memory_bound":
+        assert bound_after == a["bound"] and len(after) <= a["bound"]
+        assert rows == [(len(before) - len(after),)]
+        old = _generations(before)
+        assert kept == old[len(old) - len(kept):]           # the newest whole generations stay
+        assert after == [r for r in before if r[0] in kept]
+        return
+    (generation, remembered, evicted, atoms), = rows
+    limit = min(bound, a["max_atoms"] or bound)
+    assert bound_after == bound and remembered == len(a["generated"])
+    assert atoms == len(after) == len(before) - evicted + remembered <= limit
+    assert kept[-1] == generation and generation > max(_generations(before), default=0)
+    old = _generations(before)
+    assert kept[:-1] == old[len(old) - len(kept) + 1:]        # evicted: the oldest whole generations
+    weight = 1.0 if a["weight"] is None else a["weight"]      # the set's history_weight is 0
+    assert [r[1:] for r in after if r[0] == generation] == [
+        (k, t, weight, a["path"]) for k, t in enumerate(a["generated"])]
