@@ -710,7 +710,7 @@ class FixedTree:
     trees must not depend on how fast this machine runs the tiny model."""
 
     def __init__(self, width: int):
-        self.width = width
+        self.width = self.max_width = width
 
     def length(self, left: int) -> int:
         return min(4, left)
@@ -758,7 +758,7 @@ def test_a_tree_whose_later_branch_is_right_keeps_it_and_refeeds_it(spatial):
 
 
 def tree_engine(spatial) -> Engine:
-    """Speculative rounds that draft trees of 3 branches after a first 1-token chain round."""
+    """Speculative rounds that draft trees of 3 branches after a first 1-token round."""
     from hartonomous.speculative.draft_cost import ForwardCosts
 
     engine = speculative(spatial, draft_tokens=1, max_draft_tokens=4, costs=ForwardCosts((0.04,) * 16),
@@ -778,14 +778,40 @@ def test_sampling_may_draft_trees_too(spatial):
         speculative(spatial, max_tree_width=17)
 
 
+def test_a_sample_with_trees_does_not_depend_on_the_costs_that_choose_trees_or_chains(spatial):
+    """At T > 0 with trees allowed, cost tables that make one run draft trees, another chains and a
+    third plain steps give the seed's one sample: the shape a machine's timings pick never picks
+    the tokens."""
+    from hartonomous.speculative.draft_cost import ForwardCosts
+
+    # Forwards of a second, beside which this machine's draft calls (milliseconds) do not count.
+    trees = ForwardCosts((1.0,) * 16)                        # every width costs the same: trees pay
+    chains = ForwardCosts((1.0, 1.0) + (100.0,) * 14)        # 2 fed tokens cheap, 3+ (any tree) dear
+    plain = ForwardCosts(tuple(1.0 * n for n in range(1, 17)))    # every fed token costs: no drafts pay
+    config = SAMPLED.with_options(max_new_tokens=24)
+    runs = {}
+    for name, costs in (("trees", trees), ("chains", chains), ("plain", plain)):
+        engine = speculative(spatial, draft_tokens=2, max_draft_tokens=2, costs=costs, max_tree_width=3)
+        runs[name] = engine.generate(PROMPTS[0], config)
+    tree_stats, chain_stats, plain_stats = (runs[name].stats for name in ("trees", "chains", "plain"))
+    assert max(tree_stats.draft_widths) > 1
+    assert max(chain_stats.draft_widths) == 1 and max(chain_stats.draft_lengths[1:]) == 2   # chains after the first
+    assert runs["trees"].token_ids == runs["chains"].token_ids == runs["plain"].token_ids
+    assert plain_stats.draft_lengths[1:].count(0) > len(plain_stats.draft_lengths) // 2
+    assert len(runs["trees"].token_ids) == 24
+    other = speculative(spatial, draft_tokens=2, max_draft_tokens=2, costs=trees, max_tree_width=3).generate(
+        PROMPTS[0], config.with_options(seed=12))
+    assert other.token_ids != runs["trees"].token_ids           # the seed still decides
+
+
 # Trees need a first chain round and then rounds of 2+ tokens: 4 tokens a run, top-k 2 so that each
 # of the 16 sequences expects ~90 of 1500 runs (the test has power; the check below shows it).
 TREE_SAMPLER = SamplerArgs(temperature=1.3, top_k=2, top_p=1.0, repetition_penalty=1.2)
 
 
 def test_sampled_output_with_trees_has_the_exact_paths_distribution(spatial):
-    """Chi-squared over 1500 seeded runs of 4 tokens, each run a 1-token chain round and then
-    trees verified by drawing from p, against the exact path's joint probabilities."""
+    """Chi-squared over 1500 seeded runs of 4 tokens, each run a 1-token round and then trees,
+    every position verified by drawing from p, against the exact path's joint probabilities."""
     engine = tree_engine(spatial)
     prompt = PROMPTS[0]
     joint = exact_joint(engine.encode(prompt), TREE_SAMPLER, 4)

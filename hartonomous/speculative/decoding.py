@@ -17,7 +17,7 @@ Per round, with i the position of the next output token (0 = the first generated
 The draft length adapts. With forward costs measured at start-up (`costs`, hartonomous/speculative/draft_cost.py;
 what the client and the server pass) the first round drafts `draft_tokens` and every later one
 the length with the most expected tokens per second given the running acceptance and the measured
-cost of feeding that many tokens (CostShapedPolicy); at T > 0 its "plain" rounds draft one token
+cost of feeding that many tokens (CostShapedPolicy); at T > 0 (chains only) its "plain" rounds draft one token
 (a forward of one token, judged by the acceptance rule), so every output position is decided by
 the same rule whatever the timings. Without costs (the legacy schedule): after a full acceptance
 it grows by 2, after a rejection it shrinks by 1, within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
@@ -38,6 +38,11 @@ length, on max_new_tokens or on stop conditions. One exception: a position decid
 acceptance rule, so pausing (a function of the run's past only) gives another sample with the
 same distribution; it is still reproducible by seed, and a shorter run is still a prefix. It is a different (equally distributed) sample
 than the exact path's, which draws seeded_uniform(S, i).
+Trees (`max_tree_width` > 1 with measured costs): whether a round drafts a tree, a chain or
+nothing depends on the timings, so at T > 0 every position of such a run is the draw from p at
+seeded_uniform(S, 2i + 1) (trees, chains as 1-wide trees, and plain steps alike; a draft is kept
+when it is that draw): the sample is a function of the seed, the position and the text alone on
+any machine, the same as a run of plain steps.
 """
 
 from __future__ import annotations
@@ -230,6 +235,9 @@ class SpeculativeRun:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
         policy = self.backend.policy(self.sampler)
+        # At T > 0 a policy that may draft trees decides every position by a draw from p (trees,
+        # width-1 trees and plain steps alike), so the timings that pick the shape never pick the sample.
+        draws = self.sampler.temperature > 0 and getattr(policy, "max_width", 1) > 1
         produced = 0
         while produced < self.max_new_tokens:
             if self.cancel.is_set():
@@ -237,7 +245,7 @@ class SpeculativeRun:
             n = policy.length(self.max_new_tokens - produced) if stats.rounds else \
                 min(self.backend.draft_tokens, self.max_new_tokens - produced)
             width = getattr(policy, "width", 1) if stats.rounds and n >= 2 else 1
-            if width > 1:
+            if width > 1 or (draws and n):
                 yield from self._tree_round(state, policy, n, width, produced)
                 produced = len(state.ids) - len(self.prompt_ids)
                 continue
@@ -414,8 +422,8 @@ class SpeculativeBackend:
     def policy(self, sampler: SamplerArgs) -> "DraftPolicy | CostShapedPolicy":
         """One generation's draft-length policy: cost-shaped when forward costs were measured."""
         if self.adaptive and self.costs is not None:
-            greedy = sampler.temperature == 0
-            return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=0 if greedy else 1,
+            draws = sampler.temperature == 0 or self.max_tree_width > 1   # a plain step decides as a round would
+            return CostShapedPolicy(self.costs, self.max_draft_tokens, min_draft=0 if draws else 1,
                                     max_width=self.max_tree_width)
         return DraftPolicy(self)
 
