@@ -104,6 +104,51 @@ def test_concurrent_first_requests_measure_the_costs_once(monkeypatch) -> None:
     assert len(calls) == 1 and got == [CPU] * 4
 
 
+def test_measured_costs_are_kept_on_disk_per_runtime_and_cpu(monkeypatch, tmp_path) -> None:
+    """A second model object (a new process: another CLI call) reads the file instead of measuring;
+    a changed key (here the thread count) or a corrupt file measures again; neither is an error."""
+    import json
+
+    import torch
+
+    from hartonomous.speculative import draft_cost
+
+    calls = []
+
+    def counting_measure(model):
+        calls.append(model)
+        return measure_forward_costs(model, max_tokens=draft_cost.MAX_MEASURED, prefix=8, repeats=1)
+
+    monkeypatch.setattr(draft_cost, "measure_forward_costs", counting_measure)
+    model, tokenizer = tiny_model(0)
+
+    def fresh() -> ForwardCosts:
+        return draft_cost.forward_costs(ExactModel(model, tokenizer), tmp_path)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        first = fresh()
+        files = list(tmp_path.iterdir())
+        assert len(calls) == 1 and len(files) == 1 and files[0].suffix == ".json"
+        stored = json.loads(files[0].read_text())
+        assert stored["key"]["threads"] == 1 and stored["key"]["cpu"] == draft_cost.cpu_name()
+        assert stored["key"]["torch"] == torch.__version__ and stored["key"]["device"] == "cpu"
+        assert fresh() == first and len(calls) == 1                     # read back, not measured
+        torch.set_num_threads(2)
+        fresh()
+        assert len(calls) == 2 and len(list(tmp_path.iterdir())) == 2  # another key: measured, kept apart
+        torch.set_num_threads(1)
+        for damage in ("{not json", json.dumps({"key": stored["key"], "prefix": 8, "seconds": [-1.0] * 16})):
+            files[0].write_text(damage)
+            fresh()
+            assert json.loads(files[0].read_text())["seconds"][0] > 0  # measured again and rewritten
+        assert len(calls) == 4
+        assert fresh() is not None and len(calls) == 4
+    finally:
+        torch.set_num_threads(threads)
+
+
 # -- trees (greedy): the width from the first token's running acceptance per width ------------
 
 def test_a_tree_is_drafted_where_a_wider_first_position_catches_the_misses() -> None:

@@ -30,11 +30,16 @@ running draft-call time of width w.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_MEASURED = 16            # forward costs measured for 1..16 tokens
 MEASURE_PREFIX = 128         # tokens cached before the timed forwards (a realistic KV-cache length)
@@ -46,6 +51,7 @@ DRAFT_SECONDS_PRIOR = 0.003  # a draft call before one is timed (PL/pgSQL backof
 PROBE_EVERY = 8              # plain rounds between probes while drafting does not pay
 WIDER_PRIOR_GAIN = 0.25      # prior: one more first candidate catches this share of the misses left
 _MEASURING = threading.Lock()  # concurrent first requests measure once, not side by side
+CACHE_VERSION = 1            # bump when what is measured (or how) changes
 
 
 @dataclass(frozen=True)
@@ -66,19 +72,94 @@ class ForwardCosts:
         return {"prefix": self.prefix, "ms": [round(s * 1000, 3) for s in self.seconds]}
 
 
-def forward_costs(model) -> ForwardCosts:
+def forward_costs(model, cache_dir: Path | None = None) -> ForwardCosts:
     """The model's forward costs, measured on first use and kept on the model object (a server
     measures once, whatever the number of requests; concurrent first requests wait for one
-    measurement rather than timing each other's forwards)."""
+    measurement rather than timing each other's forwards). With `cache_dir` they are also kept on
+    disk per runtime and CPU (`cost_key`), so a new process (a CLI call) reads them instead of
+    spending seconds measuring; a missing, corrupt or foreign file is measured again and rewritten."""
     known = getattr(model, "_hartonomous_forward_costs", None)
     if known is not None:
         return known
     with _MEASURING:
         known = getattr(model, "_hartonomous_forward_costs", None)
         if known is None:
-            known = measure_forward_costs(model)
+            key = cost_key(model) if cache_dir is not None else None
+            known = _load(Path(cache_dir), key) if key is not None else None
+            if known is None:
+                known = measure_forward_costs(model)
+                if key is not None:
+                    _save(Path(cache_dir), key, known)
             model._hartonomous_forward_costs = known
     return known
+
+
+def costs_cache_dir(home: Path) -> Path:
+    """Where measured forward costs live under a Hartonomous home ($HARTONOMOUS_HOME)."""
+    return Path(home).expanduser() / "cache" / "forward-costs"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform's words elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def architecture_fingerprint(torch_model) -> str:
+    """sha256 over the model class, its attention implementation and every parameter's name,
+    dtype and shape: what a forward's cost depends on (the weights' values do not change it, and
+    hashing 0.5 GB of them would cost seconds of its own)."""
+    digest = hashlib.sha256(type(torch_model).__name__.encode())
+    digest.update(str(getattr(torch_model.config, "_attn_implementation", None)).encode())
+    for name, tensor in sorted(torch_model.state_dict().items()):
+        digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+    return digest.hexdigest()
+
+
+def cost_key(model) -> dict:
+    """What the measured costs of `model` (hartonomous.exact.ExactModel) depend on; any change
+    measures again."""
+    import torch
+
+    return {"version": CACHE_VERSION, "model": architecture_fingerprint(model.model), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": str(model.device), "cpu": cpu_name(),
+            "max_tokens": MAX_MEASURED, "prefix": MEASURE_PREFIX, "repeats": MEASURE_REPEATS}
+
+
+def _cache_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return cache_dir / f"{key['model'][:16]}-{digest[:16]}.json"
+
+
+def _load(cache_dir: Path, key: dict) -> ForwardCosts | None:
+    """The stored costs for `key`, or None when there are none or the file is not a valid entry."""
+    try:
+        stored = json.loads(_cache_file(cache_dir, key).read_text(encoding="utf-8"))
+        seconds = tuple(float(s) for s in stored["seconds"])
+        if stored["key"] != key or len(seconds) != key["max_tokens"] or not all(0 < s < 3600 for s in seconds):
+            return None
+        return ForwardCosts(seconds, int(stored["prefix"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _save(cache_dir: Path, key: dict, costs: ForwardCosts) -> None:
+    """Write the entry atomically (a temporary file renamed over it); a read-only home is not an error."""
+    path = _cache_file(cache_dir, key)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "prefix": costs.prefix, "seconds": list(costs.seconds)}, indent=1),
+                       encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def measure_forward_costs(model, max_tokens: int = MAX_MEASURED, prefix: int = MEASURE_PREFIX,
