@@ -4,8 +4,8 @@
 --                                next_token_batch, sample_next_token, generate_tokens and
 --                                draft_tokens run in this session.
 --
--- 'native' when the extension hartonomous_kernel 1.1 (ext/hartonomous_kernel, built and installed by
--- `make install`; `hartonomous migrate` creates or updates it where the server has it) is installed
+-- 'native' when the extension hartonomous_kernel 1.1 or later (ext/hartonomous_kernel, built and
+-- installed by `make install`; `hartonomous migrate` creates or updates it where the server has it) is installed
 -- in this database and the session has not SET hartonomous.kernel = 'plpgsql'. Otherwise the
 -- PL/pgSQL functions of sql/010-050 run: they are the reference that defines the semantics, and the
 -- native path is tested against them on the shared vectors (tests/test_kernel_native.py,
@@ -16,9 +16,10 @@
 --  0. for a set of the rows layout, the whole step in C: htk_step (next_token's own arguments; it
 --     reads the atom set and returns NULL for whatever it does not serve, bad input included, so
 --     next_token's checked path raises) or htk_next_token (checked arguments, from the loops).
---     The positions come from a per-session cache of the set's token_blocks (read once per
---     session), the keys from a per-session state of the last contexts served (only new tokens'
---     keys are computed), the KNN from the index's own order through SPI (ht_knn's tie rule run
+--     The positions come from a per-session cache of the set's token_blocks (read again when the
+--     set's atom_sets row is another version), the keys from a per-session state of the last
+--     contexts served (only new tokens' keys are computed; both within
+--     hartonomous_kernel.max_state_memory), the KNN from the index's own order through SPI (ht_knn's tie rule run
 --     only at a tie across the k-th row), and the history atoms are pruned exactly: those whose
 --     term cannot change a row of non-zero probability are skipped, found through a grid over
 --     the keys (docs/sql.md "The native kernel" has the bound); otherwise:
@@ -47,7 +48,7 @@ BEGIN
         RETURN 'plpgsql';
     END IF;
     RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e
-                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion = '1.1')
+                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion IN ('1.1', '1.2'))
                 THEN 'native' ELSE 'plpgsql' END;
 END
 $$;

@@ -1,36 +1,42 @@
 /*
- * hartonomous_kernel: the hot loop of next_token in C.
+ * hartonomous_kernel: next_token's hot loop in C, each function the C form of a PL/pgSQL reference
+ * in sql/ that defines its semantics (results agree with it to rounding: sums may run in another
+ * order).
  *
- * Three pure functions over arrays (no table access, no SPI), each the C form of a PL/pgSQL
- * reference in sql/ that defines its semantics:
+ * Pure functions over arrays (no table access):
+ *   htk_keys          context centroid and history keys from positions (sql/010_context_centroid.sql):
+ *                     3 * (1 + m) numbers, the centre, then key k = the centroid of elements
+ *                     1 .. n - m + k - 1, m = min(history_window, n - 1)
+ *   htk_distribution  kernel terms, per-token log-sum-exp, the shared sampler (sql/020_next_token.sql)
+ *   htk_logits        raw logits and next_token_signals' signals from the same terms (sql/050_signals.sql)
+ *   htk_pick          the pick rule of every draw (ht_pick, sql/030_sampling.sql)
+ * Whole steps, reading the atom set through SPI (as the caller: SECURITY INVOKER):
+ *   htk_serves        whether the steps below serve a set (rows layout, with token_blocks)
+ *   htk_next_token    one next_token step for a set's own parameters (the loops, sql/060_kernel.sql)
+ *   htk_step          next_token with its own arguments; NULL for anything it does not serve
+ *   htk_step_logits   htk_logits for a context, with the backend's state
+ *   htk_stats         this backend's counters and the memory it keeps
  *
- *   htk_keys(positions, window, decay, history_window) -> float8[]
- *       the context centroid and next_token's history keys from the context tokens' positions
- *       (ht_context_centroid, sql/010_context_centroid.sql): 3 * (1 + m) numbers, the centre
- *       first, then key k = the centroid of elements 1 .. n - m + k - 1, m = min(H, n - 1).
- *   htk_distribution(context, keys, knn ids, weights, distances, gaussian, bandwidth,
- *                    history_weight, temperature, top_k, top_p, search_radius,
- *                    repetition_penalty) -> (token_ids, probabilities, cumulative)
- *       next_token's steps 3-8 (ht_next_token, sql/020_next_token.sql): kernel terms of the KNN
- *       rows and of the history atoms, per-token log-sum-exp, repetition penalty, temperature,
- *       top-k, top-p, renormalisation; rows by probability desc, token id asc.
- *   htk_logits(context, keys, knn ids, weights, distances, gaussian, bandwidth, history_weight,
- *              search_radius) -> (token_ids, logits, next_token_signals' eleven signals)
- *       the raw token logits (before the sampler) and the step's signals from the same
- *       candidates (next_token_signals, sql/050_signals.sql): one pass for callers needing both.
- *   htk_pick(probabilities, cumulative, u) -> 1-based row index (ht_pick, sql/030_sampling.sql).
+ * Every entry point is executable by any role that may run next_token, so each checks its own
+ * arguments: SQLSTATE 22023 naming the argument, in the SQL functions' words (htk_step returns NULL
+ * instead, so that next_token's checked path raises). Loops over input check for interrupts.
  *
- * The arguments are checked by the SQL callers (sql/060_kernel.sql); here only what would make
- * the C unsafe is checked (array shapes, NULL elements). Sums may run in another order than
- * PostgreSQL's aggregates: results agree with the reference to rounding (tests: 1e-12).
+ * Backend state (TopMemoryContext): the token positions of up to CACHE_SETS atom sets and the keys
+ * of up to STATE_SLOTS contexts, keyed by the atom_sets row's version (xmin, ctid), so a set
+ * rebuilt under a reused id is read again. Together they stay within
+ * hartonomous_kernel.max_state_memory after every call (least recently used dropped first); a
+ * context or set larger than that alone is not kept. A bad token_blocks row raises a data error
+ * (22004, 22003, 2202E), never corrupts memory.
  */
 #include "postgres.h"
 
 #include <float.h>
 #include <math.h>
 
+#include "access/transam.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "nodes/params.h"
 #include "tcop/dest.h"
@@ -40,7 +46,9 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "storage/itemptr.h"
 
 PG_MODULE_MAGIC;
 
@@ -60,10 +68,107 @@ PG_FUNCTION_INFO_V1(htk_step_logits);
 #define LSE_CUTOFF (-744.0)
 #define SOFTMAX_CUTOFF (-700.0)
 
+/* hartonomous_kernel.max_state_memory, in kB: what a backend keeps between calls (see the header). */
+static int	max_state_kb = 65536;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("hartonomous_kernel.max_state_memory",
+							"Memory a backend keeps between native next_token calls: cached token positions and context states.",
+							"Beyond it the least recently used are dropped; a context or an atom set larger than it alone is not kept.",
+							&max_state_kb, 65536, 64, MAX_KILOBYTES, PGC_SUSET, GUC_UNIT_KB,
+							NULL, NULL, NULL);
+	MarkGUCPrefixReserved("hartonomous_kernel");
+}
+
+static Size
+state_limit(void)
+{
+	return (Size) max_state_kb * 1024;
+}
+
 static void
 raise_bad(const char *message)
 {
 	ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s", message)));
+}
+
+/* Bad arguments: SQLSTATE 22023, the message naming the argument as the SQL functions do. */
+#define BAD_ARG(...) ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg(__VA_ARGS__)))
+
+/* The limits of next_token's arguments (ht_check_sampler_args, sql/020_next_token.sql). */
+#define MAX_NEIGHBORS 100000
+#define MAX_HISTORY_WINDOW 4096
+
+static void
+require_args(FunctionCallInfo fcinfo, const char *const *names)
+{
+	for (int i = 0; names[i] != NULL; i++)
+		if (names[i][0] != '\0' && PG_ARGISNULL(i))
+			BAD_ARG("%s must not be NULL", names[i]);
+}
+
+static void
+check_between(const char *name, int v, int lo, int hi)
+{
+	if (v < lo || v > hi)
+		BAD_ARG("%s must be between %d and %d, got %d", name, lo, hi, v);
+}
+
+static void
+check_positive(const char *name, double v)
+{
+	if (!(v > 0.0 && isfinite(v)))
+		BAD_ARG("%s must be a finite number > 0, got %s", name, float8out_internal(v));
+}
+
+static void
+check_nonnegative(const char *name, double v)
+{
+	if (!(v >= 0.0 && isfinite(v)))
+		BAD_ARG("%s must be a finite number >= 0, got %s", name, float8out_internal(v));
+}
+
+static void
+check_decay(double decay)
+{
+	if (!(decay > 0.0 && decay <= 1.0))
+		BAD_ARG("centroid_decay must be in (0, 1], got %s", float8out_internal(decay));
+}
+
+static void
+check_window(bool has_window, int window)
+{
+	if (has_window && window < 1)
+		BAD_ARG("centroid_window must be >= 1 or NULL, got %d", window);
+}
+
+/* next_token's sampler arguments; has_*: not NULL. */
+static void
+check_sampler(double temperature, bool has_top_k, int top_k, bool has_top_p, double top_p,
+			  double penalty)
+{
+	if (!(temperature >= 0.0 && isfinite(temperature)))
+		BAD_ARG("temperature must be a finite number >= 0, got %s", float8out_internal(temperature));
+	if (temperature > 0.0 && (temperature < 1e-6 || temperature > 1e6))
+		BAD_ARG("temperature must be 0 or between 1e-06 and 1e+06, got %s", float8out_internal(temperature));
+	if (has_top_k && top_k < 0)
+		BAD_ARG("top_k must be >= 0, got %d", top_k);
+	if (has_top_p && !(top_p > 0.0 && top_p <= 1.0))
+		BAD_ARG("top_p must be in (0, 1], got %s", float8out_internal(top_p));
+	check_positive("repetition_penalty", penalty);
+	if (penalty < 1e-6 || penalty > 1e6)
+		BAD_ARG("repetition_penalty must be between 1e-06 and 1e+06, got %s", float8out_internal(penalty));
+}
+
+static void
+check_radius(bool has_radius, double radius)
+{
+	if (has_radius && !(radius >= 0.0))
+		BAD_ARG("search_radius must be >= 0, got %s", float8out_internal(radius));
 }
 
 /* A one-dimensional array of element type `type` without NULLs: its data and its length. */
@@ -71,14 +176,11 @@ static void *
 array_items(ArrayType *a, Oid type, int *n, const char *name)
 {
 	if (ARR_ELEMTYPE(a) != type)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s must be an array of %s", name, format_type_be(type))));
+		BAD_ARG("%s must be an array of %s", name, format_type_be(type));
 	if (ARR_NDIM(a) > 1)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s must be one-dimensional", name)));
+		BAD_ARG("%s must be a one-dimensional array, got %d dimensions", name, ARR_NDIM(a));
 	if (ARR_HASNULL(a) && array_contains_nulls(a))
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s must not contain NULL", name)));
+		BAD_ARG("%s must not contain NULL", name);
 	*n = ARR_NDIM(a) == 0 ? 0 : ARR_DIMS(a)[0];
 	return ARR_DATA_PTR(a);
 }
@@ -86,13 +188,52 @@ array_items(ArrayType *a, Oid type, int *n, const char *name)
 #define float8_items(a, n, name) ((double *) array_items((a), FLOAT8OID, (n), (name)))
 #define int4_items(a, n, name) ((int32 *) array_items((a), INT4OID, (n), (name)))
 
+/* Every element finite, and with `rule` "> 0" or ">= 0" that too ("": any finite number). */
+static void
+check_finite_items(const double *v, int n, const char *name, const char *rule)
+{
+	bool		positive = strcmp(rule, "> 0") == 0, nonnegative = strcmp(rule, ">= 0") == 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (!isfinite(v[i]) || (positive && !(v[i] > 0.0)) || (nonnegative && !(v[i] >= 0.0)))
+			BAD_ARG("%s must hold finite numbers%s%s, got %s (element %d)", name, rule[0] ? " " : "", rule,
+					float8out_internal(v[i]), i + 1);
+	}
+}
+
+/* A context: a non-empty one-dimensional array of token ids without NULLs (ht_check_context). */
+static int32 *
+context_items(ArrayType *a, int *n)
+{
+	if (ARR_NDIM(a) == 0)
+		BAD_ARG("context must be a non-empty array of token ids, got {}");
+	if (ARR_NDIM(a) != 1)
+		BAD_ARG("context must be a one-dimensional array of token ids, got %d dimensions", ARR_NDIM(a));
+	if (ARR_HASNULL(a))
+	{
+		bits8	   *bitmap = ARR_NULLBITMAP(a);
+
+		for (int i = 0; i < ARR_DIMS(a)[0]; i++)
+			if (!(bitmap[i / 8] & (1 << (i % 8))))
+				BAD_ARG("context must not contain NULL (element %d is NULL)", i + 1);
+	}
+	return int4_items(a, n, "context");
+}
+
 static ArrayType *
 float8_array(const double *v, int n)
 {
 	Datum	   *d = palloc(sizeof(Datum) * (n > 0 ? n : 1));
 
 	for (int i = 0; i < n; i++)
+	{
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		d[i] = Float8GetDatum(v[i]);
+	}
 	return construct_array(d, n, FLOAT8OID, sizeof(float8), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
 }
 
@@ -102,7 +243,11 @@ int4_array(const int32 *v, int n)
 	Datum	   *d = palloc(sizeof(Datum) * (n > 0 ? n : 1));
 
 	for (int i = 0; i < n; i++)
+	{
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		d[i] = Int32GetDatum(v[i]);
+	}
 	return construct_array(d, n, INT4OID, sizeof(int32), true, TYPALIGN_INT);
 }
 
@@ -165,6 +310,8 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 
 	for (int i = 0; i < n; i++)
 	{
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		xs[i] = xyz[3 * i];
 		ys[i] = xyz[3 * i + 1];
 		zs[i] = xyz[3 * i + 2];
@@ -186,8 +333,11 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 	{
 		centroid_direct(xs, ys, zs, n, reach, has_window, window, decay, ln_decay, out);
 		for (int k = 1; k <= m; k++)
+		{
+			CHECK_FOR_INTERRUPTS();
 			centroid_direct(xs, ys, zs, n - m + k - 1, reach, has_window, window, decay, ln_decay,
 							out + 3 * k);
+		}
 	}
 	else
 	{
@@ -205,6 +355,8 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 		{
 			int			j = e - 1;
 
+			if ((e & 0xFFFF) == 0)
+				CHECK_FOR_INTERRUPTS();
 			sx = decay * sx + xs[j];
 			sy = decay * sy + ys[j];
 			sz = decay * sz + zs[j];
@@ -236,6 +388,7 @@ compute_keys(const double *xyz, int n, bool has_window, int window, double decay
 Datum
 htk_keys(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"positions", "", "centroid_decay", "", NULL};
 	int			n3, m;
 	double	   *xyz, *out;
 	bool		has_window = !PG_ARGISNULL(1);
@@ -243,16 +396,15 @@ htk_keys(PG_FUNCTION_ARGS)
 	double		decay;
 	int			history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
-		raise_bad("htk_keys: positions and centroid_decay must not be NULL");
+	require_args(fcinfo, args);
 	xyz = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n3, "positions");
 	if (n3 == 0 || n3 % 3 != 0)
-		raise_bad("htk_keys: positions must hold x, y, z of one or more tokens");
+		BAD_ARG("positions must hold x, y, z of one or more tokens, got %d numbers", n3);
+	check_finite_items(xyz, n3, "positions", "");
+	check_window(has_window, window);
 	decay = PG_GETARG_FLOAT8(2);
-	if (!(decay > 0.0 && decay <= 1.0))
-		raise_bad("htk_keys: centroid_decay must be in (0, 1]");
-	if (has_window && window < 1)
-		raise_bad("htk_keys: centroid_window must be >= 1 or NULL");
+	check_decay(decay);
+	check_between("history_window", history, 0, MAX_HISTORY_WINDOW);
 	out = compute_keys(xyz, n3 / 3, has_window, window, decay, history, &m);
 	PG_RETURN_ARRAYTYPE_P(float8_array(out, 3 * (1 + m)));
 }
@@ -340,6 +492,8 @@ stage_exp(Cand *c, int count)
 	{
 		double		dz = c[i].z - top;
 
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		c[i].e = dz < SOFTMAX_CUTOFF ? 0.0 : exp(dz);
 		sum += c[i].e;
 	}
@@ -420,6 +574,8 @@ stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int
 	{
 		Term	   *t = &terms[*n];
 
+		CHECK_FOR_INTERRUPTS();
+
 		if (has_radius && !(knn_d[i] <= radius))
 			continue;
 		t->tid = knn_ids[i];
@@ -462,6 +618,7 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 			double		dx = key[0] - keys[0], dy = key[1] - keys[1], dz = key[2] - keys[2];
 			double		d = sqrt(dx * dx + dy * dy + dz * dz);
 
+			CHECK_FOR_INTERRUPTS();
 			if ((has_radius && !(d <= radius)) || d > reach)
 				continue;
 			terms[n].tid = ctx[after + k - 1];
@@ -487,6 +644,8 @@ token_logits(const Term *terms, int n_terms, int *n_out)
 	{
 		int			j = i;
 		double		top = terms[i].c, sum = 0;
+
+		CHECK_FOR_INTERRUPTS();
 
 		while (j < n_terms && terms[j].tid == terms[i].tid)
 		{
@@ -528,6 +687,7 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 	{
 		double		x = cands[i].z;
 
+		CHECK_FOR_INTERRUPTS();
 		if (sorted_ctx != NULL &&
 			bsearch(&cands[i].tid, sorted_ctx, n_ctx, sizeof(int32), int32_cmp) != NULL)
 			x = x < 0 ? x * penalty : x / penalty;
@@ -632,8 +792,7 @@ rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *
 
 /*
  * The arrays htk_distribution and htk_logits share, arguments 0-4: the context, its keys (htk_keys'
- * layout: the centre, then m history keys) and the KNN rows, their shapes checked (`fn` names the
- * caller in the messages).
+ * layout: the centre, then m history keys) and the KNN rows, checked.
  */
 typedef struct
 {
@@ -648,45 +807,51 @@ typedef struct
 } StepArrays;
 
 static void
-step_arrays(FunctionCallInfo fcinfo, const char *fn, StepArrays *a)
+step_arrays(FunctionCallInfo fcinfo, StepArrays *a)
 {
 	int			n_keys, n_w, n_d;
 
-	a->ctx = int4_items(PG_GETARG_ARRAYTYPE_P(0), &a->n_ctx, "context");
+	a->ctx = context_items(PG_GETARG_ARRAYTYPE_P(0), &a->n_ctx);
 	a->keys = float8_items(PG_GETARG_ARRAYTYPE_P(1), &n_keys, "keys");
 	a->knn_ids = int4_items(PG_GETARG_ARRAYTYPE_P(2), &a->n_knn, "knn_token_ids");
 	a->knn_w = float8_items(PG_GETARG_ARRAYTYPE_P(3), &n_w, "knn_weights");
 	a->knn_d = float8_items(PG_GETARG_ARRAYTYPE_P(4), &n_d, "knn_distances");
-	if (n_keys < 3 || n_keys % 3 != 0)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s: keys must hold 3 * (1 + m) numbers", fn)));
-	if (n_w != a->n_knn || n_d != a->n_knn)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s: the KNN arrays must be of one length", fn)));
+	if (n_keys < 3 || n_keys % 3 != 0 || n_keys / 3 - 1 > MAX_HISTORY_WINDOW)
+		BAD_ARG("keys must hold 3 * (1 + m) numbers, m between 0 and %d, got %d numbers",
+				MAX_HISTORY_WINDOW, n_keys);
 	a->m = n_keys / 3 - 1;
 	if (a->m > a->n_ctx - 1 && a->m > 0)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s: more history keys than context elements before the last", fn)));
+		BAD_ARG("keys must hold at most one history key per context element before the last, got %d for %d elements",
+				a->m, a->n_ctx);
+	check_finite_items(a->keys, n_keys, "keys", "");
+	if (a->n_knn > MAX_NEIGHBORS)
+		BAD_ARG("knn_token_ids must hold at most %d rows (max_neighbors' bound), got %d", MAX_NEIGHBORS, a->n_knn);
+	if (n_w != a->n_knn)
+		BAD_ARG("knn_weights must be as long as knn_token_ids (%d), got %d", a->n_knn, n_w);
+	if (n_d != a->n_knn)
+		BAD_ARG("knn_distances must be as long as knn_token_ids (%d), got %d", a->n_knn, n_d);
+	check_finite_items(a->knn_w, n_w, "knn_weights", "> 0");
+	check_finite_items(a->knn_d, n_d, "knn_distances", ">= 0");
 }
 
 Datum
 htk_distribution(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"gaussian", "bandwidth", "", "temperature", "", "", "", "repetition_penalty", NULL};
 	StepArrays	a;
 	bool		gaussian;
 	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
 	bool		has_top_k, has_top_p, has_radius;
 	int			top_k;
 
-	for (int a = 0; a <= 8; a++)
-		if (PG_ARGISNULL(a) && a != 7)
-			raise_bad("htk_distribution: only history_weight, top_k, top_p and search_radius may be NULL");
-	if (PG_ARGISNULL(12))
-		raise_bad("htk_distribution: repetition_penalty must not be NULL");
-	step_arrays(fcinfo, "htk_distribution", &a);
+	require_args(fcinfo, args);
+	step_arrays(fcinfo, &a);
 	gaussian = PG_GETARG_BOOL(5);
 	bandwidth = PG_GETARG_FLOAT8(6);
+	check_positive("bandwidth", bandwidth);
 	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	check_nonnegative("history_weight", history_weight);
 	temperature = PG_GETARG_FLOAT8(8);
 	has_top_k = !PG_ARGISNULL(9);
 	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
@@ -695,6 +860,8 @@ htk_distribution(PG_FUNCTION_ARGS)
 	has_radius = !PG_ARGISNULL(11);
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	penalty = PG_GETARG_FLOAT8(12);
+	check_sampler(temperature, has_top_k, top_k, has_top_p, top_p, penalty);
+	check_radius(has_radius, radius);
 
 	PG_RETURN_DATUM(rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
 								gaussian, bandwidth, history_weight, has_radius, radius, temperature,
@@ -763,6 +930,8 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
 		for (int i = 0; i < n_terms; i++)
 		{
 			double		x = terms[i].c - top_c < -700.0 ? 0.0 : exp(terms[i].c - top_c);
+
+			CHECK_FOR_INTERRUPTS();
 
 			if (i == 0 || terms[i].tid != terms[i - 1].tid)
 			{
@@ -837,21 +1006,22 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
 Datum
 htk_logits(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"gaussian", "bandwidth", "", "", NULL};
 	StepArrays	a;
 	bool		gaussian, has_radius;
 	double		bandwidth, history_weight, radius;
 
-	for (int a = 0; a <= 6; a++)
-		if (PG_ARGISNULL(a) && a != 6)
-			raise_bad("htk_logits: only history_weight and search_radius may be NULL");
-	step_arrays(fcinfo, "htk_logits", &a);
+	require_args(fcinfo, args);
+	step_arrays(fcinfo, &a);
 	gaussian = PG_GETARG_BOOL(5);
-	if (PG_ARGISNULL(6))
-		raise_bad("htk_logits: bandwidth must not be NULL");
 	bandwidth = PG_GETARG_FLOAT8(6);
+	check_positive("bandwidth", bandwidth);
 	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	check_nonnegative("history_weight", history_weight);
 	has_radius = !PG_ARGISNULL(8);
 	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
+	check_radius(has_radius, radius);
 
 	PG_RETURN_DATUM(logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
 								  gaussian, bandwidth, history_weight, has_radius, radius));
@@ -863,112 +1033,215 @@ htk_logits(PG_FUNCTION_ARGS)
 
 /*
  * A backend-local cache of atom sets' token positions, so a step looks every context token up in
- * memory: the set's token_blocks rows are read once per session (SPI), into one array of x, y, z
- * per token id (NaN: no such token). Atom sets are immutable once built and their ids are never
- * reused (a sequence), so an entry stays valid for the session; a set without token_blocks or of
- * the tiles layout is marked as not served (the SQL path serves it). Eight sets at most, the
- * least recently used dropped.
+ * memory: the set's token_blocks rows are read once, into one array of x, y, z per token id (NaN:
+ * no such token). An entry belongs to one version of the set's atom_sets row (xmin, ctid), read
+ * on every call: a set deleted and rebuilt under the same id (a sequence restarted, the
+ * extension re-created) is a new row version and is read again. A set without token_blocks or of
+ * the tiles layout is not served (the SQL path serves it), nor one whose positions exceed
+ * max_state_memory. Eight sets at most, the least recently used dropped.
  */
 #define CACHE_SETS 8
+#define TOKEN_BLOCK 256
+#define MAX_BLOCK 8388607		/* (2^31 - 1) / 256: the block of the largest token id */
+
+/* One version of an atom_sets row: what a cached set and a context state belong to. */
+typedef struct
+{
+	int32		id;				/* 0: none */
+	TransactionId xmin;
+	ItemPointerData ctid;
+} SetVersion;
 
 typedef struct
 {
-	int32		set_id;			/* 0: empty slot */
-	bool		served;			/* rows layout with token_blocks */
+	SetVersion	set;
+	bool		served;			/* rows layout with token_blocks, within the bound */
+	int			refused_kb;		/* not served for its size under this max_state_memory (else 0) */
 	int32		slots;			/* token ids 0 .. slots - 1 */
 	double	   *xyz;			/* 3 * slots, in TopMemoryContext */
 	uint64		used;			/* LRU clock */
 } PositionCache;
 
 static PositionCache cache[CACHE_SETS];
-static uint64 cache_clock = 0;
+static uint64 lru_clock = 0;	/* one clock for cached sets and context states */
+static uint64 evictions = 0;
 
-/* Called inside SPI. */
+static bool
+same_version(const SetVersion *a, const SetVersion *b)
+{
+	return a->id == b->id && a->xmin == b->xmin && ItemPointerEquals((ItemPointer) &a->ctid, (ItemPointer) &b->ctid);
+}
+
+static void trim_kept(Size limit, const PositionCache *pin_set, const void *pin_state);
+
+/* The version of atom set set_id's row and whether its layout is rows; false: no such set. Inside SPI. */
+static SPIPlanPtr set_version_plan = NULL;
+
+static bool
+read_set_version(int32 set_id, SetVersion *v, bool *rows)
+{
+	Datum		arg = Int32GetDatum(set_id);
+	bool		isnull;
+
+	if (set_version_plan == NULL)
+	{
+		Oid			argtypes[1] = {INT4OID};
+		SPIPlanPtr	plan = SPI_prepare("SELECT s.xmin, s.ctid, s.layout IS DISTINCT FROM 'tiles' FROM atom_sets s"
+									   " WHERE s.id = $1", 1, argtypes);
+
+		if (plan == NULL || SPI_keepplan(plan) != 0)
+			elog(ERROR, "htk: preparing the atom set lookup failed");
+		set_version_plan = plan;
+	}
+	if (SPI_execute_plan(set_version_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "htk: reading atom_sets failed");
+	if (SPI_processed != 1)
+		return false;
+	v->id = set_id;
+	v->xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+																&isnull)), &v->ctid);
+	*rows = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	return true;
+}
+
+/* A bad token_blocks row: a data error naming the set and the block. */
+#define BAD_BLOCK(code, ...) ereport(ERROR, (errcode(code), errmsg(__VA_ARGS__), \
+	errhint("token_blocks rows are written by the atom set's build; rebuild the set (hartonomous build --replace).")))
+
+/* Read the set's token_blocks into slot (whose set is v): positions, or not served. Inside SPI. */
+static void
+load_positions(PositionCache *slot, const SetVersion *v)
+{
+	Datum		arg = Int32GetDatum(v->id);
+	Oid			argtypes[1] = {INT4OID};
+	int32		max_block = -1;
+	uint64		bytes;
+	SPITupleTable *table;
+	uint64		rows;
+
+	if (SPI_execute_with_args("SELECT k.block, k.xs, k.ys, k.zs FROM token_blocks k WHERE k.atom_set_id = $1",
+							  1, argtypes, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "htk: reading token_blocks failed");
+	table = SPI_tuptable;
+	rows = SPI_processed;
+	for (uint64 r = 0; r < rows; r++)
+	{
+		bool		isnull;
+		Datum		b = SPI_getbinval(table->vals[r], table->tupdesc, 1, &isnull);
+
+		CHECK_FOR_INTERRUPTS();
+		if (isnull)
+			BAD_BLOCK(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token_blocks of atom set %d: a row's block is NULL", v->id);
+		if (DatumGetInt32(b) < 0 || DatumGetInt32(b) > MAX_BLOCK)
+			BAD_BLOCK(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+					  "token_blocks of atom set %d: block %d is outside 0 .. %d", v->id, DatumGetInt32(b), MAX_BLOCK);
+		max_block = Max(max_block, DatumGetInt32(b));
+	}
+	if (max_block < 0)
+		return;					/* no token_blocks: the SQL path reads the tokens table */
+	bytes = (uint64) (max_block + 1) * TOKEN_BLOCK * 3 * sizeof(double);	/* <= 6.4e9: no overflow */
+	if (bytes > MaxAllocSize || bytes > state_limit())
+	{
+		slot->refused_kb = max_state_kb;	/* too large to keep: the SQL path serves it */
+		return;
+	}
+	trim_kept(state_limit() - bytes, NULL, NULL);
+	slot->slots = (max_block + 1) * TOKEN_BLOCK;
+	slot->xyz = MemoryContextAlloc(TopMemoryContext, bytes);
+	for (int i = 0; i < 3 * slot->slots; i++)
+		slot->xyz[i] = get_float8_nan();
+	for (uint64 r = 0; r < rows; r++)
+	{
+		bool		isnull;
+		HeapTuple	tup = table->vals[r];
+		int32		b = DatumGetInt32(SPI_getbinval(tup, table->tupdesc, 1, &isnull));
+
+		CHECK_FOR_INTERRUPTS();
+		for (int a = 0; a < 3; a++)
+		{
+			static const char *const axes[] = {"xs", "ys", "zs"};
+			Datum		d = SPI_getbinval(tup, table->tupdesc, 2 + a, &isnull);
+			ArrayType  *arr;
+			double	   *p;
+
+			if (isnull)
+				BAD_BLOCK(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token_blocks of atom set %d: block %d has NULL %s",
+						  v->id, b, axes[a]);
+			arr = DatumGetArrayTypeP(d);
+			if (ARR_ELEMTYPE(arr) != FLOAT8OID || ARR_NDIM(arr) != 1 || ARR_DIMS(arr)[0] != TOKEN_BLOCK
+				|| (ARR_HASNULL(arr) && array_contains_nulls(arr)))
+				BAD_BLOCK(ERRCODE_ARRAY_SUBSCRIPT_ERROR,
+						  "token_blocks of atom set %d: block %d's %s must be %d numbers without NULL",
+						  v->id, b, axes[a], TOKEN_BLOCK);
+			p = (double *) ARR_DATA_PTR(arr);
+			for (int j = 0; j < TOKEN_BLOCK; j++)
+			{
+				if (isinf(p[j]))
+					BAD_BLOCK(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+							  "token_blocks of atom set %d: block %d's %s must be finite or NaN (no token), got %s",
+							  v->id, b, axes[a], float8out_internal(p[j]));
+				slot->xyz[3 * ((int64) b * TOKEN_BLOCK + j) + a] = p[j];
+			}
+		}
+	}
+	for (int i = 0; i < slot->slots; i++)
+	{
+		const double *p = slot->xyz + 3 * i;
+
+		if (isnan(p[0]) != isnan(p[1]) || isnan(p[0]) != isnan(p[2]))
+			BAD_BLOCK(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+					  "token_blocks of atom set %d: token %d has NaN in some coordinates only", v->id, i);
+	}
+	slot->served = true;
+}
+
+/*
+ * The cached positions of atom set set_id (its row's version read here unless `known` gives it);
+ * NULL where the native steps do not serve the set (no such set, the tiles layout, no
+ * token_blocks, too large). Inside SPI.
+ */
 static PositionCache *
-cached_set(int32 set_id)
+cached_set(int32 set_id, const SetVersion *known, bool known_rows)
 {
 	PositionCache *slot = NULL;
-	Oid			argtypes[1] = {INT4OID};
-	Datum		args[1];
-	int			ret;
+	SetVersion	v;
+	bool		rows = known_rows;
 
+	if (known != NULL)
+		v = *known;
+	else if (!read_set_version(set_id, &v, &rows))
+		return NULL;
+	if (!rows)
+		return NULL;
 	for (int i = 0; i < CACHE_SETS; i++)
-		if (cache[i].set_id == set_id)
+		if (cache[i].set.id == set_id)
 		{
-			cache[i].used = ++cache_clock;
-			return &cache[i];
+			if (same_version(&cache[i].set, &v) && (cache[i].refused_kb == 0 || cache[i].refused_kb == max_state_kb))
+			{
+				cache[i].used = ++lru_clock;
+				return cache[i].served ? &cache[i] : NULL;
+			}
+			slot = &cache[i];	/* another version of the set (or another bound): read it again */
 		}
-	for (int i = 0; i < CACHE_SETS; i++)
-		if (slot == NULL || cache[i].set_id == 0 || cache[i].used < slot->used)
-		{
+	for (int i = 0; i < CACHE_SETS && slot == NULL; i++)
+		if (cache[i].set.id == 0)
 			slot = &cache[i];
-			if (slot->set_id == 0)
-				break;
-		}
+	if (slot == NULL)
+	{
+		slot = &cache[0];		/* none free: the least recently used */
+		for (int i = 1; i < CACHE_SETS; i++)
+			if (cache[i].used < slot->used)
+				slot = &cache[i];
+	}
 	if (slot->xyz != NULL)
 		pfree(slot->xyz);
 	memset(slot, 0, sizeof(*slot));
-
-	args[0] = Int32GetDatum(set_id);
-	ret = SPI_execute_with_args("SELECT s.layout IS DISTINCT FROM 'tiles' FROM atom_sets s WHERE s.id = $1",
-								1, argtypes, args, NULL, true, 1);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "htk: reading atom_sets failed");
-	if (SPI_processed == 1)
-	{
-		bool		isnull;
-		Datum		rows = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		slot->served = !isnull && DatumGetBool(rows);
-	}
-	if (slot->served)
-	{
-		ret = SPI_execute_with_args("SELECT k.block, k.xs, k.ys, k.zs FROM token_blocks k WHERE k.atom_set_id = $1",
-									1, argtypes, args, NULL, true, 0);
-		if (ret != SPI_OK_SELECT)
-			elog(ERROR, "htk: reading token_blocks failed");
-		if (SPI_processed == 0)
-			slot->served = false;
-		else
-		{
-			int32		max_block = 0;
-
-			for (uint64 r = 0; r < SPI_processed; r++)
-			{
-				bool		isnull;
-				int32		b = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 1, &isnull));
-
-				if (b > max_block)
-					max_block = b;
-			}
-			slot->slots = (max_block + 1) * 256;
-			slot->xyz = MemoryContextAlloc(TopMemoryContext, sizeof(double) * 3 * slot->slots);
-			for (int i = 0; i < 3 * slot->slots; i++)
-				slot->xyz[i] = get_float8_nan();
-			for (uint64 r = 0; r < SPI_processed; r++)
-			{
-				bool		isnull;
-				HeapTuple	tup = SPI_tuptable->vals[r];
-				int32		b = DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-
-				for (int a = 0; a < 3; a++)
-				{
-					ArrayType  *arr = DatumGetArrayTypeP(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2 + a, &isnull));
-					int			n;
-					double	   *v;
-
-					if (isnull || ARR_NDIM(arr) != 1 || ARR_DIMS(arr)[0] != 256)
-						elog(ERROR, "htk: token_blocks row %d of atom set %d is not 256 numbers", b, set_id);
-					v = float8_items(arr, &n, "token_blocks");
-					for (int j = 0; j < 256; j++)
-						slot->xyz[3 * (b * 256 + j) + a] = v[j];
-				}
-			}
-		}
-	}
-	slot->set_id = set_id;
-	slot->used = ++cache_clock;
-	return slot;
+	/* set.id stays 0 until the slot is whole: an error half-way leaves a free slot */
+	load_positions(slot, &v);
+	slot->set = v;
+	slot->used = ++lru_clock;
+	return slot->served ? slot : NULL;
 }
 
 /*
@@ -1146,7 +1419,9 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
  * tokens: for e = n the centre, for e < n the history atom of token e + 1). A call finds the state
  * whose tokens share the longest prefix with its context, drops what differs and computes the keys
  * of the new tokens only: O(window) each (O(1) with running sums for long windows). Four states,
- * the least recently used replaced; nothing is stored in the database.
+ * the least recently used replaced, all of them with the cached positions within max_state_memory
+ * (trim_kept); a context whose state alone would exceed it gets a state of its own call, dropped
+ * with it. Nothing is stored in the database.
  *
  * The history atoms in the window are indexed by a uniform grid over their keys (a hash of cells,
  * chains linked both ways so that atoms leaving the window go in O(1)), so a step visits only the
@@ -1155,12 +1430,15 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
  */
 #define STATE_SLOTS 4
 #define STATE_MAX_TOKENS (1 << 20)	/* longer contexts take the SQL path; ~100 bytes a token */
+/* A state's bytes per token: tokens, keys, running sums, cells, next, prev. */
+#define STATE_TOKEN_BYTES (sizeof(int32) + 3 * sizeof(double) + 4 * sizeof(double) + 3 * sizeof(int64) \
+						   + 2 * sizeof(int32))
 #define GRID_BUCKETS 8192			/* twice the largest history window (4096) */
 #define GRID_NONE (-1)
 
 typedef struct
 {
-	int32		set_id;			/* 0: empty slot */
+	SetVersion	set;			/* id 0: empty slot, or one being changed */
 	bool		has_window;
 	int			window;
 	double		decay;
@@ -1184,7 +1462,6 @@ typedef struct
 } ContextState;
 
 static ContextState states[STATE_SLOTS];
-static uint64 state_clock = 0;
 
 /* What the native steps did in this session: htk_stats(). */
 static struct
@@ -1302,6 +1579,102 @@ state_reset(ContextState *st)
 	memset(st, 0, sizeof(*st));
 }
 
+/* What a state for n tokens may take: the grid's buckets, the arrays at twice n (they double), blocks. */
+static Size
+state_estimate(int n)
+{
+	return GRID_BUCKETS * sizeof(int32) + 2 * (Size) n * STATE_TOKEN_BYTES + 4 * ALLOCSET_DEFAULT_INITSIZE;
+}
+
+/* The memory kept between calls: cached positions and context states (htk_stats' kept_bytes). */
+static Size
+kept_bytes(int *sets, int *contexts)
+{
+	Size		total = 0;
+
+	*sets = *contexts = 0;
+	for (int i = 0; i < CACHE_SETS; i++)
+		if (cache[i].xyz != NULL)
+		{
+			total += GetMemoryChunkSpace(cache[i].xyz);
+			(*sets)++;
+		}
+	for (int i = 0; i < STATE_SLOTS; i++)
+		if (states[i].mcxt != NULL)
+		{
+			total += MemoryContextMemAllocated(states[i].mcxt, true);
+			(*contexts)++;
+		}
+	return total;
+}
+
+/*
+ * Drop the least recently used cached positions and context states, but not the pinned ones,
+ * until what is kept fits in `limit` bytes.
+ */
+static void
+trim_kept(Size limit, const PositionCache *pin_set, const void *pin_state)
+{
+	int			sets, contexts;
+
+	while (kept_bytes(&sets, &contexts) > limit)
+	{
+		PositionCache *set = NULL;
+		ContextState *st = NULL;
+		uint64		oldest = PG_UINT64_MAX;
+
+		for (int i = 0; i < CACHE_SETS; i++)
+			if (cache[i].xyz != NULL && &cache[i] != pin_set && cache[i].used < oldest)
+			{
+				set = &cache[i];
+				oldest = set->used;
+			}
+		for (int i = 0; i < STATE_SLOTS; i++)
+			if (states[i].mcxt != NULL && (const void *) &states[i] != pin_state && states[i].used < oldest)
+			{
+				st = &states[i];
+				oldest = st->used;
+			}
+		if (st != NULL)
+			state_reset(st);
+		else if (set != NULL)
+		{
+			pfree(set->xyz);
+			memset(set, 0, sizeof(*set));
+		}
+		else
+			return;				/* only the pinned ones are left */
+		evictions++;
+	}
+}
+
+/* An empty state for these key parameters, its memory under `parent`. */
+static void
+state_init(ContextState *st, MemoryContext parent, bool has_window, int window, double decay, double cell)
+{
+	memset(st, 0, sizeof(*st));
+	st->mcxt = AllocSetContextCreate(parent, "hartonomous_kernel context state", ALLOCSET_DEFAULT_SIZES);
+	st->has_window = has_window;
+	st->window = window;
+	st->decay = decay;
+	st->ln_decay = log(decay);
+	st->reach = has_window ? window : 0;
+	if (st->ln_decay < 0.0)
+	{
+		double		k = floor(300.0 / -st->ln_decay) + 1.0;
+
+		if (st->reach == 0 || k < st->reach)
+			st->reach = k > INT_MAX ? INT_MAX : (int) k;
+	}
+	st->running = st->reach == 0 || st->reach > DIRECT_WINDOW;
+	st->d_w = st->reach > 0 ? pow(decay, (double) st->reach) : 0.0;
+	st->cell = cell > 0 && isfinite(cell) ? cell : 0;
+	st->head = MemoryContextAlloc(st->mcxt, sizeof(int32) * GRID_BUCKETS);
+	st->buckets = GRID_BUCKETS;
+	for (int b = 0; b < GRID_BUCKETS; b++)
+		st->head[b] = GRID_NONE;
+}
+
 /*
  * Room for `cap` tokens: the arrays grow by doubling (repalloc keeps them and the grid's links);
  * the running sums only where the keys use them. The grid's buckets are allocated with the slot.
@@ -1397,85 +1770,82 @@ state_push(ContextState *st, const PositionCache *pos, int32 token)
 }
 
 /*
- * The state for this context, its keys up to date. The kept context of the same set and key
+ * The state for this context, its keys up to date. The kept context of the same set version and key
  * parameters sharing the longest prefix with it is extended (a generation growing) or cut back
  * first (a rejected draft) when that prefix is at least half of it; otherwise (another prompt) the
- * least recently used slot is emptied and filled. NULL when a context token is not in the set (the
- * state then ends before it) or the context is longer than STATE_MAX_TOKENS (the caller takes the
- * SQL path). While a slot changes it matches nothing (set_id 0), so an error half-way (out of
- * memory) leaves a slot that is emptied when it is next taken, never a half-updated one.
+ * least recently used slot is emptied and filled, the others trimmed to leave it room. A context
+ * whose state would not fit in max_state_memory gets `scratch`, under the current memory context
+ * (the caller deletes it). NULL when a context token is not in the set (the state then ends before
+ * it) or the context is longer than STATE_MAX_TOKENS (the caller takes the SQL path). While a slot
+ * changes it matches nothing (set id 0), so an error half-way (out of memory, a cancel) leaves a
+ * slot that is emptied when it is next taken, never a half-updated one.
  */
 static ContextState *
 context_state(const PositionCache *pos, bool has_window, int window, double decay, const int32 *ctx,
-			  int n_ctx, double cell)
+			  int n_ctx, double cell, ContextState *scratch)
 {
 	ContextState *st = NULL;
 	int			best = -1;
+	Size		need = state_estimate(n_ctx);
 
 	if (n_ctx > STATE_MAX_TOKENS)
 		return NULL;
-	for (int i = 0; i < STATE_SLOTS; i++)
+	if (need > state_limit())
 	{
-		ContextState *s = &states[i];
-		int			common = 0;
-
-		if (s->set_id != pos->set_id || s->has_window != has_window || s->window != window
-			|| s->decay != decay)
-			continue;
-		while (common < s->n && common < n_ctx && s->tokens[common] == ctx[common])
-			common++;
-		if (common > best)
-		{
-			best = common;
-			st = s;
-		}
-	}
-	if (st != NULL && 2 * best < st->n)
-		st = NULL;				/* another prompt: that one stays for its own next call */
-	if (st == NULL)
-	{
-		for (int i = 0; i < STATE_SLOTS; i++)
-			if (st == NULL || (st->set_id != 0 && (states[i].set_id == 0 || states[i].used < st->used)))
-				st = &states[i];
-		state_reset(st);
-		st->mcxt = AllocSetContextCreate(TopMemoryContext, "hartonomous_kernel context state",
-										 ALLOCSET_DEFAULT_SIZES);
-		st->has_window = has_window;
-		st->window = window;
-		st->decay = decay;
-		st->ln_decay = log(decay);
-		st->reach = has_window ? window : 0;
-		if (st->ln_decay < 0.0)
-		{
-			double		k = floor(300.0 / -st->ln_decay) + 1.0;
-
-			if (st->reach == 0 || k < st->reach)
-				st->reach = k > INT_MAX ? INT_MAX : (int) k;
-		}
-		st->running = st->reach == 0 || st->reach > DIRECT_WINDOW;
-		st->d_w = st->reach > 0 ? pow(decay, (double) st->reach) : 0.0;
-		st->cell = cell > 0 && isfinite(cell) ? cell : 0;
-		st->head = MemoryContextAlloc(st->mcxt, sizeof(int32) * GRID_BUCKETS);
-		st->buckets = GRID_BUCKETS;
-		for (int b = 0; b < GRID_BUCKETS; b++)
-			st->head[b] = GRID_NONE;
+		st = scratch;
+		state_init(st, CurrentMemoryContext, has_window, window, decay, cell);
 		best = 0;
 	}
 	else
-		st->set_id = 0;			/* matches nothing until it is consistent again */
-	st->used = ++state_clock;
+	{
+		for (int i = 0; i < STATE_SLOTS; i++)
+		{
+			ContextState *s = &states[i];
+			int			common = 0;
+
+			if (!same_version(&s->set, &pos->set) || s->has_window != has_window || s->window != window
+				|| s->decay != decay)
+				continue;
+			while (common < s->n && common < n_ctx && s->tokens[common] == ctx[common])
+				common++;
+			if (common > best)
+			{
+				best = common;
+				st = s;
+			}
+		}
+		if (st != NULL && 2 * best < st->n)
+			st = NULL;			/* another prompt: that one stays for its own next call */
+		if (st == NULL)
+		{
+			for (int i = 0; i < STATE_SLOTS; i++)
+				if (st == NULL || (st->mcxt != NULL && (states[i].mcxt == NULL || states[i].used < st->used)))
+					st = &states[i];
+			state_reset(st);
+			state_init(st, TopMemoryContext, has_window, window, decay, cell);
+			best = 0;
+		}
+		else
+			st->set.id = 0;		/* matches nothing until it is consistent again */
+		st->used = ++lru_clock;
+		trim_kept(state_limit() - need, pos, st);	/* room for this one */
+	}
 	if (best < st->n)
 	{
 		st->n = best;			/* the context differs from here on */
 		grid_truncate(st, best);
 	}
 	while (st->n < n_ctx)
+	{
+		if ((st->n & 0xFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		if (!state_push(st, pos, ctx[st->n]))
 		{
-			st->set_id = pos->set_id;	/* consistent: it ends before the foreign token */
+			st->set = pos->set;	/* consistent: it ends before the foreign token */
 			return NULL;
 		}
-	st->set_id = pos->set_id;
+	}
+	st->set = pos->set;
 	return st;
 }
 
@@ -1563,19 +1933,20 @@ history_terms(ContextState *st, int m, const double *center, bool gaussian, doub
 	stats.history_skipped += m - scored;
 }
 
-/* Whether htk_next_token serves atom set set_id (rows layout, with token_blocks). */
+/* Whether htk_next_token serves atom set set_id (rows layout, with token_blocks); false for NULL. */
 Datum
 htk_serves(PG_FUNCTION_ARGS)
 {
-	PositionCache *slot;
+	bool		served;
 
 	if (PG_ARGISNULL(0))
 		PG_RETURN_BOOL(false);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	slot = cached_set(PG_GETARG_INT32(0));
+	served = cached_set(PG_GETARG_INT32(0), NULL, false) != NULL;
 	SPI_finish();
-	PG_RETURN_BOOL(slot->served);
+	trim_kept(state_limit(), NULL, NULL);
+	PG_RETURN_BOOL(served);
 }
 
 /*
@@ -1615,6 +1986,7 @@ backoff_terms(const ContextState *st, int m, const double *center, const double 
 		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
 		double		d = sqrt(dx * dx + dy * dy + dz * dz);
 
+		CHECK_FOR_INTERRUPTS();
 		if (has_radius && !(d <= radius))
 			continue;
 		terms[*n].tid = st->tokens[e];
@@ -1635,16 +2007,18 @@ backoff_terms(const ContextState *st, int m, const double *center, const double 
 /*
  * One next_token step in C for checked arguments; false where it does not serve (htk_serves) or
  * a context token is not in the set. Called inside SPI; the rows record is built in `caller`.
- * backoff: the set's kernel is the backoff kernel (then `gaussian` is false and unused).
+ * backoff: the set's kernel is the backoff kernel (then `gaussian` is false and unused). `known`:
+ * the set's row version where the caller read it (else read here).
  */
 static bool
-native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool has_window, int window,
-			double decay, int history, bool gaussian, bool backoff, double bandwidth, double history_weight,
-			const int32 *ctx, int n_ctx, double temperature, bool has_top_k, int top_k, bool has_top_p,
-			double top_p, bool has_radius, double radius, int max_neighbors, double penalty, Datum *result)
+native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, const SetVersion *known,
+			bool has_window, int window, double decay, int history, bool gaussian, bool backoff,
+			double bandwidth, double history_weight, const int32 *ctx, int n_ctx, double temperature,
+			bool has_top_k, int top_k, bool has_top_p, double top_p, bool has_radius, double radius,
+			int max_neighbors, double penalty, Datum *result)
 {
-	PositionCache *slot = cached_set(set_id);
-	ContextState *st;
+	PositionCache *slot = cached_set(set_id, known, true);
+	ContextState scratch, *st;
 	int			m, n_knn = 0, n_terms = 0;
 	int32	   *knn_ids;
 	double	   *knn_w, *knn_d, z_lb;
@@ -1652,12 +2026,19 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	Term	   *terms;
 	Pruning		prune = {temperature, penalty};
 
-	if (!slot->served)
+	if (slot == NULL)
 		return false;
 	MemoryContextSwitchTo(caller);
-	st = context_state(slot, has_window, window, decay, ctx, n_ctx, grid_cell(gaussian, bandwidth));
+	memset(&scratch, 0, sizeof(scratch));
+	st = context_state(slot, has_window, window, decay, ctx, n_ctx, grid_cell(gaussian, bandwidth), &scratch);
 	if (st == NULL)
-		return false;			/* a foreign token (the SQL path names it) or a context too long to keep */
+	{
+		/* a foreign token (the SQL path names it) or a context too long to keep */
+		if (scratch.mcxt != NULL)
+			MemoryContextDelete(scratch.mcxt);
+		trim_kept(state_limit(), NULL, NULL);
+		return false;
+	}
 	stats.steps++;
 	center = st->keys + 3 * (st->n - 1);
 	m = history_weight > 0 && history > 0 && n_ctx > 1 ? Min(history, n_ctx - 1) : 0;
@@ -1676,13 +2057,16 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, bool ha
 	qsort(terms, n_terms, sizeof(Term), term_order);
 	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						   top_p, penalty);
+	if (scratch.mcxt != NULL)
+		MemoryContextDelete(scratch.mcxt);
+	trim_kept(state_limit(), NULL, NULL);
 	return true;
 }
 
 /*
  * The arguments htk_next_token and htk_step_logits share, 0-7: the atom set's id, centroid window,
  * decay, history window, kernel, bandwidth and history weight (its own, as ht_atom_set gives them)
- * and the context. The callers check which may be NULL; here only what would make the C unsafe.
+ * and the context, checked (the callers check that the ones that must not be NULL are not).
  */
 typedef struct
 {
@@ -1699,25 +2083,27 @@ typedef struct
 } SetStep;
 
 static void
-set_step_args(FunctionCallInfo fcinfo, const char *fn, SetStep *a)
+set_step_args(FunctionCallInfo fcinfo, SetStep *a)
 {
 	a->set_id = PG_GETARG_INT32(0);
 	a->has_window = !PG_ARGISNULL(1);
 	a->window = a->has_window ? PG_GETARG_INT32(1) : 0;
+	check_window(a->has_window, a->window);
 	a->decay = PG_GETARG_FLOAT8(2);
+	check_decay(a->decay);
 	a->history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
+	check_between("history_window", a->history, 0, MAX_HISTORY_WINDOW);
 	a->gaussian = PG_GETARG_BOOL(4);
 	a->bandwidth = PG_GETARG_FLOAT8(5);
+	check_positive("bandwidth", a->bandwidth);
 	a->history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
-	a->ctx = int4_items(PG_GETARG_ARRAYTYPE_P(7), &a->n_ctx, "context");
-	if (a->n_ctx == 0 || !(a->decay > 0.0 && a->decay <= 1.0) || (a->has_window && a->window < 1))
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						errmsg("%s: a checked context, window and decay are expected", fn)));
+	check_nonnegative("history_weight", a->history_weight);
+	a->ctx = context_items(PG_GETARG_ARRAYTYPE_P(7), &a->n_ctx);
 }
 
 /*
- * One next_token step in C for checked arguments (the set's own window, decay, kernel, bandwidth,
- * history window and weight; next_token's sampler arguments): the context's state (keys), the KNN
+ * One next_token step in C (the set's own window, decay, kernel, bandwidth, history window and
+ * weight; next_token's sampler arguments, each checked): the context's state (keys), the KNN
  * (ht_knn's rows, through SPI), the pruned history atoms, kernel and sampler. NULL when this
  * function does not serve the set (htk_serves) or a context token is not in the set: the caller
  * then takes the SQL path, which reports the token.
@@ -1725,6 +2111,8 @@ set_step_args(FunctionCallInfo fcinfo, const char *fn, SetStep *a)
 Datum
 htk_next_token(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
+		"context", "temperature", "", "", "", "max_neighbors", "repetition_penalty", NULL};
 	SetStep		a;
 	bool		served;
 	int			top_k, max_neighbors;
@@ -1733,10 +2121,8 @@ htk_next_token(PG_FUNCTION_ARGS)
 	Datum		result = (Datum) 0;
 	MemoryContext caller;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
-		|| PG_ARGISNULL(8) || PG_ARGISNULL(12) || PG_ARGISNULL(13))
-		raise_bad("htk_next_token: only centroid_window, history_window, history_weight, top_k, top_p and search_radius may be NULL");
-	set_step_args(fcinfo, "htk_next_token", &a);
+	require_args(fcinfo, args);
+	set_step_args(fcinfo, &a);
 	temperature = PG_GETARG_FLOAT8(8);
 	has_top_k = !PG_ARGISNULL(9);
 	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
@@ -1746,14 +2132,15 @@ htk_next_token(PG_FUNCTION_ARGS)
 	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
 	max_neighbors = PG_GETARG_INT32(12);
 	penalty = PG_GETARG_FLOAT8(13);
-	if (max_neighbors < 1 || max_neighbors > 100000)
-		raise_bad("htk_next_token: max_neighbors must be in 1 .. 100000");
+	check_sampler(temperature, has_top_k, top_k, has_top_p, top_p, penalty);
+	check_radius(has_radius, radius);
+	check_between("max_neighbors", max_neighbors, 1, MAX_NEIGHBORS);
 
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	served = native_step(fcinfo, caller, a.set_id, a.has_window, a.window, a.decay, a.history, a.gaussian, false,
-						 a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
+	served = native_step(fcinfo, caller, a.set_id, NULL, a.has_window, a.window, a.decay, a.history, a.gaussian,
+						 false, a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
 						 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
 	if (!served)
@@ -1772,22 +2159,27 @@ htk_next_token(PG_FUNCTION_ARGS)
 static SPIPlanPtr set_by_name_plan = NULL;
 static SPIPlanPtr default_set_plan = NULL;
 
-/* The 8th column: whether the set's kernel is the backoff kernel (next_token's C step has all three). */
+/*
+ * The 8th column: whether the set's kernel is the backoff kernel (next_token's C step has all
+ * three); then the row's version and whether its layout is rows (cached_set's).
+ */
 #define SET_COLUMNS "SELECT s.id, s.centroid_window, s.centroid_decay, s.kernel = 'gaussian', s.bandwidth," \
-	" s.history_weight, s.history_window, s.kernel = 'backoff' FROM atom_sets s"
+	" s.history_weight, s.history_window, s.kernel = 'backoff', s.xmin, s.ctid," \
+	" s.layout IS DISTINCT FROM 'tiles' FROM atom_sets s"
 
 Datum
 htk_step(PG_FUNCTION_ARGS)
 {
 	ArrayType  *ctx_arr;
 	int			n_ctx, top_k, max_neighbors, window = 0, history;
-	int32	   *ctx, set_id;
+	int32	   *ctx;
 	double		temperature, top_p, radius, penalty, history_weight, decay, bandwidth;
-	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, backoff, served = false, isnull;
+	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, backoff, rows, served = false, isnull;
 	Datum		result = (Datum) 0, arg;
 	MemoryContext caller;
 	HeapTuple	row;
 	TupleDesc	desc;
+	SetVersion	version;
 
 	/* next_token's rules (ht_check_context, ht_check_sampler_args); anything else: NULL. */
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(5) || PG_ARGISNULL(7))
@@ -1814,14 +2206,14 @@ htk_step(PG_FUNCTION_ARGS)
 	if (!(radius >= 0.0))
 		PG_RETURN_NULL();
 	max_neighbors = PG_GETARG_INT32(5);
-	if (max_neighbors < 1 || max_neighbors > 100000)
+	if (max_neighbors < 1 || max_neighbors > MAX_NEIGHBORS)
 		PG_RETURN_NULL();
 	penalty = PG_GETARG_FLOAT8(7);
 	if (!(penalty >= 1e-6 && penalty <= 1e6))
 		PG_RETURN_NULL();
 	if (!PG_ARGISNULL(8) && !(PG_GETARG_FLOAT8(8) >= 0.0 && isfinite(PG_GETARG_FLOAT8(8))))
 		PG_RETURN_NULL();
-	if (!PG_ARGISNULL(9) && (PG_GETARG_INT32(9) < 0 || PG_GETARG_INT32(9) > 4096))
+	if (!PG_ARGISNULL(9) && (PG_GETARG_INT32(9) < 0 || PG_GETARG_INT32(9) > MAX_HISTORY_WINDOW))
 		PG_RETURN_NULL();
 
 	caller = CurrentMemoryContext;
@@ -1864,7 +2256,7 @@ htk_step(PG_FUNCTION_ARGS)
 	}
 	row = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	set_id = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
+	version.id = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
 	arg = SPI_getbinval(row, desc, 2, &isnull);	/* centroid_window: NULL is no window */
 	has_window = !isnull;
 	if (has_window)
@@ -1877,30 +2269,43 @@ htk_step(PG_FUNCTION_ARGS)
 	if (!(history_weight > 0))
 		history = 0;
 	backoff = DatumGetBool(SPI_getbinval(row, desc, 8, &isnull));
-	if (decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1) && (!backoff || decay < 1.0))
-		served = native_step(fcinfo, caller, set_id, has_window, window, decay, history, gaussian, backoff,
-							 bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k, has_top_p, top_p,
-							 has_radius, radius, max_neighbors, penalty, &result);
+	version.xmin = DatumGetTransactionId(SPI_getbinval(row, desc, 9, &isnull));
+	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 10, &isnull)), &version.ctid);
+	rows = DatumGetBool(SPI_getbinval(row, desc, 11, &isnull));
+	/* the set's own values are checked by atom_sets' constraints; these keep the C safe regardless */
+	if (rows && decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1) && (!backoff || decay < 1.0)
+		&& bandwidth > 0.0 && isfinite(bandwidth) && history_weight >= 0.0 && isfinite(history_weight)
+		&& history >= 0 && history <= MAX_HISTORY_WINDOW)
+		served = native_step(fcinfo, caller, version.id, &version, has_window, window, decay, history, gaussian,
+							 backoff, bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k,
+							 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
 }
 
-/* This session's counters of the native steps: htk_stats() -> one row. */
+/* This backend's counters of the native steps and the memory it keeps: htk_stats() -> one row. */
 Datum
 htk_stats(PG_FUNCTION_ARGS)
 {
 	TupleDesc	tupdesc;
-	Datum		values[6];
-	bool		nulls[6] = {false, false, false, false, false, false};
+	Datum		values[10];
+	bool		nulls[10];
+	int			sets, contexts;
+	Size		kept = kept_bytes(&sets, &contexts);
 
+	memset(nulls, false, sizeof(nulls));
 	values[0] = Int64GetDatum((int64) stats.steps);
 	values[1] = Int64GetDatum((int64) stats.keys_computed);
 	values[2] = Int64GetDatum((int64) stats.history_scored);
 	values[3] = Int64GetDatum((int64) stats.history_skipped);
 	values[4] = Int64GetDatum((int64) stats.grid_steps);
 	values[5] = Int64GetDatum((int64) knn_boundary_ties);
+	values[6] = Int64GetDatum((int64) kept);
+	values[7] = Int32GetDatum(sets);
+	values[8] = Int32GetDatum(contexts);
+	values[9] = Int64GetDatum((int64) evictions);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_stats: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
@@ -1927,11 +2332,13 @@ htk_pick(PG_FUNCTION_ARGS)
 	cum = float8_items(PG_GETARG_ARRAYTYPE_P(1), &nc, "cumulative");
 	u = PG_GETARG_FLOAT8(2);
 	if (nc != n)
-		raise_bad("htk_pick: probabilities and cumulative must be of one length");
+		BAD_ARG("cumulative must be as long as probabilities (%d), got %d", n, nc);
 	if (n == 0)
 		PG_RETURN_NULL();
 	for (int i = 0; i < n; i++)
 	{
+		if ((i & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		if (cum[i] > u)
 			PG_RETURN_INT32(i + 1);
 		if (p[i] > 0)
@@ -1951,6 +2358,8 @@ htk_pick(PG_FUNCTION_ARGS)
 Datum
 htk_step_logits(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
+		"context", "max_neighbors", "", NULL};
 	SetStep		a;
 	bool		has_radius;
 	int			max_neighbors, m, n_knn = 0;
@@ -1958,28 +2367,27 @@ htk_step_logits(PG_FUNCTION_ARGS)
 	int32	   *knn_ids;
 	double	   *knn_w, *knn_d, *keys;
 	PositionCache *slot;
-	ContextState *st;
+	ContextState scratch, *st;
 	Datum		result = (Datum) 0;
 	bool		served = false;
 	MemoryContext caller;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(2) || PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(7)
-		|| PG_ARGISNULL(8))
-		raise_bad("htk_step_logits: only centroid_window, history_window, history_weight and search_radius may be NULL");
-	set_step_args(fcinfo, "htk_step_logits", &a);
+	require_args(fcinfo, args);
+	set_step_args(fcinfo, &a);
 	max_neighbors = PG_GETARG_INT32(8);
+	check_between("max_neighbors", max_neighbors, 1, MAX_NEIGHBORS);
 	has_radius = !PG_ARGISNULL(9);
 	radius = has_radius ? PG_GETARG_FLOAT8(9) : 0.0;
-	if (max_neighbors < 1 || max_neighbors > 100000)
-		raise_bad("htk_step_logits: max_neighbors must be in 1 .. 100000");
+	check_radius(has_radius, radius);
 
 	caller = CurrentMemoryContext;
+	memset(&scratch, 0, sizeof(scratch));
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	slot = cached_set(a.set_id);
+	slot = cached_set(a.set_id, NULL, false);
 	MemoryContextSwitchTo(caller);
-	st = slot->served ? context_state(slot, a.has_window, a.window, a.decay, a.ctx, a.n_ctx,
-									  grid_cell(a.gaussian, a.bandwidth)) : NULL;
+	st = slot != NULL ? context_state(slot, a.has_window, a.window, a.decay, a.ctx, a.n_ctx,
+									  grid_cell(a.gaussian, a.bandwidth), &scratch) : NULL;
 	if (st != NULL)
 	{
 		/* htk_keys' layout: the centre, then the keys of prefixes n - m .. n - 1 */
@@ -1994,7 +2402,10 @@ htk_step_logits(PG_FUNCTION_ARGS)
 							   a.bandwidth, a.history_weight, has_radius, radius);
 		served = true;
 	}
+	if (scratch.mcxt != NULL)
+		MemoryContextDelete(scratch.mcxt);
 	SPI_finish();
+	trim_kept(state_limit(), NULL, NULL);
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);

@@ -177,6 +177,9 @@ class TokenBlock(_SetCoordinates, Base):
     """Token positions in blocks of 256 consecutive ids (NaN: no such token), read by the centroid."""
 
     __tablename__ = "token_blocks"
+    __table_args__ = (
+        CheckConstraint("block >= 0 AND block <= 8388607", name="token_blocks_block_check"),
+    )
 
     block: Mapped[int] = mapped_column(Integer, primary_key=True)
 
