@@ -72,30 +72,64 @@ def first_difference(a: list, b: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def rounding_decides(relaxed: list, top_k: int | None, top_p: float | None, rel: float = 1e-9) -> bool:
-    """Whether rounding may decide a step's rows: two candidates whose probabilities tie (to `rel`)
-    across the top-k boundary, or across the top-p cut. `relaxed` is the reference's rows for the
-    step at its temperature and penalty without top-k and top-p (probability descending). Repeated
-    tokens make exactly equal keys, so such ties are real; the two kernels sum in other orders and
-    may break them differently, which moves a whole distribution by its renormalisation."""
+def undecided_rows(relaxed: list, top_k: int | None, top_p: float | None, rel: float = 1e-9) -> set[int]:
+    """The token ids whose place in a step's rows rounding may decide: those whose probability ties
+    (to `rel`) the top-k boundary, or the row at the top-p cut where the mass before or after it
+    ties p (with the rows tying it). `relaxed` is the reference's rows for the step at its
+    temperature and penalty without top-k and top-p (probability descending). Repeated tokens make
+    exactly equal keys, so such ties are real; the two kernels sum in other orders and may break
+    them differently. A tie at the top-k boundary with top-p on changes the mass the cut sees, so
+    then every row from the tie on may move. Empty: rounding decides nothing."""
+    ids = [r[0] for r in relaxed]
     ps = [r[1] for r in relaxed]
 
     def tie(a: float, b: float) -> bool:
         return abs(a - b) <= rel * max(abs(a), abs(b))
 
+    def group(i: int) -> set[int]:
+        return {ids[j] for j in range(len(ps)) if tie(ps[j], ps[i])}
+
     k = top_k or 0
+    top_p_on = top_p is not None and top_p < 1
     if k and len(ps) > k and tie(ps[k - 1], ps[k]):
-        return True
-    kept = ps if not k or len(ps) <= k else ps[:k] + [p for p in ps[k:] if p >= ps[k - 1]]
-    total = sum(kept)
-    if top_p is None or top_p >= 1 or total <= 0:
-        return False
+        tied = group(k - 1)
+        if not top_p_on:
+            return tied
+        first = min(i for i in range(len(ps)) if ids[i] in tied)
+        return tied | set(ids[first:])
+    n_kept = len(ps) if not k or len(ps) <= k else k + sum(1 for p in ps[k:] if p >= ps[k - 1])
+    total = sum(ps[:n_kept])
+    if not top_p_on or total <= 0:
+        return set()
     before = 0.0
-    for i, p in enumerate(kept):
+    for i in range(n_kept):
+        after = before + ps[i]
         if abs(before / total - top_p) <= rel:
-            return True
-        after = before + p
-        if before / total < top_p <= after / total and i + 1 < len(kept) and tie(p, kept[i + 1]):
-            return True
+            return group(i)                     # row i kept or not
+        if before / total < top_p <= after / total:    # row i is the last row kept
+            if i + 1 < n_kept and abs(after / total - top_p) <= rel:
+                return group(i + 1)             # the next one may be kept too
+            if i + 1 < n_kept and tie(ps[i], ps[i + 1]):
+                return group(i)                 # which of the tied rows is kept
+            return set()
         before = after
-    return False
+    return set()
+
+
+def rounding_decides(relaxed: list, top_k: int | None, top_p: float | None, rel: float = 1e-9) -> bool:
+    """Whether rounding may decide any of a step's rows (undecided_rows is not empty)."""
+    return bool(undecided_rows(relaxed, top_k, top_p, rel))
+
+
+def assert_same_rows_but(got: list, want: list, undecided: set[int], tol: float) -> None:
+    """Rows agree except for the undecided token ids, which either may hold or lack: every other
+    row is in both, and over the rows both hold the probabilities agree after renormalising
+    (dropping or adding an undecided row rescales the others) and come in the same order
+    (assert_same_rows)."""
+    g = {r[0]: r[1] for r in got}
+    w = {r[0]: r[1] for r in want}
+    assert set(g) ^ set(w) <= undecided, (got, want, undecided)
+    common_got = [r[0] for r in got if r[0] in w]
+    common_want = [r[0] for r in want if r[0] in g]
+    sg, sw = sum(g[i] for i in common_got), sum(w[i] for i in common_want)
+    assert_same_rows([(i, g[i] / sg) for i in common_got], [(i, w[i] / sw) for i in common_want], tol)

@@ -1,0 +1,162 @@
+"""The native kernel's own backend state and its failures: a cancel stops a long step, what a backend
+keeps stays within hartonomous_kernel.max_state_memory, a set rebuilt under a reused id is read
+again, and a bad token_blocks row is a clear error, not a crash (docs/sql.md "The native kernel").
+
+Each test runs in a backend of its own (fresh state and counters), in a transaction rolled back at
+the end; some take locks (DROP of a partition, ALTER TABLE token_blocks) that a module-wide open
+transaction, as tests/test_kernel_native.py keeps, would block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from hand_sets import add_set, random_set, reference_sets
+from native_kernel import assert_same_rows, nonzero, require_native_kernel
+
+TOL = 1e-12
+NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
+              "%(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, %(history_weight)s, %(history_window)s)")
+
+
+@pytest.fixture
+def own(server_url: str) -> Iterator[psycopg.Connection]:
+    """A backend of its own (fresh kernel state and counters), in a transaction rolled back at the end."""
+    with psycopg.connect(server_url) as conn:
+        conn.execute("SELECT 1")
+        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+            require_native_kernel()
+        yield conn
+        conn.rollback()
+
+
+def test_a_long_native_step_answers_a_cancel_and_the_backend_goes_on(own) -> None:
+    """A context of 2^19 tokens (read from a table, so the call's time is the kernel's) whose state
+    is too large to keep: every call computes all its keys, 64 weights each. With a
+    statement_timeout a tenth of the call's time the cancel comes within half of it (without the
+    kernel's interrupt checks it waits for the keys to be done), and the connection goes on."""
+    import math
+    import time
+
+    s = random_set("kerneltest_wide", 31, kernel="gaussian", bandwidth=0.2, window=64, decay=0.99)
+    set_id = add_set(own, s)
+    own.execute("CREATE TEMP TABLE kerneltest_context ON COMMIT DROP AS "
+                "SELECT ARRAY(SELECT (i % 50)::integer FROM generate_series(1, 524288) i) AS c")
+    call = ("SELECT d.token_ids IS NOT NULL FROM kerneltest_context t, htk_next_token(%s, 64, 0.99, 0, true, "
+            "0.2, 0, t.c[1:%s], 1.0, 40, 0.9, NULL, 100, 1.0) d")
+    start = time.perf_counter()
+    assert own.execute(call, (set_id, 1 << 19)).fetchone() == (True,)
+    full = time.perf_counter() - start
+    assert own.execute("SELECT kept_contexts FROM htk_stats()").fetchone() == (0,)   # not kept: a fresh state each call
+    timeout_ms = max(50, math.floor(full * 100))
+    with own.transaction():
+        own.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
+        start = time.perf_counter()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            with own.transaction():
+                own.execute(call, (set_id, 1 << 19))
+        cancelled = time.perf_counter() - start
+        own.execute("SET LOCAL statement_timeout = 0")
+    assert cancelled < full / 2, (cancelled, full)
+    assert own.execute("SELECT count(*) FROM atom_sets WHERE id = %s", (set_id,)).fetchone() == (1,)
+    assert own.execute(call, (set_id, 100)).fetchone() == (True,)
+
+
+def test_the_state_kept_stays_within_max_state_memory_and_steps_stay_right(own) -> None:
+    """With a 256 kB bound, contexts of 500 tokens (~150 kB of state each) push each other out; a
+    context of 3,000 tokens is served without being kept; every step gives the reference's rows."""
+    s = reference_sets()["gauss"]
+    add_set(own, s)
+    own.execute("SET hartonomous_kernel.max_state_memory = '256kB'")
+    bound = 256 * 1024
+    args = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "search_radius": None, "max_neighbors": 50,
+            "repetition_penalty": 1.3, "history_weight": 2.0, "history_window": 64, "atom_set": s.name}
+    contexts = [[(7 * i + j * j) % 50 for j in range(500)] for i in range(5)]
+    contexts += [contexts[0] + [3], contexts[2] + [4, 5], [j % 47 for j in range(3000)]]
+    steps = 0
+    for context in contexts:
+        own.execute("SELECT set_config('hartonomous.kernel', '', false)")
+        native = own.execute(NEXT_TOKEN, {**args, "context": context}).fetchall()
+        kept, n_sets, n_contexts, evicted, counted = own.execute(
+            "SELECT kept_bytes, kept_sets, kept_contexts, evictions, steps FROM htk_stats()").fetchone()
+        steps += 1
+        assert counted == steps                     # served in C
+        assert 0 < kept <= bound and n_sets <= 1 and n_contexts in (1, 2)
+        own.execute("SELECT set_config('hartonomous.kernel', 'plpgsql', false)")
+        reference = own.execute(NEXT_TOKEN, {**args, "context": context}).fetchall()
+        assert_same_rows(nonzero(native), nonzero(reference), TOL)
+    assert evicted >= len(contexts) - 3
+    own.execute("RESET hartonomous.kernel")
+    own.execute("RESET hartonomous_kernel.max_state_memory")
+
+
+def test_a_set_rebuilt_under_a_reused_id_is_read_again(own) -> None:
+    """The kernel's cache holds a set's positions; the set is deleted, its id handed out again
+    (ALTER SEQUENCE ... RESTART) to a set with other positions, in the same backend and
+    transaction: the step reads the new set's positions, not the cached ones."""
+    from hartonomous.atomset.catalog import delete_atom_set_rows
+
+    first = random_set("kerneltest_reused", 41, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    second = random_set("kerneltest_reused", 42, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    context = [1, 2, 3, 4, 5, 6]
+    args = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "search_radius": None, "max_neighbors": 50,
+            "repetition_penalty": 1.0, "history_weight": None, "history_window": None,
+            "atom_set": first.name, "context": context}
+    set_id = add_set(own, first)
+    before = own.execute(NEXT_TOKEN, args).fetchall()
+    assert own.execute("SELECT steps, kept_sets FROM htk_stats()").fetchone() == (1, 1)
+    delete_atom_set_rows(own, set_id)
+    (sequence,) = own.execute("SELECT pg_get_serial_sequence('atom_sets', 'id')").fetchone()
+    own.execute(f"ALTER SEQUENCE {sequence} RESTART WITH {set_id}")
+    assert add_set(own, second) == set_id
+    native = own.execute(NEXT_TOKEN, args).fetchall()
+    assert own.execute("SELECT steps FROM htk_stats()").fetchone() == (2,)
+    own.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
+    reference = own.execute(NEXT_TOKEN, args).fetchall()
+    assert nonzero(reference) != nonzero(before)     # the two sets answer differently
+    assert_same_rows(nonzero(native), nonzero(reference), TOL)
+
+
+BLOCK = "INSERT INTO token_blocks (atom_set_id, block, xs, ys, zs) VALUES (%s, %s, %s, %s, %s)"
+
+
+def test_token_blocks_refuse_a_negative_block(own) -> None:
+    set_id = add_set(own, reference_sets()["expo"])
+    with pytest.raises(psycopg.errors.CheckViolation, match="token_blocks_block_check"):
+        with own.transaction():
+            own.execute(BLOCK, (set_id, -1, [0.5] * 256, [0.5] * 256, [0.5] * 256))
+
+
+@pytest.mark.parametrize("block,xs,error,message", [
+    (-1, [0.5] * 256, psycopg.errors.NumericValueOutOfRange, r"block -1 is outside 0 \.\. 8388607"),
+    (1, None, psycopg.errors.NullValueNotAllowed, "block 1 has NULL xs"),
+    (1, [0.5] * 10, psycopg.errors.ArraySubscriptError, "block 1's xs must be 256 numbers"),
+    (1, [float("inf")] * 256, psycopg.errors.NumericValueOutOfRange, "block 1's xs must be finite or NaN"),
+    (1, [0.5] + [float("nan")] * 255, psycopg.errors.NumericValueOutOfRange, "token 257 has NaN in some"),
+])
+def test_a_bad_token_blocks_row_is_a_clear_error_and_the_backend_goes_on(own, block, xs, error, message) -> None:
+    """Rows the table's constraints would refuse, written with them dropped (as only the owner can):
+    the kernel names the set and the block (a data error, not XX000, no crash), and serves the set
+    once the row is gone."""
+    set_id = add_set(own, reference_sets()["expo"])
+    with pytest.raises(error, match=rf"token_blocks of atom set {set_id}: {message}"):
+        with own.transaction():
+            own.execute("ALTER TABLE token_blocks DROP CONSTRAINT token_blocks_block_check")
+            own.execute("ALTER TABLE token_blocks ALTER COLUMN xs DROP NOT NULL")
+            own.execute(BLOCK, (set_id, block, xs, [0.5] * 256, [0.5] * 256))
+            own.execute("SELECT htk_serves(%s)", (set_id,))
+    assert own.execute("SELECT htk_serves(%s)", (set_id,)).fetchone() == (True,)
+
+
+def test_a_set_whose_positions_exceed_the_bound_takes_the_sql_path(own) -> None:
+    """The largest block a token id can have: 6.4 GB of positions, not cached (no overflow, no
+    error), so next_token answers on its SQL path."""
+    s = reference_sets()["expo"]
+    set_id = add_set(own, s)
+    own.execute(BLOCK, (set_id, 8388607, [0.5] * 256, [0.5] * 256, [0.5] * 256))
+    assert own.execute("SELECT htk_serves(%s)", (set_id,)).fetchone() == (False,)
+    rows = own.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
+    assert rows and own.execute("SELECT steps, kept_bytes FROM htk_stats()").fetchone() == (0, 0)
