@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hartonomous.speculative.draft_cost import (PROBE_EVERY, CostShapedPolicy, ForwardCosts, expected_tokens,
-                                    measure_forward_costs)
+from hartonomous.speculative.draft_cost import (MAX_PROBE_EVERY, PROBE_EVERY, CostShapedPolicy, ForwardCosts,
+                                                expected_tokens, measure_forward_costs)
 from hartonomous.exact import ExactModel
 from tiny_model import tiny_model
 
@@ -56,8 +56,15 @@ def test_the_costliest_shapes_are_skipped_where_longer_drafts_cost_the_same() ->
 def test_drafting_stops_where_it_cannot_pay_and_probes_again() -> None:
     rejected = CostShapedPolicy(CPU, max_draft_tokens=8)
     judged(rejected, kept=0, rejected=32)
-    lengths = [rejected.length(64) for _ in range(2 * (PROBE_EVERY + 1))]
-    assert lengths == ([0] * PROBE_EVERY + [rejected.best_draft(64)]) * 2
+    best = rejected.best_draft(64)
+    lengths = [rejected.length(64) for _ in range(4 * PROBE_EVERY + 2)]
+    assert lengths == [0] * PROBE_EVERY + [best] + [0] * 2 * PROBE_EVERY + [best] + [0] * PROBE_EVERY
+    probes = [rejected.length(64) for _ in range(1000)].count(best)
+    assert probes <= 1000 // MAX_PROBE_EVERY + 1                  # probes that keep failing grow rarer
+    judged(rejected, kept=32, rejected=0)                          # drafting pays again ...
+    assert rejected.length(64) > 0
+    judged(rejected, kept=0, rejected=32)                          # ... and stops paying: probe as at first
+    assert [rejected.length(64) for _ in range(PROBE_EVERY + 1)] == [0] * PROBE_EVERY + [best]
     linear = CostShapedPolicy(LINEAR, max_draft_tokens=8)
     judged(linear, kept=24, rejected=8)                            # 75% kept, yet every token costs a forward
     assert linear.length(64) == 0

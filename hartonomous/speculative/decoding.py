@@ -375,8 +375,15 @@ class SpeculativeRun:
         return self._draw(residual / total if total > 0 else p, position)   # total 0: p == q up to rounding
 
     def _draw(self, probs: torch.Tensor, position: int) -> int:
-        """The inverse-CDF pick at seeded_uniform(S, 2i + 1) (for T = 0 p is one-hot: the argmax)."""
-        return int(pick_index(probs, seeded_uniform(self.seed, 2 * position + 1)))
+        """The inverse-CDF pick at seeded_uniform(S, 2i + 1) (for T = 0 p is one-hot: the argmax).
+
+        Over the support only (ascending ids, so ties still go to the lower id): the same pick as
+        over the whole vocabulary, without sorting ~50,000 zeros every step."""
+        u = seeded_uniform(self.seed, 2 * position + 1)
+        support = torch.nonzero(probs > 0).flatten()
+        if support.numel() == 0:                      # nothing positive (cannot happen after the sampler)
+            return int(pick_index(probs, u))
+        return int(support[0]) if support.numel() == 1 else int(support[pick_index(probs[support], u)])
 
 
 class SpeculativeBackend:

@@ -14,8 +14,10 @@ d, and each round picks
     k* = argmax over k in {0} ∪ {2..K} of  E(k) / (c(k) + d)      (k = 0: 1 / c(1))
 
 (k = 1 is never better than a plain step: it costs a forward of one token and a database call and
-yields one token). While k* = 0 the rounds are plain, and every PROBE_EVERY of them one round drafts
-the best k > 0 anyway, so that a rate learnt on a bad stretch can recover.
+yields one token). While k* = 0 the rounds are plain, and after PROBE_EVERY of them one round drafts
+the best k > 0 anyway, so that a rate learnt on a bad stretch can recover; each probe that does not
+bring drafting back doubles the plain rounds before the next (up to MAX_PROBE_EVERY), so a text the
+drafter cannot predict costs a few probes, not one every nine rounds.
 
 Trees (`max_width` > 1): a round may draft a tree of w branches of depth k (SQL `draft_tree`: the
 w most likely first tokens, each continued greedily), verified in one forward of 1 + w (k - 1)
@@ -48,7 +50,8 @@ PRIOR_ACCEPTANCE = 0.5       # the rate before anything is judged, worth PRIOR_W
 PRIOR_WEIGHT = 4
 ACCEPTANCE_WINDOW = 32       # judged draft tokens the running rate looks at
 DRAFT_SECONDS_PRIOR = 0.003  # a draft call before one is timed (PL/pgSQL backoff sets: ~3 ms)
-PROBE_EVERY = 8              # plain rounds between probes while drafting does not pay
+PROBE_EVERY = 8              # plain rounds before the first probe while drafting does not pay
+MAX_PROBE_EVERY = 64         # ... doubled after each probe that did not bring drafting back, up to this
 WIDER_PRIOR_GAIN = 0.25      # prior: one more first candidate catches this share of the misses left
 _MEASURING = threading.Lock()  # concurrent first requests measure once, not side by side
 CACHE_VERSION = 1            # bump when what is measured (or how) changes
@@ -217,6 +220,7 @@ class CostShapedPolicy:
         self.recent: deque[bool] = deque(maxlen=ACCEPTANCE_WINDOW)
         self.draft_seconds = DRAFT_SECONDS_PRIOR
         self.plain_rounds = 0
+        self.probe_every = PROBE_EVERY        # plain rounds before the next probe
 
     @property
     def acceptance(self) -> float:
@@ -264,11 +268,12 @@ class CostShapedPolicy:
         self.width = 1
         k = self.best_draft(left)
         if self._best_rate(k) > self.rate(0):
-            self.plain_rounds = 0
+            self.plain_rounds, self.probe_every = 0, PROBE_EVERY
             return k
         self.plain_rounds += 1
-        if self.plain_rounds > PROBE_EVERY:       # a probe: the rate may have been learnt on a bad stretch
+        if self.plain_rounds > self.probe_every:  # a probe: the rate may have been learnt on a bad stretch
             self.plain_rounds = 0
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)   # until drafting pays again
             return k
         self.width = 1
         return min(self.min_draft, left)
