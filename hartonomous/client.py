@@ -122,11 +122,13 @@ class Client:
     def _speculative_backend(self):
         """The exact model verifying drafts of a spatial backend of its own (same atom set options),
         draft lengths shaped by the exact model's forward costs measured here (hartonomous/speculative/draft_cost.py)."""
-        from hartonomous.speculative.draft_cost import forward_costs
+        from hartonomous.config import get_settings
+        from hartonomous.speculative.draft_cost import costs_cache_dir, forward_costs
         from hartonomous.speculative.decoding import SpeculativeBackend
 
         exact = self._exact_backend()
-        costs = forward_costs(exact.model) if exact.model.use_cache else None   # once per model: ~6 s for SmolLM2 on 2 cores
+        # Measured once per runtime and CPU (~6 s for SmolLM2 on 2 cores), then read from the home's cache.
+        costs = forward_costs(exact.model, costs_cache_dir(get_settings().home)) if exact.model.use_cache else None
         return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
                                   max_draft_tokens=self.max_draft_tokens, costs=costs, memory=self.memory,
                                   max_tree_width=self.max_tree_width)
