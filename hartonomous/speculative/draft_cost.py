@@ -169,7 +169,7 @@ def measure_forward_costs(model, max_tokens: int = MAX_MEASURED, prefix: int = M
                           repeats: int = MEASURE_REPEATS) -> ForwardCosts:
     """Time `model` (hartonomous.exact.ExactModel) feeding n = 1..max_tokens tokens after a cached
     prefix, the logits of every fed position kept (as verification keeps them); the median of
-    `repeats` runs per n after one warm-up, the cache cropped back after each."""
+    `repeats` passes over n = 1..max_tokens after one warm-up pass, the cache cropped back after each."""
     import torch
 
     with torch.inference_mode():
@@ -180,19 +180,16 @@ def _measure(model, max_tokens: int, prefix: int, repeats: int) -> ForwardCosts:
     ids = [i % model.vocab_size for i in range(1000, 1000 + prefix + max_tokens)]
     cache = model.new_cache()
     model.prefill(ids[:prefix], cache)
-    seconds = []
-    for n in range(1, max_tokens + 1):
-        feed = ids[prefix:prefix + n]
-        runs = []
-        for attempt in range(repeats + 1):
+    runs: list[list[float]] = [[] for _ in range(max_tokens)]
+    for attempt in range(repeats + 1):            # lengths interleaved: a burst of other work on the
+        for n in range(1, max_tokens + 1):        # machine slows every length a little, not a few a lot
             t0 = time.perf_counter()
-            model.extend(feed, cache, n)
+            model.extend(ids[prefix:prefix + n], cache, n)
             elapsed = time.perf_counter() - t0
             cache.crop(prefix)
             if attempt:
-                runs.append(elapsed)
-        seconds.append(statistics.median(runs))
-    return ForwardCosts(tuple(seconds), prefix)
+                runs[n - 1].append(elapsed)
+    return ForwardCosts(tuple(statistics.median(r) for r in runs), prefix)
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
