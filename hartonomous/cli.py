@@ -218,11 +218,14 @@ def build_cmd(
     layout: str = typer.Option(None, "--layout", help="Storage of the atoms for next_token's KNN: rows (a GiST "
                                "index over the atoms) or tiles (also packed into Hilbert-ordered tiles: the same "
                                "results in fewer buffers per call). Default: the faster one in docs/benchmarks.md."),
-    positions: str = typer.Option("projection", "--positions", help="projection (the 3D projection's token "
+    positions: str = typer.Option(None, "--positions", help="projection (the 3D projection's token "
                                   "positions) or learned (trained from them by gradient descent against the exact "
                                   "model's labels, early-stopped on the calibration half; context sets) or lattice (one cell of a 37^3 "
                                   "lattice per token, along Hilbert curves through the projection: deep keys whose "
-                                  "nearest atoms share the longest suffix with the context; window 8, decay 1/128)."),
+                                  "nearest atoms share the longest suffix with the context; window 8, decay 1/128). "
+                                  "Default: lattice for context sets of code (--corpus python-source, .py files, "
+                                  "directories with --include '*.py'), where it agrees with the exact model more often "
+                                  "(docs/fidelity.md); else projection."),
     epochs: int = typer.Option(30, "--epochs", help="--positions learned: at most this many epochs (KNN "
                                "recomputed each epoch)."),
     learning_rate: float = typer.Option(0.01, "--learning-rate", help="--positions learned: Adam step size, in "

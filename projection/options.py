@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
-from hartonomous.corpus.sources import resolve_source
+from hartonomous.corpus.sources import PYTHON_SOURCE, resolve_source
 from hartonomous.centroid import validate as validate_centroid
 from hartonomous.atomset.write import DEFAULT_LAYOUT, LAYOUTS
 from hartonomous.errors import UserError
@@ -38,6 +38,16 @@ FULL_KEYS_MAX_TOKENS = 1_000_000   # --full-keys above this is refused: 2.3 KB p
 FULL_KEY_BYTES = 576 * 4
 SMOLLM2_VOCAB = 49152  # the default model's vocabulary: the lattice decay checked before the model loads
 KEEP = object()
+
+
+def code_corpus(corpus: list[Path], include: list[str]) -> bool:
+    """Whether --corpus names source code only: the built-in python-source, `.py` files, or
+    directories read through --include globs that all end in `.py`."""
+    if not corpus:
+        return False        # the built-in python-docstrings
+    globs_of_code = bool(include) and all(glob.endswith(".py") for glob in include)
+    return all(str(entry) == PYTHON_SOURCE or (entry.suffix == ".py" and not entry.is_dir())
+               or (entry.is_dir() and globs_of_code) for entry in corpus)
 
 
 @dataclass
@@ -77,7 +87,8 @@ class BuildOptions:
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
     layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
-    positions: str = "projection"  # learned: trained from the projection (projection/learned.py); lattice: deep keys
+    positions: str | None = None  # None = lattice for code corpora (code_corpus), else projection; learned: trained
+                                  # from the projection (projection/learned.py); lattice: deep keys
     epochs: int = DEFAULT_EPOCHS
     learning_rate: float = DEFAULT_LEARNING_RATE
     learn_decay: bool = False
@@ -89,8 +100,19 @@ class BuildOptions:
     self_distill_temperature: float = 0.8  # odd batches sampled at this temperature; 0 = every batch greedy
 
     def __post_init__(self) -> None:
+        if self.positions is None:
+            self.positions = "lattice" if self._deep_keys_by_default() else "projection"
         if self.kernel is None:
             self.kernel = "backoff" if self.positions == "lattice" else "gaussian"
+
+    def _deep_keys_by_default(self) -> bool:
+        """Lattice positions (backoff kernel) are the default for context sets of code, where they
+        agree with the exact model more often than the window-3 Gaussian keys (docs/fidelity.md,
+        "Default keys per corpus"); prose keeps the Gaussian keys, which tie there on top-1 and
+        are ahead on every distribution metric. Options that only make sense for the Gaussian keys
+        (--window, --decay, --sweep, --kernel other than backoff) keep the projection."""
+        return (self.kind == "context" and code_corpus(self.corpus, self.include) and self.window is KEEP
+                and self.decay is None and not self.sweep and self.kernel in (None, "backoff"))
 
     @property
     def random_positions_name(self) -> str:

@@ -409,3 +409,32 @@ def test_lattice_builds_key_every_token_on_its_own_cell(server_url: str, corpus_
                              "JOIN atom_sets s ON s.id = t.atom_set_id WHERE s.name = 'tiny-lattice'").fetchone()
     assert (kernel, projection) == ("backoff", "lattice") and decay == result.decay < 1
     assert cells[0] == cells[1] == result.tokens and cells[2]
+
+
+def test_code_corpora_get_deep_keys_by_default_and_prose_keeps_gaussian_keys(tmp_path: Path) -> None:
+    """The default keys per corpus kind (docs/fidelity.md, "Default keys per corpus"): lattice
+    positions and the backoff kernel for context sets of code, the window-3 Gaussian keys for the
+    rest, and any option that belongs to the Gaussian keys keeps them."""
+    from projection.options import BuildOptions, code_corpus
+
+    code_dir = tmp_path / "src"
+    code_dir.mkdir()
+    script = tmp_path / "tool.py"
+    script.write_text("print(1)\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("words\n")
+    assert code_corpus([Path("python-source")], []) and code_corpus([script], [])
+    assert code_corpus([code_dir], ["*.py"]) and code_corpus([code_dir, script], ["*.py", "pkg/*.py"])
+    assert not code_corpus([], []) and not code_corpus([Path("python-docstrings")], [])
+    assert not code_corpus([notes], []) and not code_corpus([code_dir], []) and not code_corpus([code_dir], ["*.txt"])
+    assert not code_corpus([script, notes], [])
+
+    code = BuildOptions(name="c", corpus=[Path("python-source")])
+    assert (code.positions, code.kernel, code.resolved_window()) == ("lattice", "backoff", 8)
+    for prose in (BuildOptions(name="p"), BuildOptions(name="p", corpus=[notes])):
+        assert (prose.positions, prose.kernel, prose.resolved_window()) == ("projection", "gaussian", 3)
+    for keeps_gaussian_keys in (dict(window=4), dict(decay=0.1), dict(sweep=True), dict(kernel="gaussian"),
+                                dict(kind="token"), dict(positions="projection")):
+        options = BuildOptions(name="c", corpus=[Path("python-source")], **keeps_gaussian_keys)
+        assert options.positions == "projection", keeps_gaussian_keys
+    assert BuildOptions(name="c", corpus=[script], kernel="backoff").positions == "lattice"
