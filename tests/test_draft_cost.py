@@ -127,6 +127,7 @@ def test_measured_costs_are_kept_on_disk_per_runtime_and_cpu(monkeypatch, tmp_pa
         return measure_forward_costs(model, max_tokens=draft_cost.MAX_MEASURED, prefix=8, repeats=1)
 
     monkeypatch.setattr(draft_cost, "measure_forward_costs", counting_measure)
+    monkeypatch.setattr(draft_cost, "machine_is_busy", lambda: False)     # whatever else runs beside the test
     model, tokenizer = tiny_model(0)
 
     def fresh() -> ForwardCosts:
@@ -154,6 +155,22 @@ def test_measured_costs_are_kept_on_disk_per_runtime_and_cpu(monkeypatch, tmp_pa
         assert fresh() is not None and len(calls) == 4
     finally:
         torch.set_num_threads(threads)
+
+
+def test_costs_measured_on_a_busy_machine_serve_the_process_but_are_not_kept(monkeypatch, tmp_path) -> None:
+    """A measurement slowed by other work would make every later process draft by wrong costs."""
+    from hartonomous.speculative import draft_cost
+
+    monkeypatch.setattr(draft_cost, "measure_forward_costs",
+                        lambda model: measure_forward_costs(model, max_tokens=draft_cost.MAX_MEASURED, prefix=8, repeats=1))
+    model, tokenizer = tiny_model(0)
+    monkeypatch.setattr(draft_cost, "machine_is_busy", lambda: True)
+    exact = ExactModel(model, tokenizer)
+    assert draft_cost.forward_costs(exact, tmp_path) is draft_cost.forward_costs(exact, tmp_path)   # kept in memory
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(draft_cost, "machine_is_busy", lambda: False)
+    draft_cost.forward_costs(ExactModel(model, tokenizer), tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1
 
 
 # -- trees (greedy): the width from the first token's running acceptance per width ------------

@@ -80,7 +80,8 @@ def forward_costs(model, cache_dir: Path | None = None) -> ForwardCosts:
     measures once, whatever the number of requests; concurrent first requests wait for one
     measurement rather than timing each other's forwards). With `cache_dir` they are also kept on
     disk per runtime and CPU (`cost_key`), so a new process (a CLI call) reads them instead of
-    spending seconds measuring; a missing, corrupt or foreign file is measured again and rewritten."""
+    spending seconds measuring; a missing, corrupt or foreign file is measured again and rewritten.
+    Costs measured on a busy machine (`machine_is_busy`) are not written."""
     known = getattr(model, "_hartonomous_forward_costs", None)
     if known is not None:
         return known
@@ -90,11 +91,21 @@ def forward_costs(model, cache_dir: Path | None = None) -> ForwardCosts:
             key = cost_key(model) if cache_dir is not None else None
             known = _load(Path(cache_dir), key) if key is not None else None
             if known is None:
+                busy = machine_is_busy()
                 known = measure_forward_costs(model)
-                if key is not None:
+                if key is not None and not (busy or machine_is_busy()):
                     _save(Path(cache_dir), key, known)
             model._hartonomous_forward_costs = known
     return known
+
+
+def machine_is_busy() -> bool:
+    """Whether other work would slow a measurement: the 1-minute load average above the core count.
+    Costs measured then serve this process only; they are not kept on disk for the next ones."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1)
+    except OSError:
+        return False
 
 
 def costs_cache_dir(home: Path) -> Path:
