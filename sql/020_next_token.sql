@@ -320,13 +320,13 @@ BEGIN
     PERFORM ht_check_sampler_args(temperature, top_k, top_p, search_radius, max_neighbors,
                                   repetition_penalty, history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    IF ht_kernel() = 'native' AND s.kernel <> 'backoff' THEN
-        -- The same rows from the C kernel (sql/060_kernel.sql): the whole step in C where
-        -- htk_next_token serves the set, else (tiles layout, a foreign token) ht_native_step.
-        -- The backoff kernel runs in PL/pgSQL below (the C kernel has the other two).
+    IF ht_kernel() = 'native' THEN
+        -- The same rows from the C kernel (sql/060_kernel.sql), any kernel: the whole step in C
+        -- where htk_next_token serves the set, else (tiles layout, a foreign token, memory)
+        -- ht_native_step.
         IF NOT next_token.memory THEN
             SELECT * INTO d FROM htk_next_token(s.id, s.centroid_window, s.centroid_decay, s.history_window,
-                                                s.kernel = 'gaussian', s.bandwidth, s.history_weight,
+                                                s.kernel, s.bandwidth, s.history_weight,
                                                 context, temperature, top_k, top_p, search_radius,
                                                 max_neighbors, repetition_penalty);
         END IF;

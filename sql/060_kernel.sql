@@ -4,9 +4,10 @@
 --                                next_token_batch, sample_next_token, generate_tokens and
 --                                draft_tokens run in this session.
 --
--- 'native' when the extension hartonomous_kernel 1.1 or later (ext/hartonomous_kernel, built and
--- installed by `make install`; `hartonomous migrate` creates or updates it where the server has it) is installed
--- in this database and the session has not SET hartonomous.kernel = 'plpgsql'. Otherwise the
+-- 'native' when the extension hartonomous_kernel 1.3 (ext/hartonomous_kernel, built and installed by
+-- `make install`; `hartonomous migrate` creates or updates it where the server has it; the version
+-- whose signatures these functions call) is installed in this database and the session has not SET
+-- hartonomous.kernel = 'plpgsql'. Otherwise the
 -- PL/pgSQL functions of sql/010-050 run: they are the reference that defines the semantics, and the
 -- native path is tested against them on the shared vectors (tests/test_kernel_native.py,
 -- tests/test_kernel_pruning.py). An external server, a Docker image or Citus workers without the
@@ -29,6 +30,9 @@
 --  3. ht_knn_arrays (ht_knn's rows as arrays): the GiST KNN at the centroid (the index's part);
 --  4. htk_distribution (C): kernel terms (history atoms pruned by the same rule, every distance
 --     computed), per-token log-sum-exp, the shared sampler.
+-- Every kernel runs in C, the backoff kernel included (its candidates are cut at the radius
+-- ladder's rung of the nearest one, ht_backoff_radius; nothing is pruned for it). With memory
+-- (the set's memory of past generations in the KNN) the KNN is ht_knn_arrays' SQL one, then step 4.
 -- generate_tokens and draft_tokens check the context once per call; on the SQL path (1-4) they
 -- carry its positions from step to step (one lookup per new token), and in C (0) the session's
 -- state carries the keys.
@@ -48,7 +52,7 @@ BEGIN
         RETURN 'plpgsql';
     END IF;
     RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e
-                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion IN ('1.1', '1.2'))
+                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion = '1.3')
                 THEN 'native' ELSE 'plpgsql' END;
 END
 $$;
@@ -102,38 +106,25 @@ SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
--- One next_token step on the native path for checked arguments. With p_xyz NULL, the whole step
--- in C where htk_next_token serves the set (the rows layout; positions from the session's cache);
--- else, or when a context token is not in the set, the context's positions (ht_context_positions,
--- which names a foreign token) and steps 2-4 at the top of this file. p_xyz, when given, is the
--- context's positions (p_xyz[3i-2 .. 3i] of p_context[i]), carried by a loop. The rows come back
--- as three arrays in next_token's order (empty: no candidates). p_memory: the KNN reads the set's
--- memory of past generations too (ht_knn's rule 4), in SQL (the C step reads the atoms only).
+-- One next_token step on the native path for checked arguments, any kernel (p_kernel: gaussian,
+-- exponential or backoff). With p_xyz NULL, the whole step in C where htk_next_token serves the
+-- set (the rows layout; positions from the session's cache); else, or when a context token is not
+-- in the set, the context's positions (ht_context_positions, which names a foreign token) and
+-- steps 2-4 at the top of this file. p_xyz, when given, is the context's positions
+-- (p_xyz[3i-2 .. 3i] of p_context[i]), carried by a loop. The rows come back as three arrays in
+-- next_token's order (empty: no candidates). p_memory: the KNN reads the set's memory of past
+-- generations too (ht_knn's rule 4), in SQL (the whole-step C call reads the atoms only), then
+-- htk_distribution.
 DECLARE
     keys double precision[];
     ids  integer[];
     ws   double precision[];
     ds   double precision[];
-    c    record;
 BEGIN
-    IF p_kernel = 'backoff' THEN
-        -- The C kernel has the gaussian and exponential kernels; the backoff kernel's step is the
-        -- PL/pgSQL one (sql/020_next_token.sql).
-        SELECT * INTO c FROM ht_context_centroid(p_set_id, p_centroid_window, p_centroid_decay, p_context,
-                                                 p_history_window);
-        SELECT coalesce(array_agg(n.token_id ORDER BY n.probability DESC, n.token_id), '{}'),
-               coalesce(array_agg(n.probability ORDER BY n.probability DESC, n.token_id), '{}'),
-               coalesce(array_agg(n.cumulative_probability ORDER BY n.probability DESC, n.token_id), '{}')
-          INTO token_ids, probabilities, cumulative
-          FROM ht_next_token(p_set_id, p_kernel, p_bandwidth, c.center, p_context, p_temperature, p_top_k,
-                             p_top_p, p_search_radius, p_max_neighbors, p_repetition_penalty,
-                             c.history_keys, p_history_weight, p_memory) n;
-        RETURN;
-    END IF;
     IF p_xyz IS NULL AND NOT p_memory THEN
         SELECT n.token_ids, n.probabilities, n.cumulative INTO token_ids, probabilities, cumulative
           FROM htk_next_token(p_set_id, p_centroid_window, p_centroid_decay, p_history_window,
-                              p_kernel = 'gaussian', p_bandwidth, p_history_weight, p_context,
+                              p_kernel, p_bandwidth, p_history_weight, p_context,
                               p_temperature, p_top_k, p_top_p, p_search_radius, p_max_neighbors,
                               p_repetition_penalty) n;
         IF token_ids IS NOT NULL THEN
@@ -150,7 +141,7 @@ BEGIN
                          p_search_radius, p_memory) k;
     SELECT d.token_ids, d.probabilities, d.cumulative
       INTO token_ids, probabilities, cumulative
-      FROM htk_distribution(p_context, keys, ids, ws, ds, p_kernel = 'gaussian', p_bandwidth,
+      FROM htk_distribution(p_context, keys, ids, ws, ds, p_kernel, p_bandwidth, p_centroid_decay,
                             p_history_weight, p_temperature, p_top_k, p_top_p, p_search_radius,
                             p_repetition_penalty) d;
 END
@@ -202,16 +193,10 @@ BEGIN
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, search_radius, max_neighbors, 1.0,
                                   history_weight, history_window);
     SELECT * INTO s FROM ht_atom_set(atom_set, history_weight, history_window);
-    IF s.kernel = 'backoff' THEN
-        RAISE EXCEPTION USING ERRCODE = '0A000',
-            MESSAGE = format('ht_step_logits does not serve atom set %s: its backoff kernel runs in PL/pgSQL only',
-                             quote_literal(s.name)),
-            HINT = 'Call next_token and next_token_signals instead.';
-    END IF;
     -- In one C call with the session's context state (the rows layout; only new tokens' keys), else
     -- (the tiles layout, a token the set lacks, which ht_context_positions names) step by step.
     SELECT * INTO v FROM htk_step_logits(s.id, s.centroid_window, s.centroid_decay, s.history_window,
-                                         s.kernel = 'gaussian', s.bandwidth, s.history_weight, context,
+                                         s.kernel, s.bandwidth, s.history_weight, context,
                                          max_neighbors, search_radius);
     IF v.token_ids IS NULL THEN
         SELECT * INTO pos FROM ht_context_positions(s.id, context);
@@ -220,7 +205,7 @@ BEGIN
         -- Without search_radius: the nearest stored atom is measured before it (next_token_signals).
         SELECT * INTO knn FROM ht_knn_arrays(s.id, ST_MakePoint(keys[1], keys[2], keys[3]), max_neighbors, NULL);
         SELECT * INTO v FROM htk_logits(context, keys, knn.token_ids, knn.weights, knn.distances,
-                                        s.kernel = 'gaussian', s.bandwidth, s.history_weight, search_radius);
+                                        s.kernel, s.bandwidth, s.centroid_decay, s.history_weight, search_radius);
     END IF;
     SELECT a.risk_model INTO v_model FROM atom_sets a WHERE a.id = s.id;
     token_ids := v.token_ids;

@@ -7,6 +7,9 @@
   the nearest one; SQL next_token, on the native kernel's routing and on the PL/pgSQL path,
   returns the NumPy reference's rows for a hand-made lattice set, and the loops, batch and
   signals functions serve it.
+- The native kernel runs it in C on every entry point (next_token with memory, ht_step_logits,
+  the loops and the batch), with the PL/pgSQL reference's rows, tokens and signals, and without
+  calling the reference's step (pg_stat_xact_user_functions, htk_stats).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from hand_sets import add_set
 from hartonomous.centroid import context_centroid, prefix_centroids
 from hartonomous.kernel import backoff_radius, token_logits
 from hartonomous.signals import candidate_signals
-from native_kernel import module_connection
+from native_kernel import assert_same_rows, assert_same_rows_but, module_connection, nonzero, undecided_rows
 from projection.lattice import lattice_cells, lattice_decay, lattice_positions, lattice_side
 from projection.options import BuildOptions
 from reference_next_token import AtomSetData, reference_candidates, reference_rows
@@ -279,15 +282,6 @@ def test_signals_match_the_python_signals(db, sets) -> None:
     assert row[1:] == pytest.approx((want.h, want.history_share, want.ln_top_stored_votes), abs=1e-9)
 
 
-def test_step_logits_refuses_a_backoff_set_with_a_clear_error(db, sets) -> None:
-    if db.execute("SELECT ht_kernel()").fetchone()[0] != "native":
-        pytest.skip("ht_step_logits is on the native kernel only")
-    db.execute("SAVEPOINT refuse")
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match="backoff kernel"):
-        db.execute("SELECT * FROM ht_step_logits(%s, NULL, 100, %s)", ([1, 2], sets["plain"].name))
-    db.execute("ROLLBACK TO SAVEPOINT refuse")
-
-
 def test_the_schema_refuses_a_backoff_set_without_a_contraction(db) -> None:
     db.execute("SAVEPOINT decay")
     with pytest.raises(psycopg.errors.CheckViolation, match="backoff_decay"):
@@ -301,3 +295,211 @@ def test_the_python_key_is_the_centroid_definition() -> None:
     keys = prefix_centroids(positions, WINDOW, 1 / 128)
     for t in (0, 5, 39):
         assert keys[t] == pytest.approx(context_centroid(positions[:t + 1], WINDOW, 1 / 128), abs=1e-12)
+
+
+
+# --- the native kernel runs the backoff kernel in C on every entry point --------------------------
+
+TOL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def native(db) -> psycopg.Connection:
+    """The module's connection where it runs the native kernel (the sets are written in its
+    transaction, which a second one would wait on), counting every function's calls in
+    pg_stat_xact_user_functions (C functions included)."""
+    if db.execute("SELECT ht_kernel()").fetchone()[0] != "native":
+        pytest.skip("compares the native kernel with the reference side by side")
+    db.execute("SET track_functions = 'all'")
+    return db
+
+
+@pytest.fixture(scope="module")
+def native_sets(native, sets) -> dict[str, AtomSetData]:
+    """The lattice sets, each with a memory of two past generations (read only with memory => true)."""
+    for s in sets.values():
+        native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
+        native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
+    return sets
+
+
+def use(conn: psycopg.Connection, kernel: str) -> None:
+    """This transaction's kernel: '' lets ht_kernel() choose (native), 'plpgsql' forces the reference."""
+    conn.execute("SELECT set_config('hartonomous.kernel', %s, true)", (kernel,))
+
+
+def both(conn: psycopg.Connection, sql: str, params) -> tuple[list, list]:
+    """The rows of `sql` on the native kernel, then on the PL/pgSQL reference."""
+    use(conn, "")
+    native = conn.execute(sql, params).fetchall()
+    use(conn, "plpgsql")
+    reference = conn.execute(sql, params).fetchall()
+    use(conn, "")
+    return native, reference
+
+
+def calls(conn: psycopg.Connection, *functions: str) -> dict[str, int]:
+    """This transaction's calls of each function so far."""
+    rows = dict(conn.execute("SELECT funcname, sum(calls)::integer FROM pg_stat_xact_user_functions "
+                             "WHERE funcname = ANY(%s) GROUP BY funcname", (list(functions),)).fetchall())
+    return {f: rows.get(f, 0) for f in functions}
+
+
+def c_steps(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT steps FROM htk_stats()").fetchone()[0]
+
+
+NAMED = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
+         "%(max_neighbors)s, %(atom_set)s, %(repetition_penalty)s, %(history_weight)s, %(history_window)s, "
+         "%(memory)s)")
+backoff_calls = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.0, 0.7, 1.0]), "top_k": st.sampled_from([None, 0, 3, 40]),
+    "top_p": st.sampled_from([None, 1.0, 0.9]), "search_radius": st.none() | st.floats(0.05, 3.0),
+    "max_neighbors": st.sampled_from([5, 100, 2000]), "repetition_penalty": st.sampled_from([1.0, 1.3]),
+    "history_weight": st.sampled_from([None, 0.0, 2.0]), "history_window": st.sampled_from([None, 3])})
+
+
+def assert_same_step(conn, params: dict, got: list, want: list) -> None:
+    """Native and reference rows agree to TOL, but for rows a tie at the top-k boundary or the top-p
+    cut lets rounding decide (native_kernel.undecided_rows); at T = 0 tied picks may differ."""
+    if params["temperature"] == 0 and got != want:
+        use(conn, "plpgsql")
+        relaxed = conn.execute(NAMED, {**params, "temperature": 1.0, "top_k": 0, "top_p": 1.0}).fetchall()
+        use(conn, "")
+        p = {r[0]: r[1] for r in relaxed}
+        assert p[got[0][0]] == pytest.approx(p[want[0][0]], abs=TOL), (got, want)
+        return
+    try:
+        assert_same_rows(nonzero(got), nonzero(want), TOL)
+    except AssertionError:
+        use(conn, "plpgsql")
+        relaxed = conn.execute(NAMED, {**params, "temperature": params["temperature"], "top_k": 0,
+                                       "top_p": 1.0}).fetchall()
+        use(conn, "")
+        undecided = undecided_rows(relaxed, params["top_k"], params["top_p"])
+        if not undecided:
+            raise
+        assert_same_rows_but(nonzero(got), nonzero(want), undecided, TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.sampled_from(["plain", "history"]), context=st.lists(st.integers(0, 8), min_size=1, max_size=30),
+       memory=st.booleans(), args=backoff_calls)
+def test_native_next_token_is_the_reference_with_and_without_memory(native, native_sets, which, context, memory,
+                                                                     args) -> None:
+    params = {**args, "context": context, "atom_set": native_sets[which].name, "memory": memory}
+    before = calls(native, "ht_next_token", "htk_distribution")
+    use(native, "")
+    got = native.execute(NAMED, params).fetchall()
+    after = calls(native, "ht_next_token", "htk_distribution")
+    assert after["ht_next_token"] == before["ht_next_token"]          # the reference's step did not run
+    if memory:
+        assert after["htk_distribution"] == before["htk_distribution"] + 1
+    use(native, "plpgsql")
+    want = native.execute(NAMED, params).fetchall()
+    use(native, "")
+    assert_same_step(native, params, got, want)
+
+
+def test_memory_changes_the_backoff_rows(native, native_sets) -> None:
+    """The memory is read: the remembered continuation 8 7 6 -> 5 is the deepest match after it."""
+    s = native_sets["plain"]
+    args = dict(context=[8, 7, 6], temperature=1.0, top_k=0, top_p=1.0, search_radius=None, max_neighbors=100,
+                atom_set=s.name, repetition_penalty=1.0, history_weight=0.0, history_window=None)
+    without, _ = both(native, NAMED, {**args, "memory": False})
+    got, want = both(native, NAMED, {**args, "memory": True})
+    assert got != without
+    assert_same_rows(got, want, TOL)
+
+
+SIGNAL_COLUMNS = ("h, h2, varentropy, r, top_probability, nearest_bandwidths, history_share, distinct_tokens, "
+                  "ln_top_nearest_bandwidths, ln_top_stored_votes, ln_top_history_nearest_bandwidths, risk, "
+                  "predicted_gap")
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.sampled_from(["plain", "history"]), context=st.lists(st.integers(0, 8), min_size=1, max_size=30),
+       args=backoff_calls)
+def test_step_logits_serve_a_backoff_set_with_the_references_signals_and_rows(native, native_sets, which, context,
+                                                                              args) -> None:
+    from hartonomous.backends.spatial import sample_logits
+    from hartonomous.generation_config import SamplerArgs
+
+    use(native, "")
+    params = {**args, "context": context, "atom_set": native_sets[which].name, "memory": False}
+    fn_args = "(%(context)s, %(search_radius)s, %(max_neighbors)s, %(atom_set)s, %(history_weight)s, %(history_window)s)"
+    before = c_steps(native), calls(native, "htk_step_logits")["htk_step_logits"]
+    (got,) = native.execute(f"SELECT {SIGNAL_COLUMNS} FROM ht_step_logits{fn_args}", params).fetchall()
+    assert calls(native, "htk_step_logits")["htk_step_logits"] == before[1] + 1
+    (want,) = native.execute(f"SELECT {SIGNAL_COLUMNS} FROM next_token_signals{fn_args}", params).fetchall()
+    assert [v is None for v in got] == [v is None for v in want]
+    assert [v for v in got if v is not None] == pytest.approx([v for v in want if v is not None], abs=1e-9)
+    ids, logits = native.execute(f"SELECT token_ids, logits FROM ht_step_logits{fn_args}", params).fetchone()
+    dist = sample_logits(ids, logits, context, SamplerArgs(args["temperature"], args["top_k"],
+                                                           1.0 if args["top_p"] is None else args["top_p"],
+                                                           args["repetition_penalty"]))
+    use(native, "plpgsql")
+    rows = native.execute(NAMED, params).fetchall()
+    use(native, "")
+    assert_same_step(native, params, list(zip(dist.token_ids, dist.probabilities)), [r[:2] for r in rows])
+
+
+def test_htk_logits_on_arrays_is_the_step_logits(native, native_sets) -> None:
+    """ht_step_logits' SQL path (the tiles layout) calls htk_logits with the keys and the KNN as arrays:
+    the same record as the whole step in C."""
+    s = native_sets["history"]
+    context = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5]
+    whole = native.execute("SELECT * FROM htk_step_logits(%s, %s, %s, %s, 'backoff', %s, %s, %s, 100, 1.5)",
+                           (s.atom_set_id, s.window, s.decay, s.history_window, s.bandwidth, s.history_weight,
+                            context)).fetchone()
+    arrays = native.execute(
+        "SELECT l.* FROM (SELECT htk_keys(ht_context_positions(%(id)s, %(ctx)s), %(w)s, %(d)s, %(hw)s) k) k,"
+        " ht_knn_arrays(%(id)s, ST_MakePoint(k.k[1], k.k[2], k.k[3]), 100, NULL) n,"
+        " htk_logits(%(ctx)s, k.k, n.token_ids, n.weights, n.distances, 'backoff', %(h)s, %(d)s, %(hwt)s, 1.5) l",
+        dict(id=s.atom_set_id, ctx=context, w=s.window, d=s.decay, hw=s.history_window, h=s.bandwidth,
+             hwt=s.history_weight)).fetchone()
+    assert whole[0] == arrays[0]
+    assert whole[1] == pytest.approx(arrays[1], abs=TOL)
+    assert whole[2:] == pytest.approx(arrays[2:], abs=TOL)
+
+
+@settings(max_examples=25, deadline=None)
+@given(which=st.sampled_from(["plain", "history"]), context=st.lists(st.integers(0, 8), min_size=1, max_size=20),
+       seed=st.integers(0, 2**31), args=backoff_calls)
+def test_the_loops_and_the_batch_run_the_backoff_kernel_in_c(native, native_sets, which, context, seed, args) -> None:
+    """generate_tokens, sample_next_token, draft_tokens, draft_tree and next_token_batch give the
+    reference's tokens and rows, each step a C step (htk_stats' counter), the reference's never."""
+    name = native_sets[which].name
+    p = {**args, "context": context, "atom_set": name, "seed": seed, "memory": False}
+    tail = "%(repetition_penalty)s, %(seed)s"
+    hist = "history_weight => %(history_weight)s, history_window => %(history_window)s"
+    sampler = "%(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, %(max_neighbors)s, %(atom_set)s"
+    queries = {
+        "generate_tokens": (f"SELECT generate_tokens(%(context)s, 8, {sampler}, {tail}, {hist})", 8),
+        "sample_next_token": (f"SELECT sample_next_token(%(context)s, {sampler}, {tail}, 3, {hist})", 1),
+        "draft_tokens": (f"SELECT step, token_id, token_ids, probabilities FROM draft_tokens(%(context)s, 5, {sampler}, "
+                         f"{tail}, {hist})", 5),
+        "draft_tree": ("SELECT * FROM draft_tree(%(context)s, 3, 2, %(search_radius)s, %(max_neighbors)s, %(atom_set)s, "
+                       f"%(repetition_penalty)s, {hist})", None),
+        "next_token_batch": (f"SELECT * FROM next_token_batch(%(batch)s::jsonb, {sampler}, %(repetition_penalty)s, "
+                             "%(history_weight)s, %(history_window)s)", 2),
+    }
+    p["batch"] = f"[{context}, [4, 5]]"
+    for fn, (sql, steps) in queries.items():
+        before_steps, before_ref = c_steps(native), calls(native, "ht_next_token", "ht_sample")
+        use(native, "")
+        got = native.execute(sql, p).fetchall()
+        assert calls(native, "ht_next_token", "ht_sample") == before_ref, fn
+        ran = c_steps(native) - before_steps
+        assert ran >= 1 and (steps is None or ran <= steps), (fn, ran)
+        use(native, "plpgsql")
+        want = native.execute(sql, p).fetchall()
+        use(native, "")
+        if fn == "next_token_batch":
+            for i in (0, 1):
+                rows_got, rows_want = [r[1:] for r in got if r[0] == i], [r[1:] for r in want if r[0] == i]
+                assert_same_step(native, {**p, "context": context if i == 0 else [4, 5]}, rows_got, rows_want)
+        elif fn == "draft_tokens":
+            assert [r[:2] for r in got] == [r[:2] for r in want] or args["temperature"] > 0, (got, want)
+        elif args["temperature"] == 0 or fn == "draft_tree":
+            assert got == want, (fn, got, want)

@@ -45,7 +45,7 @@ def test_a_long_native_step_answers_a_cancel_and_the_backend_goes_on(own) -> Non
     set_id = add_set(own, s)
     own.execute("CREATE TEMP TABLE kerneltest_context ON COMMIT DROP AS "
                 "SELECT ARRAY(SELECT (i % 50)::integer FROM generate_series(1, 524288) i) AS c")
-    call = ("SELECT d.token_ids IS NOT NULL FROM kerneltest_context t, htk_next_token(%s, 64, 0.99, 0, true, "
+    call = ("SELECT d.token_ids IS NOT NULL FROM kerneltest_context t, htk_next_token(%s, 64, 0.99, 0, 'gaussian', "
             "0.2, 0, t.c[1:%s], 1.0, 40, 0.9, NULL, 100, 1.0) d")
     start = time.perf_counter()
     assert own.execute(call, (set_id, 1 << 19)).fetchone() == (True,)

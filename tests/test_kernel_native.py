@@ -196,9 +196,9 @@ def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_
 
 
 def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: str) -> None:
-    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.1 and
-    later) until `migrate` updates it, to 1.2, whose step then runs in C; migration 0013's
-    downgrade takes it back to 1.1, which still serves next_token."""
+    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.3) until
+    `migrate` updates it, to 1.3, whose step then runs in C; migration 0015's downgrade takes it back
+    to 1.2 (whose signatures sql/ does not call: the PL/pgSQL path runs), 0013's to 1.1."""
     migrate.upgrade(scratch_database, "0008")
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         if not conn.execute("SELECT count(*) FROM pg_available_extension_versions "
@@ -209,7 +209,7 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
     migrate.upgrade(scratch_database)
     version = "SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'"
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.2"
+        assert conn.execute(version).fetchone()[0] == "1.3"
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
         s = reference_sets()["expo"]
         add_set(conn, s)
@@ -217,10 +217,18 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
         conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
         assert conn.execute("SELECT steps, kept_sets, kept_contexts FROM htk_stats()").fetchone() == (1, 1, 1)
         conn.rollback()
+    migrate.downgrade(scratch_database, "0014")
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute(version).fetchone()[0] == "1.2"
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
+        set_id = add_set(conn, reference_sets()["expo"])     # the library keeps 1.2's C functions
+        (ids,) = conn.execute("SELECT token_ids FROM htk_next_token(%s, 3, 0.6, 8, false, 0.1, 1.5, ARRAY[1, 2, 3], "
+                              "1.0, 40, 0.9, NULL, 100, 1.0)", (set_id,)).fetchone()
+        assert ids
+        conn.rollback()
     migrate.downgrade(scratch_database, "0012")
     with psycopg.connect(scratch_database) as conn:
         assert conn.execute(version).fetchone()[0] == "1.1"
-        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
         assert len(conn.execute("SELECT * FROM htk_stats()").fetchone()) == 6
 
 
@@ -310,23 +318,24 @@ ENTRY_POINTS = {
                  ("centroid_decay", "float8", 0.5), ("history_window", "integer", 8)],
     "htk_distribution": [("context", "integer[]", [1, 2]), ("keys", "float8[]", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
                          ("knn_token_ids", "integer[]", [3, 4]), ("knn_weights", "float8[]", [1.0, 2.0]),
-                         ("knn_distances", "float8[]", [0.1, 0.2]), ("gaussian", "boolean", True),
-                         ("bandwidth", "float8", 0.1), ("history_weight", "float8", 1.0),
+                         ("knn_distances", "float8[]", [0.1, 0.2]), ("kernel", "text", "gaussian"),
+                         ("bandwidth", "float8", 0.1), ("centroid_decay", "float8", 0.5),
+                         ("history_weight", "float8", 1.0),
                          ("temperature", "float8", 1.0), ("top_k", "integer", 40), ("top_p", "float8", 0.9),
                          ("search_radius", "float8", None), ("repetition_penalty", "float8", 1.2)],
     "htk_next_token": [("atom_set_id", "integer", -1), ("centroid_window", "integer", 3),
                        ("centroid_decay", "float8", 0.5), ("history_window", "integer", 8),
-                       ("gaussian", "boolean", True), ("bandwidth", "float8", 0.1), ("history_weight", "float8", 1.0),
+                       ("kernel", "text", "gaussian"), ("bandwidth", "float8", 0.1), ("history_weight", "float8", 1.0),
                        ("context", "integer[]", [1, 2]), ("temperature", "float8", 1.0), ("top_k", "integer", 40),
                        ("top_p", "float8", 0.9), ("search_radius", "float8", None), ("max_neighbors", "integer", 100),
                        ("repetition_penalty", "float8", 1.0)],
     "htk_step_logits": [("atom_set_id", "integer", -1), ("centroid_window", "integer", 3),
                         ("centroid_decay", "float8", 0.5), ("history_window", "integer", 8),
-                        ("gaussian", "boolean", True), ("bandwidth", "float8", 0.1),
+                        ("kernel", "text", "gaussian"), ("bandwidth", "float8", 0.1),
                         ("history_weight", "float8", 1.0), ("context", "integer[]", [1, 2]),
                         ("max_neighbors", "integer", 100), ("search_radius", "float8", None)],
 }
-ENTRY_POINTS["htk_logits"] = ENTRY_POINTS["htk_distribution"][:8] + [("search_radius", "float8", None)]
+ENTRY_POINTS["htk_logits"] = ENTRY_POINTS["htk_distribution"][:9] + [("search_radius", "float8", None)]
 
 NAN, INF = float("nan"), float("inf")
 # Bad values of each argument (an argument missing here accepts any value, NULL included).
@@ -341,7 +350,7 @@ BAD_VALUES = {
     "knn_token_ids": [None, [3], [3, 4, 5], list(range(100001))],
     "knn_weights": [None, [1.0], [1.0, 0.0], [1.0, -2.0], [1.0, NAN], [1.0, INF]],
     "knn_distances": [None, [0.1], [0.1, -0.2], [0.1, NAN], [0.1, INF]],
-    "gaussian": [None],
+    "kernel": [None, "cauchy", "Gaussian"],
     "bandwidth": [None, 0.0, -1.0, NAN, INF],
     "history_weight": [-1.0, NAN, INF],
     "temperature": [None, -1.0, NAN, INF, 1e-7, 1e7],
@@ -388,6 +397,15 @@ def test_the_reader_runs_every_entry_point_with_good_arguments(reader) -> None:
 
 def test_the_issues_call_with_bandwidth_0_and_a_negative_radius_is_refused(reader) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"^bandwidth must be a finite number > 0, got 0"):
-        reader.execute("SELECT * FROM htk_next_token(1, 3, 0.01, 8, true, 0, 1, ARRAY[1,2], 1, 40, 0.9, -1, 100, 1)")
+        reader.execute("SELECT * FROM htk_next_token(1, 3, 0.01, 8, 'gaussian', 0, 1, ARRAY[1,2], 1, 40, 0.9, -1, 100, 1)")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"^search_radius must be >= 0, got -1"):
-        reader.execute("SELECT * FROM htk_next_token(1, 3, 0.01, 8, true, 0.1, 1, ARRAY[1,2], 1, 40, 0.9, -1, 100, 1)")
+        reader.execute("SELECT * FROM htk_next_token(1, 3, 0.01, 8, 'gaussian', 0.1, 1, ARRAY[1,2], 1, 40, 0.9, -1, 100, 1)")
+
+
+@pytest.mark.parametrize("fn", ["htk_distribution", "htk_logits", "htk_next_token", "htk_step_logits"])
+def test_the_backoff_kernel_needs_a_decay_below_one(reader, fn: str) -> None:
+    params = ENTRY_POINTS[fn]
+    values = ["backoff" if p == "kernel" else 1.0 if p == "centroid_decay" else v for p, _, v in params]
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match=r"^centroid_decay must be below 1 for the backoff kernel, got 1$"):
+        reader.execute(call_sql(fn, params), values)

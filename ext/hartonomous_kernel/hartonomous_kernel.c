@@ -9,6 +9,12 @@
  *                     1 .. n - m + k - 1, m = min(history_window, n - 1)
  *   htk_distribution  kernel terms, per-token log-sum-exp, the shared sampler (sql/020_next_token.sql)
  *   htk_logits        raw logits and next_token_signals' signals from the same terms (sql/050_signals.sql)
+ *
+ * Every kernel of atom_sets.kernel is served: gaussian, exponential and backoff (the radius ladder of
+ * ht_backoff_radius; no pruning, as its radius depends on the nearest candidate). From version 1.3
+ * the SQL functions take the kernel by name (kernel text, with centroid_decay for the backoff
+ * ladder); the C functions of the earlier versions' `gaussian boolean` signatures stay, under
+ * their own symbols, so a database still at 1.2 calls what its declarations expect.
  *   htk_pick          the pick rule of every draw (ht_pick, sql/030_sampling.sql)
  * Whole steps, reading the atom set through SPI (as the caller: SECURITY INVOKER):
  *   htk_serves        whether the steps below serve a set (rows layout, with token_blocks)
@@ -61,6 +67,10 @@ PG_FUNCTION_INFO_V1(htk_next_token);
 PG_FUNCTION_INFO_V1(htk_step);
 PG_FUNCTION_INFO_V1(htk_stats);
 PG_FUNCTION_INFO_V1(htk_step_logits);
+PG_FUNCTION_INFO_V1(htk_distribution_1_3);
+PG_FUNCTION_INFO_V1(htk_logits_1_3);
+PG_FUNCTION_INFO_V1(htk_next_token_1_3);
+PG_FUNCTION_INFO_V1(htk_step_logits_1_3);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -169,6 +179,38 @@ check_radius(bool has_radius, double radius)
 {
 	if (has_radius && !(radius >= 0.0))
 		BAD_ARG("search_radius must be >= 0, got %s", float8out_internal(radius));
+}
+
+/* The kernels of atom_sets.kernel. */
+typedef enum
+{
+	KERNEL_GAUSSIAN,
+	KERNEL_EXPONENTIAL,
+	KERNEL_BACKOFF
+} Kernel;
+
+/* The kernel argument of the 1.3 signatures (not NULL: the caller checked): its name. */
+static Kernel
+kernel_arg(text *name)
+{
+	char	   *s = text_to_cstring(name);
+
+	if (strcmp(s, "gaussian") == 0)
+		return KERNEL_GAUSSIAN;
+	if (strcmp(s, "exponential") == 0)
+		return KERNEL_EXPONENTIAL;
+	if (strcmp(s, "backoff") == 0)
+		return KERNEL_BACKOFF;
+	BAD_ARG("kernel must be 'gaussian', 'exponential' or 'backoff', got %s", quote_literal_cstr(s));
+	return KERNEL_GAUSSIAN;		/* not reached */
+}
+
+/* The backoff kernel's ladder needs a contraction: centroid_decay < 1 (atom_sets' own rule). */
+static void
+check_backoff_decay(Kernel kernel, double decay)
+{
+	if (kernel == KERNEL_BACKOFF && !(decay < 1.0))
+		BAD_ARG("centroid_decay must be below 1 for the backoff kernel, got %s", float8out_internal(decay));
 }
 
 /* A one-dimensional array of element type `type` without NULLs: its data and its length. */
@@ -473,13 +515,52 @@ cand_by_p(const void *a, const void *b)
 	return (x->tid > y->tid) - (x->tid < y->tid);
 }
 
-/* (d / h)^2 or d / h; x * x is pow(x, 2) exactly (both correctly rounded), and cheaper. */
+/*
+ * (d / h)^2, d / h, or 0 for the backoff kernel (its candidates score ln(weight) inside the radius:
+ * backoff_cut); x * x is pow(x, 2) exactly (both correctly rounded), and cheaper.
+ */
 static double
-kernel_term(double d, bool gaussian, double bandwidth)
+kernel_term(double d, Kernel kernel, double bandwidth)
 {
-	double		x = d / bandwidth;
+	double		x;
 
-	return gaussian ? x * x : x;
+	if (kernel == KERNEL_BACKOFF)
+		return 0.0;
+	x = d / bandwidth;
+	return kernel == KERNEL_GAUSSIAN ? x * x : x;
+}
+
+/*
+ * The backoff kernel's radius (sql/020_next_token.sql ht_backoff_radius, the same arithmetic): the
+ * smallest of h, h d, h d^2, ... (any integer power of the decay d) that holds the nearest
+ * candidate, at distance nearest; 0 when that is 0.
+ */
+static double
+backoff_radius(double nearest, double bandwidth, double decay)
+{
+	if (!(nearest > 0))
+		return 0.0;
+	return bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay)));
+}
+
+/*
+ * The backoff kernel (hartonomous/kernel.py): of the candidates terms[0 .. *n - 1] (stored and
+ * history atoms within search_radius, each scoring ln(weight)), only those within the radius of
+ * the nearest one count. Compacts the terms in place.
+ */
+static void
+backoff_cut(Term *terms, int *n, double bandwidth, double decay)
+{
+	double		nearest = get_float8_infinity(), r;
+	int			kept = 0;
+
+	for (int i = 0; i < *n; i++)
+		nearest = fmin(nearest, terms[i].d);
+	r = backoff_radius(nearest, bandwidth, decay);
+	for (int i = 0; i < *n; i++)
+		if (terms[i].d <= r)
+			terms[kept++] = terms[i];
+	*n = kept;
 }
 
 /* exp(dz) of stage rows start..end-1 relative to the first one (the largest z); returns the sum. */
@@ -565,7 +646,7 @@ typedef struct
  * scaled logit that prune_reach starts from (else -infinity).
  */
 static double
-stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
+stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, Kernel kernel,
 			 double bandwidth, bool has_radius, double radius, const Pruning *prune, Term *terms, int *n)
 {
 	double		z_lb = -get_float8_infinity();
@@ -579,7 +660,7 @@ stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int
 		if (has_radius && !(knn_d[i] <= radius))
 			continue;
 		t->tid = knn_ids[i];
-		t->c = log(knn_w[i]) - kernel_term(knn_d[i], gaussian, bandwidth);
+		t->c = log(knn_w[i]) - kernel_term(knn_d[i], kernel, bandwidth);
 		t->d = knn_d[i];
 		t->hist = false;
 		if (prune != NULL && isfinite(t->c))
@@ -592,24 +673,28 @@ stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int
 /*
  * Kernel terms, ln(weight) - kernel(distance / h): the KNN rows within search_radius, then (with
  * history_weight > 0) the m history atoms within it; key k (1-based) is the atom of context
- * element n - m + k. With `prune`, the history atoms beyond prune_reach are left out. Sorted by
- * term_order.
+ * element n - m + k. With `prune`, the history atoms beyond prune_reach are left out (not for the
+ * backoff kernel, whose candidates are cut by backoff_cut). Sorted by term_order.
  */
 static Term *
 collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int32 *knn_ids,
-			  const double *knn_w, const double *knn_d, int n_knn, bool gaussian, double bandwidth,
-			  double history_weight, bool has_radius, double radius, const Pruning *prune, int *n_out)
+			  const double *knn_w, const double *knn_d, int n_knn, Kernel kernel, double bandwidth,
+			  double decay, double history_weight, bool has_radius, double radius, const Pruning *prune,
+			  int *n_out)
 {
 	Term	   *terms = palloc(sizeof(Term) * (n_knn + (m > 0 ? m : 0) + 1));
 	int			n = 0;
 	int			after = n_ctx - m;
-	double		z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth, has_radius, radius,
-									prune, terms, &n);
+	double		z_lb;
+
+	if (kernel == KERNEL_BACKOFF)
+		prune = NULL;
+	z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, kernel, bandwidth, has_radius, radius, prune, terms, &n);
 	if (history_weight > 0 && m > 0)
 	{
 		double		ln_w = log(history_weight);
 		double		reach = prune == NULL ? get_float8_infinity()
-			: prune_reach(z_lb, prune->temperature, prune->penalty, n, m, gaussian, bandwidth,
+			: prune_reach(z_lb, prune->temperature, prune->penalty, n, m, kernel == KERNEL_GAUSSIAN, bandwidth,
 						  history_weight, false, 0.0);
 
 		for (int k = 1; k <= m; k++)
@@ -622,12 +707,14 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 			if ((has_radius && !(d <= radius)) || d > reach)
 				continue;
 			terms[n].tid = ctx[after + k - 1];
-			terms[n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+			terms[n].c = ln_w - kernel_term(d, kernel, bandwidth);
 			terms[n].d = d;
 			terms[n].hist = true;
 			n++;
 		}
 	}
+	if (kernel == KERNEL_BACKOFF)
+		backoff_cut(terms, &n, bandwidth, decay);
 	qsort(terms, n, sizeof(Term), term_order);
 	*n_out = n;
 	return terms;
@@ -777,14 +864,14 @@ terms_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, Term *terms, 
  * probabilities, cumulative) record. */
 static Datum
 rows_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
-			const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
-			double bandwidth, double history_weight, bool has_radius, double radius, double temperature,
-			bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
+			const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, Kernel kernel,
+			double bandwidth, double decay, double history_weight, bool has_radius, double radius,
+			double temperature, bool has_top_k, int top_k, bool has_top_p, double top_p, double penalty)
 {
 	int			n_terms = 0;
 	Pruning		prune = {temperature, penalty};
-	Term	   *terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian,
-									  bandwidth, history_weight, has_radius, radius, &prune, &n_terms);
+	Term	   *terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, kernel,
+									  bandwidth, decay, history_weight, has_radius, radius, &prune, &n_terms);
 
 	return terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						top_p, penalty);
@@ -834,38 +921,76 @@ step_arrays(FunctionCallInfo fcinfo, StepArrays *a)
 	check_finite_items(a->knn_d, n_d, "knn_distances", ">= 0");
 }
 
-Datum
-htk_distribution(PG_FUNCTION_ARGS)
+/*
+ * The kernel and its parameters of htk_distribution and htk_logits, from argument 5 on: version 1.3's
+ * (kernel text, bandwidth, centroid_decay, ...) or the earlier (gaussian boolean, bandwidth, ...);
+ * returns the index of the argument after them (history_weight).
+ */
+static int
+kernel_args(FunctionCallInfo fcinfo, bool v13, Kernel *kernel, double *bandwidth, double *decay)
+{
+	if (v13)
+		*kernel = kernel_arg(PG_GETARG_TEXT_PP(5));
+	else
+		*kernel = PG_GETARG_BOOL(5) ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+	*bandwidth = PG_GETARG_FLOAT8(6);
+	check_positive("bandwidth", *bandwidth);
+	*decay = 0.5;				/* unused but by the backoff kernel */
+	if (v13)
+	{
+		*decay = PG_GETARG_FLOAT8(7);
+		check_decay(*decay);
+		check_backoff_decay(*kernel, *decay);
+	}
+	return v13 ? 8 : 7;
+}
+
+static Datum
+distribution(FunctionCallInfo fcinfo, bool v13)
 {
 	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
 		"gaussian", "bandwidth", "", "temperature", "", "", "", "repetition_penalty", NULL};
+	static const char *const args_1_3[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"kernel", "bandwidth", "centroid_decay", "", "temperature", "", "", "", "repetition_penalty", NULL};
 	StepArrays	a;
-	bool		gaussian;
-	double		bandwidth, history_weight, temperature, top_p, radius, penalty;
+	Kernel		kernel;
+	double		bandwidth, decay, history_weight, temperature, top_p, radius, penalty;
 	bool		has_top_k, has_top_p, has_radius;
-	int			top_k;
+	int			top_k, i;
 
-	require_args(fcinfo, args);
+	require_args(fcinfo, v13 ? args_1_3 : args);
 	step_arrays(fcinfo, &a);
-	gaussian = PG_GETARG_BOOL(5);
-	bandwidth = PG_GETARG_FLOAT8(6);
-	check_positive("bandwidth", bandwidth);
-	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	i = kernel_args(fcinfo, v13, &kernel, &bandwidth, &decay);
+	history_weight = PG_ARGISNULL(i) ? 0.0 : PG_GETARG_FLOAT8(i);
 	check_nonnegative("history_weight", history_weight);
-	temperature = PG_GETARG_FLOAT8(8);
-	has_top_k = !PG_ARGISNULL(9);
-	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
-	has_top_p = !PG_ARGISNULL(10);
-	top_p = has_top_p ? PG_GETARG_FLOAT8(10) : 1.0;
-	has_radius = !PG_ARGISNULL(11);
-	radius = has_radius ? PG_GETARG_FLOAT8(11) : 0.0;
-	penalty = PG_GETARG_FLOAT8(12);
+	temperature = PG_GETARG_FLOAT8(i + 1);
+	has_top_k = !PG_ARGISNULL(i + 2);
+	top_k = has_top_k ? PG_GETARG_INT32(i + 2) : 0;
+	has_top_p = !PG_ARGISNULL(i + 3);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(i + 3) : 1.0;
+	has_radius = !PG_ARGISNULL(i + 4);
+	radius = has_radius ? PG_GETARG_FLOAT8(i + 4) : 0.0;
+	penalty = PG_GETARG_FLOAT8(i + 5);
 	check_sampler(temperature, has_top_k, top_k, has_top_p, top_p, penalty);
 	check_radius(has_radius, radius);
 
-	PG_RETURN_DATUM(rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
-								gaussian, bandwidth, history_weight, has_radius, radius, temperature,
-								has_top_k, top_k, has_top_p, top_p, penalty));
+	return rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn, kernel,
+					   bandwidth, decay, history_weight, has_radius, radius, temperature, has_top_k, top_k,
+					   has_top_p, top_p, penalty);
+}
+
+/* htk_distribution of versions 1.0-1.2: (..., gaussian boolean, bandwidth, history_weight, ...). */
+Datum
+htk_distribution(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_DATUM(distribution(fcinfo, false));
+}
+
+/* htk_distribution from 1.3: (..., kernel text, bandwidth, centroid_decay, history_weight, ...). */
+Datum
+htk_distribution_1_3(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_DATUM(distribution(fcinfo, true));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -875,8 +1000,8 @@ htk_distribution(PG_FUNCTION_ARGS)
 /* htk_logits' record for checked inputs: the raw logits and the signals from every term (no pruning). */
 static Datum
 logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double *keys, int m,
-			  const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, bool gaussian,
-			  double bandwidth, double history_weight, bool has_radius, double radius)
+			  const int32 *knn_ids, const double *knn_w, const double *knn_d, int n_knn, Kernel kernel,
+			  double bandwidth, double decay, double history_weight, bool has_radius, double radius)
 {
 	int			n_terms = 0, n_cands = 0;
 	Term	   *terms;
@@ -885,7 +1010,7 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
 	Datum		values[13];
 	bool		nulls[13];
 
-	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth,
+	terms = collect_terms(ctx, n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, kernel, bandwidth, decay,
 						  history_weight, has_radius, radius, NULL, &n_terms);	/* signals: every term */
 	cands = token_logits(terms, n_terms, &n_cands);
 	memset(nulls, true, sizeof(nulls));
@@ -1003,28 +1128,44 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
  * nearest stored atom is measured before it); the radius is applied here, as next_token does.
  * Columns: token_ids (ascending), logits, then next_token_signals' first eleven.
  */
-Datum
-htk_logits(PG_FUNCTION_ARGS)
+static Datum
+logits(FunctionCallInfo fcinfo, bool v13)
 {
 	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
 		"gaussian", "bandwidth", "", "", NULL};
+	static const char *const args_1_3[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"kernel", "bandwidth", "centroid_decay", "", "", NULL};
 	StepArrays	a;
-	bool		gaussian, has_radius;
-	double		bandwidth, history_weight, radius;
+	Kernel		kernel;
+	bool		has_radius;
+	double		bandwidth, decay, history_weight, radius;
+	int			i;
 
-	require_args(fcinfo, args);
+	require_args(fcinfo, v13 ? args_1_3 : args);
 	step_arrays(fcinfo, &a);
-	gaussian = PG_GETARG_BOOL(5);
-	bandwidth = PG_GETARG_FLOAT8(6);
-	check_positive("bandwidth", bandwidth);
-	history_weight = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
+	i = kernel_args(fcinfo, v13, &kernel, &bandwidth, &decay);
+	history_weight = PG_ARGISNULL(i) ? 0.0 : PG_GETARG_FLOAT8(i);
 	check_nonnegative("history_weight", history_weight);
-	has_radius = !PG_ARGISNULL(8);
-	radius = has_radius ? PG_GETARG_FLOAT8(8) : 0.0;
+	has_radius = !PG_ARGISNULL(i + 1);
+	radius = has_radius ? PG_GETARG_FLOAT8(i + 1) : 0.0;
 	check_radius(has_radius, radius);
 
-	PG_RETURN_DATUM(logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
-								  gaussian, bandwidth, history_weight, has_radius, radius));
+	return logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn, kernel,
+						 bandwidth, decay, history_weight, has_radius, radius);
+}
+
+/* htk_logits of versions 1.0-1.2: (..., gaussian boolean, bandwidth, history_weight, search_radius). */
+Datum
+htk_logits(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_DATUM(logits(fcinfo, false));
+}
+
+/* htk_logits from 1.3: (..., kernel text, bandwidth, centroid_decay, history_weight, search_radius). */
+Datum
+htk_logits_1_3(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_DATUM(logits(fcinfo, true));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1871,7 +2012,7 @@ history_term(const ContextState *st, int e, const double *center, double reach, 
 	if (!(d <= reach))
 		return 0;				/* pruned (or beyond search_radius) */
 	terms[*n].tid = st->tokens[e];
-	terms[*n].c = ln_w - kernel_term(d, gaussian, bandwidth);
+	terms[*n].c = ln_w - kernel_term(d, gaussian ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL, bandwidth);
 	terms[*n].d = d;
 	terms[*n].hist = true;
 	(*n)++;
@@ -1950,36 +2091,15 @@ htk_serves(PG_FUNCTION_ARGS)
 }
 
 /*
- * The backoff kernel's radius (sql/020_next_token.sql ht_backoff_radius, the same arithmetic): the
- * smallest of h, h d, h d^2, ... (any integer power of the decay d) that holds the nearest
- * candidate, at distance nearest; 0 when that is 0.
- */
-static double
-backoff_radius(double nearest, double bandwidth, double decay)
-{
-	if (!(nearest > 0))
-		return 0.0;
-	return bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay)));
-}
-
-/*
  * The backoff kernel's terms (hartonomous/kernel.py): every candidate scores ln(weight), and only
  * those within the nearest candidate's radius count. The stored terms come in scored by
- * stored_terms (one per KNN row); the history atoms are scored here, all of them (no pruning: the
- * radius depends on the nearest of them). Compacts terms[0 .. *n - 1] in place.
+ * stored_terms (one per KNN row, ln(weight)); the history atoms are scored here, all of them (no
+ * pruning: the radius depends on the nearest of them), then backoff_cut keeps the radius.
  */
 static void
-backoff_terms(const ContextState *st, int m, const double *center, const double *knn_w, double decay,
-			  double bandwidth, double history_weight, bool has_radius, double radius, Term *terms, int *n)
+backoff_terms(const ContextState *st, int m, const double *center, double decay, double bandwidth,
+			  double history_weight, bool has_radius, double radius, Term *terms, int *n)
 {
-	double		nearest = get_float8_infinity(), r;
-	int			kept = 0;
-
-	for (int i = 0; i < *n; i++)
-	{
-		terms[i].c = log(knn_w[i]);
-		nearest = fmin(nearest, terms[i].d);
-	}
 	for (int e = st->n - m; e < st->n && m > 0; e++)
 	{
 		const double *key = st->keys + 3 * (e - 1);
@@ -1993,27 +2113,21 @@ backoff_terms(const ContextState *st, int m, const double *center, const double 
 		terms[*n].c = log(history_weight);
 		terms[*n].d = d;
 		terms[*n].hist = true;
-		nearest = fmin(nearest, d);
 		(*n)++;
 	}
 	stats.history_scored += m;
-	r = backoff_radius(nearest, bandwidth, decay);
-	for (int i = 0; i < *n; i++)
-		if (terms[i].d <= r)
-			terms[kept++] = terms[i];
-	*n = kept;
+	backoff_cut(terms, n, bandwidth, decay);
 }
 
 /*
  * One next_token step in C for checked arguments; false where it does not serve (htk_serves) or
  * a context token is not in the set. Called inside SPI; the rows record is built in `caller`.
- * backoff: the set's kernel is the backoff kernel (then `gaussian` is false and unused). `known`:
- * the set's row version where the caller read it (else read here).
+ * `known`: the set's row version where the caller read it (else read here).
  */
 static bool
 native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, const SetVersion *known,
-			bool has_window, int window, double decay, int history, bool gaussian, bool backoff,
-			double bandwidth, double history_weight, const int32 *ctx, int n_ctx, double temperature,
+			bool has_window, int window, double decay, int history, Kernel kernel, double bandwidth,
+			double history_weight, const int32 *ctx, int n_ctx, double temperature,
 			bool has_top_k, int top_k, bool has_top_p, double top_p, bool has_radius, double radius,
 			int max_neighbors, double penalty, Datum *result)
 {
@@ -2030,7 +2144,8 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, const S
 		return false;
 	MemoryContextSwitchTo(caller);
 	memset(&scratch, 0, sizeof(scratch));
-	st = context_state(slot, has_window, window, decay, ctx, n_ctx, grid_cell(gaussian, bandwidth), &scratch);
+	st = context_state(slot, has_window, window, decay, ctx, n_ctx, grid_cell(kernel == KERNEL_GAUSSIAN, bandwidth),
+					   &scratch);
 	if (st == NULL)
 	{
 		/* a foreign token (the SQL path names it) or a context too long to keep */
@@ -2046,14 +2161,13 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, const S
 	MemoryContextSwitchTo(caller);	/* SPI left its own context current; the rows outlive it */
 
 	terms = palloc(sizeof(Term) * (n_knn + m + 1));
-	z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, gaussian, bandwidth, false, 0.0, &prune, terms,
+	z_lb = stored_terms(knn_ids, knn_w, knn_d, n_knn, kernel, bandwidth, false, 0.0, &prune, terms,
 						&n_terms);		/* the rows are within the radius already */
-	if (backoff)
-		backoff_terms(st, m, center, knn_w, decay, bandwidth, history_weight, has_radius, radius, terms,
-					  &n_terms);
+	if (kernel == KERNEL_BACKOFF)
+		backoff_terms(st, m, center, decay, bandwidth, history_weight, has_radius, radius, terms, &n_terms);
 	else if (m > 0)
-		history_terms(st, m, center, gaussian, bandwidth, history_weight, has_radius, radius, z_lb,
-					  n_knn, temperature, penalty, terms, &n_terms);
+		history_terms(st, m, center, kernel == KERNEL_GAUSSIAN, bandwidth, history_weight, has_radius, radius,
+					  z_lb, n_knn, temperature, penalty, terms, &n_terms);
 	qsort(terms, n_terms, sizeof(Term), term_order);
 	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						   top_p, penalty);
@@ -2075,15 +2189,16 @@ typedef struct
 	int			window;
 	double		decay;
 	int			history;
-	bool		gaussian;
+	Kernel		kernel;
 	double		bandwidth;
 	double		history_weight;
 	int32	   *ctx;
 	int			n_ctx;
 } SetStep;
 
+/* v13: argument 4 is version 1.3's kernel text, else the earlier versions' gaussian boolean. */
 static void
-set_step_args(FunctionCallInfo fcinfo, SetStep *a)
+set_step_args(FunctionCallInfo fcinfo, bool v13, SetStep *a)
 {
 	a->set_id = PG_GETARG_INT32(0);
 	a->has_window = !PG_ARGISNULL(1);
@@ -2093,7 +2208,11 @@ set_step_args(FunctionCallInfo fcinfo, SetStep *a)
 	check_decay(a->decay);
 	a->history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
 	check_between("history_window", a->history, 0, MAX_HISTORY_WINDOW);
-	a->gaussian = PG_GETARG_BOOL(4);
+	if (v13)
+		a->kernel = kernel_arg(PG_GETARG_TEXT_PP(4));
+	else
+		a->kernel = PG_GETARG_BOOL(4) ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+	check_backoff_decay(a->kernel, a->decay);
 	a->bandwidth = PG_GETARG_FLOAT8(5);
 	check_positive("bandwidth", a->bandwidth);
 	a->history_weight = PG_ARGISNULL(6) ? 0.0 : PG_GETARG_FLOAT8(6);
@@ -2108,10 +2227,12 @@ set_step_args(FunctionCallInfo fcinfo, SetStep *a)
  * function does not serve the set (htk_serves) or a context token is not in the set: the caller
  * then takes the SQL path, which reports the token.
  */
-Datum
-htk_next_token(PG_FUNCTION_ARGS)
+static Datum
+next_token_step(FunctionCallInfo fcinfo, bool v13)
 {
 	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
+		"context", "temperature", "", "", "", "max_neighbors", "repetition_penalty", NULL};
+	static const char *const args_1_3[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
 		"context", "temperature", "", "", "", "max_neighbors", "repetition_penalty", NULL};
 	SetStep		a;
 	bool		served;
@@ -2121,8 +2242,8 @@ htk_next_token(PG_FUNCTION_ARGS)
 	Datum		result = (Datum) 0;
 	MemoryContext caller;
 
-	require_args(fcinfo, args);
-	set_step_args(fcinfo, &a);
+	require_args(fcinfo, v13 ? args_1_3 : args);
+	set_step_args(fcinfo, v13, &a);
 	temperature = PG_GETARG_FLOAT8(8);
 	has_top_k = !PG_ARGISNULL(9);
 	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
@@ -2139,13 +2260,27 @@ htk_next_token(PG_FUNCTION_ARGS)
 	caller = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "htk: SPI_connect failed");
-	served = native_step(fcinfo, caller, a.set_id, NULL, a.has_window, a.window, a.decay, a.history, a.gaussian,
-						 false, a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
+	served = native_step(fcinfo, caller, a.set_id, NULL, a.has_window, a.window, a.decay, a.history, a.kernel,
+						 a.bandwidth, a.history_weight, a.ctx, a.n_ctx, temperature, has_top_k, top_k,
 						 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
 	SPI_finish();
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
+}
+
+/* htk_next_token of versions 1.0-1.2: (..., history_window, gaussian boolean, bandwidth, ...). */
+Datum
+htk_next_token(PG_FUNCTION_ARGS)
+{
+	return next_token_step(fcinfo, false);
+}
+
+/* htk_next_token from 1.3: (..., history_window, kernel text, bandwidth, ...). */
+Datum
+htk_next_token_1_3(PG_FUNCTION_ARGS)
+{
+	return next_token_step(fcinfo, true);
 }
 
 /*
@@ -2175,6 +2310,7 @@ htk_step(PG_FUNCTION_ARGS)
 	int32	   *ctx;
 	double		temperature, top_p, radius, penalty, history_weight, decay, bandwidth;
 	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, backoff, rows, served = false, isnull;
+	Kernel		kernel;
 	Datum		result = (Datum) 0, arg;
 	MemoryContext caller;
 	HeapTuple	row;
@@ -2276,9 +2412,12 @@ htk_step(PG_FUNCTION_ARGS)
 	if (rows && decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1) && (!backoff || decay < 1.0)
 		&& bandwidth > 0.0 && isfinite(bandwidth) && history_weight >= 0.0 && isfinite(history_weight)
 		&& history >= 0 && history <= MAX_HISTORY_WINDOW)
-		served = native_step(fcinfo, caller, version.id, &version, has_window, window, decay, history, gaussian,
-							 backoff, bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k,
+	{
+		kernel = backoff ? KERNEL_BACKOFF : gaussian ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+		served = native_step(fcinfo, caller, version.id, &version, has_window, window, decay, history, kernel,
+							 bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k,
 							 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
+	}
 	SPI_finish();
 	if (!served)
 		PG_RETURN_NULL();
@@ -2349,16 +2488,18 @@ htk_pick(PG_FUNCTION_ARGS)
 
 /*
  * htk_logits for a context, with the session's state: htk_step_logits(atom_set_id, centroid_window,
- * centroid_decay, history_window, gaussian, bandwidth, history_weight, context, max_neighbors,
+ * centroid_decay, history_window, kernel, bandwidth, history_weight, context, max_neighbors,
  * search_radius) -> htk_logits' record, for checked arguments. The keys come from the context state
  * (the new tokens' only) and the KNN from the index's own order without the radius (the nearest
  * stored atom is measured before it), as ht_step_logits' SQL path does; every term is scored (the
  * signals count every candidate). NULL where htk_next_token would not serve the call.
  */
-Datum
-htk_step_logits(PG_FUNCTION_ARGS)
+static Datum
+step_logits(FunctionCallInfo fcinfo, bool v13)
 {
 	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
+		"context", "max_neighbors", "", NULL};
+	static const char *const args_1_3[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
 		"context", "max_neighbors", "", NULL};
 	SetStep		a;
 	bool		has_radius;
@@ -2372,8 +2513,8 @@ htk_step_logits(PG_FUNCTION_ARGS)
 	bool		served = false;
 	MemoryContext caller;
 
-	require_args(fcinfo, args);
-	set_step_args(fcinfo, &a);
+	require_args(fcinfo, v13 ? args_1_3 : args);
+	set_step_args(fcinfo, v13, &a);
 	max_neighbors = PG_GETARG_INT32(8);
 	check_between("max_neighbors", max_neighbors, 1, MAX_NEIGHBORS);
 	has_radius = !PG_ARGISNULL(9);
@@ -2387,7 +2528,7 @@ htk_step_logits(PG_FUNCTION_ARGS)
 	slot = cached_set(a.set_id, NULL, false);
 	MemoryContextSwitchTo(caller);
 	st = slot != NULL ? context_state(slot, a.has_window, a.window, a.decay, a.ctx, a.n_ctx,
-									  grid_cell(a.gaussian, a.bandwidth), &scratch) : NULL;
+									  grid_cell(a.kernel == KERNEL_GAUSSIAN, a.bandwidth), &scratch) : NULL;
 	if (st != NULL)
 	{
 		/* htk_keys' layout: the centre, then the keys of prefixes n - m .. n - 1 */
@@ -2398,8 +2539,8 @@ htk_step_logits(PG_FUNCTION_ARGS)
 			memcpy(keys + 3, st->keys + 3 * (a.n_ctx - m - 1), 3 * m * sizeof(double));
 		knn_rows(a.set_id, keys, max_neighbors, false, 0.0, &knn_ids, &knn_w, &knn_d, &n_knn);
 		MemoryContextSwitchTo(caller);
-		result = logits_record(fcinfo, a.ctx, a.n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, a.gaussian,
-							   a.bandwidth, a.history_weight, has_radius, radius);
+		result = logits_record(fcinfo, a.ctx, a.n_ctx, keys, m, knn_ids, knn_w, knn_d, n_knn, a.kernel,
+							   a.bandwidth, a.decay, a.history_weight, has_radius, radius);
 		served = true;
 	}
 	if (scratch.mcxt != NULL)
@@ -2409,4 +2550,18 @@ htk_step_logits(PG_FUNCTION_ARGS)
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
+}
+
+/* htk_step_logits of versions 1.0-1.2: (..., history_window, gaussian boolean, bandwidth, ...). */
+Datum
+htk_step_logits(PG_FUNCTION_ARGS)
+{
+	return step_logits(fcinfo, false);
+}
+
+/* htk_step_logits from 1.3: (..., history_window, kernel text, bandwidth, ...). */
+Datum
+htk_step_logits_1_3(PG_FUNCTION_ARGS)
+{
+	return step_logits(fcinfo, true);
 }
