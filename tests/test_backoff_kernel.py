@@ -503,3 +503,25 @@ def test_the_loops_and_the_batch_run_the_backoff_kernel_in_c(native, native_sets
             assert [r[:2] for r in got] == [r[:2] for r in want] or args["temperature"] > 0, (got, want)
         elif args["temperature"] == 0 or fn == "draft_tree":
             assert got == want, (fn, got, want)
+
+
+def test_the_spatial_backend_takes_one_c_call_per_step_on_a_backoff_set(native, native_sets) -> None:
+    """The hybrid and adaptive paths ask for a step's signals and distribution together: on a
+    backoff set that is one ht_step_logits call, giving next_token's own rows."""
+    from hartonomous.backends.spatial import SpatialBackend
+    from hartonomous.generation_config import SamplerArgs
+
+    use(native, "")
+    backend = SpatialBackend(native, native_sets["history"].name, tokenizer=object())
+    assert backend.native
+    state = backend.start([1, 2, 3, 4, 5, 1, 2])
+    before = calls(native, "htk_step_logits")["htk_step_logits"]
+    backend.signals(state)
+    dist = backend.distribution(state, SamplerArgs(1.0, 0, 1.0, 1.0))
+    assert calls(native, "htk_step_logits")["htk_step_logits"] == before + 1
+    rows = native.execute("SELECT token_id, probability FROM next_token(%s, 1.0, 0, 1.0, atom_set => %s)",
+                          (state.ids, native_sets["history"].name)).fetchall()
+    got = dict(zip(dist.token_ids, dist.probabilities))
+    assert sorted(got) == sorted(r[0] for r in rows)
+    assert [got[token] for token, _ in rows] == pytest.approx([p for _, p in rows], abs=1e-12)
+    assert not SpatialBackend(native, native_sets["history"].name, tokenizer=object(), memory=True).native

@@ -67,9 +67,9 @@ class SpatialBackend:
         self.owns_connection = owns_connection
         self.atom_set: AtomSet = load_atom_set(conn, atom_set)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(self.atom_set)
-        # ht_step_logits is there (one call per step) and serves the set: the C kernel has its kernel
-        # (and it reads the stored atoms only: with the memory, distributions come from next_token)
-        self.native = sqlcalls.kernel(conn) == "native" and self.atom_set.kernel != "backoff" and not self.memory
+        # ht_step_logits is there (one call per step; the C kernel has every kernel) and reads the
+        # stored atoms only: with the memory, distributions come from next_token
+        self.native = sqlcalls.kernel(conn) == "native" and not self.memory
 
     @classmethod
     def connect(cls, url: str, atom_set: str | None = None, **kwargs) -> "SpatialBackend":
