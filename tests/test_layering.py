@@ -153,3 +153,16 @@ def test_no_runtime_modules_import_each_other_even_for_type_checking() -> None:
         for name, path in modules.items()
     }
     assert import_cycles(graph) == []
+
+
+def test_the_inference_runtime_never_imports_the_build_time_text_and_labels() -> None:
+    """hartonomous.corpus (corpora, teacher labels, self-distillation) serves the build and
+    compare; generating text needs none of it, so the engine, backends, speculative decoding,
+    client and server load without it."""
+    users = ("hartonomous/corpus/", "hartonomous/compare/", COMPOSITION_ROOT)
+    offenders = sorted(
+        path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py")
+        if not path.relative_to(ROOT).as_posix().startswith(users)
+        and imports_any(path.read_text(encoding="utf-8"), ("hartonomous.corpus",))
+    )
+    assert offenders == []
