@@ -19,16 +19,13 @@ import torch
 from generation_helpers import drop_atom_set, write_tiny_atom_set
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.client import Client
-from hartonomous.speculative.draft_cost import ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
 from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter, worth_remembering
+from generation_helpers import SMOLLM2_ON_TWO_CORES
 from tiny_model import tiny_model
 
 VOCAB = 40
-# SmolLM2's forward costs on 2 CPU cores (issue 25), for the speculative path's cost model, so that
-# what the tests see does not depend on how fast the tiny model runs on a loaded machine.
-SMOLLM2_ON_TWO_CORES = ForwardCosts((0.040, 0.064, 0.081, 0.063, 0.061, 0.060, 0.0605, 0.061) + (0.062,) * 7 + (0.072,))
 CONTEXT = [1, 2, 3]
 GENERATED = [7, 8, 9, 10, 11]
 

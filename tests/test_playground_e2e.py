@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from browser import CHROMIUM, Browser
-from generation_helpers import distilled_tiny_set, tiny_atom_set
+from generation_helpers import SMOLLM2_ON_TWO_CORES, distilled_tiny_set, tiny_atom_set
 from server_helpers import GatedModel, live_app
 
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground.png"
@@ -132,7 +132,11 @@ def test_the_speculative_and_hybrid_panes_colour_each_token_by_where_it_came_fro
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute("UPDATE atom_sets SET risk_model = %s::jsonb WHERE name = %s",
                      (risk.model_dump_json(), distilled_set))
-    server, _ = live_app(reader_url, distilled_set, exact_model=tiny_exact_model())
+    # The browser's run and the API's run below must draft alike: draft lengths from fixed forward
+    # costs (SmolLM2's on two cores), not from timing this tiny model beside the rest of the suite.
+    exact_model = tiny_exact_model()
+    exact_model._hartonomous_forward_costs = SMOLLM2_ON_TWO_CORES
+    server, _ = live_app(reader_url, distilled_set, exact_model=exact_model)
     settings = {**SETTINGS, "temperature": 0.0}
     with server as url, Browser() as browser:
         browser.navigate(url + "/")
