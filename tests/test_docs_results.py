@@ -34,7 +34,7 @@ def load_section(markdown: str) -> str:
 
 
 def quoted_json(section: str) -> dict:
-    names = set(re.findall(r"\(results/(\d{4}-\d{2}-\d{2}-load\.json)\)", section))
+    names = set(re.findall(r"\(results/(\d{4}-\d{2}-\d{2}-load(?:-[a-z]+)?\.json)\)", section))
     assert len(names) == 1, f"the load section must link exactly one docs/results/<date>-load.json, found {names}"
     return json.loads((ROOT / "docs" / "results" / names.pop()).read_text())
 
