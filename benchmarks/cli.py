@@ -28,8 +28,10 @@ HELP = (
     "with its machine. Benchmarks are not tests: run them on a quiet machine (the load average is recorded "
     "with the results).\n\n"
     "--speculative instead measures speculative decoding against its peers on SmolLM2 (transformers generate, "
-    "transformers prompt-lookup decoding, our exact and speculative paths; short prompts and documents from "
-    "the atom set's held-out test half; writes <out>/bench-speculative[-quick].json and .md). With --quick: "
+    "transformers prompt-lookup decoding, llama.cpp's own decoding of the same GGUF (`make install-llama`), our "
+    "exact and speculative paths on each exact runtime (torch, int4, llama: --runtimes); short prompts, documents "
+    "from the atom set's held-out test half and repeated requests; writes <out>/bench-speculative[-quick].json "
+    "and .md). With --quick: "
     "3 short prompts and 2 documents (a few minutes); without: 8 and 6.\n\n"
     "--layouts instead compares the atom sets' storage layouts (rows, tiles; issue 18) on synthetic sets "
     "built in both: next_token p50/p95 and shared buffers per call with K = 100 on 512- and 8-token contexts "
@@ -79,6 +81,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
         threads: int = typer.Option(None, "--threads", help="Speculative: torch threads (default: min(cores, 4))."),
         draft_tokens: int = typer.Option(4, "--draft-tokens", help="Speculative: first draft length (1..64)."),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Speculative: new tokens per prompt."),
+        runtimes: str = typer.Option(None, "--runtimes", metavar="R,R",
+                                     help="Speculative: fast exact runtimes measured beside the torch reference "
+                                          "(int4, llama; default: int4, and llama where installed). llama.cpp's "
+                                          "own decoding of the same file is always a row."),
         kernel: bool = typer.Option(False, "--kernel", help="next_token on the native and PL/pgSQL kernels next to the "
                                     "bare KNN-100 instead: 8-, 64- and 512-token contexts, history on and off, warm and "
                                     "cold, generate_tokens from a 512-token prompt; 10^5 and 10^6 atoms (--full adds "
@@ -93,7 +99,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
         if quick and full:
             raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
         if speculative:
-            return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens)
+            return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens, runtimes)
         if calls < 20:
             raise UserError(f"--calls must be at least 20 (percentiles need them), got {calls}")
         if layouts:
@@ -160,7 +166,7 @@ def _write_report(out: Path, results: dict, text: str, command: str) -> None:
 
 
 def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threads: int | None, draft_tokens: int,
-                 max_new_tokens: int) -> None:
+                 max_new_tokens: int, runtimes: str | None = None) -> None:
     """`hartonomous bench --speculative [--quick]`: see benchmarks.speculative."""
     from benchmarks import run, speculative
     from hartonomous.db.connection import owner_url
@@ -173,11 +179,17 @@ def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threa
         raise UserError(f"--draft-tokens must be between 1 and 64, got {draft_tokens}")
     if not 1 <= max_new_tokens <= 1024:
         raise UserError(f"--max-new-tokens must be between 1 and 1024, got {max_new_tokens}")
+    chosen = None
+    if runtimes is not None:
+        chosen = tuple(r.strip() for r in runtimes.split(",") if r.strip())
+        bad = [r for r in chosen if r not in ("int4", "llama")]
+        if bad:
+            raise UserError(f"--runtimes takes int4 and llama (torch always runs), got '{bad[0]}'")
     url = owner_url()
     run.check_ready(url)
     command = "hartonomous bench " + " ".join(sys.argv[2:])
     results = speculative.run(url, quick=quick, atom_set=atom_set, max_new_tokens=max_new_tokens, threads=threads,
-                              draft_tokens=draft_tokens)
+                              draft_tokens=draft_tokens, runtimes=chosen)
     _write_report(out, results, speculative.markdown(results, command), command)
 
 

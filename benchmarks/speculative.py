@@ -71,6 +71,8 @@ class MethodTotals:
     prompts: int = 0
     per_prompt_ms: list[float] = field(default_factory=list)
     drafting: SpeculativeStats | None = None
+    reference: str = "transformers_generate"     # identity is checked against this method's outputs
+    prefix_vs_reference: list[int] = field(default_factory=list)   # shared tokens with transformers greedy
 
     def add_drafting(self, stats: SpeculativeStats) -> None:
         """Sum one generation's speculative stats into `drafting` (every field; lists are joined)."""
@@ -86,6 +88,7 @@ class MethodTotals:
         d = self.drafting if self.drafting is not None and self.drafting.forwards else None
         return {"ms_per_token": ms, "speedup_vs_generate": baseline_ms / ms if ms and baseline_ms else None,
                 "identical": f"{self.identical}/{self.prompts}", "all_identical": self.identical == self.prompts,
+                "identical_to": self.reference, "prefix_vs_float32_greedy": self.prefix_vs_reference,
                 "acceptance_rate": self.drafting.acceptance_rate if self.drafting is not None else None,
                 "tokens_per_forward": self.tokens / d.forwards if d else None,
                 "draft_s": d.draft_s if d else None,
@@ -127,7 +130,7 @@ class Runner:
     """The four methods over one loaded model and one atom set."""
 
     def __init__(self, conn: psycopg.Connection, atom_set: str | None, max_new_tokens: int, draft_tokens: int,
-                 writer_url: str):
+                 writer_url: str, runtimes: tuple[str, ...] = ()):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.backends.spatial import SpatialBackend
         from hartonomous.speculative.draft_cost import forward_costs
@@ -161,8 +164,42 @@ class Runner:
                                               max_draft_tokens=max(16, draft_tokens), costs=self.costs,
                                               max_tree_width=TREE_WIDTH))
 
+        self.engines = {"exact": self.exact, "speculative": self.speculative, "speculative_schedule": self.schedule,
+                        "speculative_memory": self.with_memory, "speculative_tree": self.tree}
+        self.runtime_of = {m: "torch" for m in METHODS}
+        self.runtime_costs = {"torch": self.costs}
+        for runtime in runtimes:                     # the fast runtimes: the same paths on another forward
+            self._add_runtime(runtime, draft_tokens)
         self.llama = llama_cpp_model(torch_threads())
-        self.methods = METHODS + (("llama_cpp",) if self.llama is not None else ())
+        if self.llama is None:
+            raise UserError("bench --speculative measures llama.cpp's own decoding of the same file beside ours: "
+                            "install it with `make install-llama` (compiles llama.cpp, ~6-10 minutes on 2 cores)")
+        self.methods = METHODS + tuple(m for m in self.engines if m not in METHODS) + ("llama_cpp",)
+        self.runtime_of["llama_cpp"] = "llama.cpp"
+
+    def _add_runtime(self, runtime: str, draft_tokens: int) -> None:
+        """exact_<runtime>, speculative_<runtime>, speculative_memory_<runtime> (and speculative_tree_<runtime>
+        where the runtime verifies trees), each with the forward costs measured on that runtime."""
+        from hartonomous.backends.exact import ExactBackend
+        from hartonomous.engine import Engine
+        from hartonomous.runtimes import load_exact_model
+        from hartonomous.speculative.decoding import SpeculativeBackend
+        from hartonomous.speculative.draft_cost import forward_costs
+
+        model = load_exact_model(runtime, "smollm2", "cpu")
+        costs = self.runtime_costs[runtime] = forward_costs(model)
+        options = dict(draft_tokens=draft_tokens, max_draft_tokens=max(16, draft_tokens), costs=costs)
+        name = self.spatial.atom_set.name
+        self.engines[f"exact_{runtime}"] = Engine(ExactBackend(model))
+        self.engines[f"speculative_{runtime}"] = Engine(SpeculativeBackend(ExactBackend(model), self.spatial, **options))
+        self.engines[f"speculative_memory_{runtime}"] = Engine(
+            SpeculativeBackend(ExactBackend(model), self.spatial, memory=True, **options),
+            on_result=lambda result: self.writer.remember_result(name, result))
+        if getattr(model, "supports_trees", True):
+            self.engines[f"speculative_tree_{runtime}"] = Engine(
+                SpeculativeBackend(ExactBackend(model), self.spatial, max_tree_width=TREE_WIDTH, **options))
+        for method in self.engines:
+            self.runtime_of.setdefault(method, runtime)
 
     def _llama(self, ids: list[int]) -> list[int]:
         """llama.cpp's greedy continuation of `ids` (EOS ignored, as for the others)."""
@@ -200,11 +237,16 @@ class Runner:
         elif method == "llama_cpp":
             out, stats = self._llama(ids), None
         else:
-            engine = {"exact": self.exact, "speculative": self.speculative, "speculative_schedule": self.schedule,
-                      "speculative_memory": self.with_memory, "speculative_tree": self.tree}[method]
-            result = engine.generate(ids, self.config)
+            result = self.engines[method].generate(ids, self.config)
             out, stats = result.token_ids, result.stats
         return out, time.perf_counter() - t0, stats
+
+
+def fast_runtimes() -> tuple[str, ...]:
+    """The fast runtimes measured beside the torch reference: int4 always, llama where installed."""
+    from hartonomous.runtimes import llama_cpp_installed
+
+    return ("int4",) + (("llama",) if llama_cpp_installed() else ())
 
 
 def torch_threads() -> int:
@@ -232,6 +274,18 @@ def llama_cpp_model(threads: int):
                  n_threads_batch=threads, seed=0, verbose=False)
 
 
+REFERENCE_OF = {"torch": "transformers_generate", "llama.cpp": "llama_cpp"}
+
+
+def common_prefix(a: list[int], b: list[int], eos: int | None) -> int:
+    """How many leading tokens two greedy outputs share, up to the first EOS of either."""
+    cut = min((seq.index(eos) for seq in (a, b) if eos in seq), default=max(len(a), len(b)))
+    n = 0
+    while n < min(cut, len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def same_until_eos(a: list[int], b: list[int], eos: int | None) -> bool:
     """Whether two greedy outputs agree token for token before the first EOS of either.
 
@@ -244,7 +298,8 @@ def same_until_eos(a: list[int], b: list[int], eos: int | None) -> bool:
 
 def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_tokens: int = 64,
         threads: int | None = None, draft_tokens: int = 4, short: int | None = None,
-        documents: int | None = None, templates: int | None = None, fills: int | None = None) -> dict:
+        documents: int | None = None, templates: int | None = None, fills: int | None = None,
+        runtimes: tuple[str, ...] | None = None) -> dict:
     """Measure the methods on the three workloads; returns the results (see `markdown`)."""
     import torch
 
@@ -257,7 +312,8 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
     short_n = short if short is not None else (3 if quick else len(SHORT_PROMPTS))
     docs_n = documents if documents is not None else (2 if quick else 6)
     with psycopg.connect(url, autocommit=True) as conn:
-        runner = Runner(conn, atom_set, max_new_tokens, draft_tokens, url)
+        runner = Runner(conn, atom_set, max_new_tokens, draft_tokens, url,
+                        runtimes=fast_runtimes() if runtimes is None else runtimes)
         record = runner.spatial.atom_set
         holdout = record.stats.holdout.text if record.stats.holdout else None
         if not holdout:
@@ -270,22 +326,39 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
             runner.run(method, "Warm up the")
         results: dict[str, dict] = {}
         memory_before = runner.forget()
+        eos = runner.tokenizer.eos_token_id
+        plain = [m for m in runner.methods if not m.startswith("speculative_memory")]
+        remembering = [m for m in runner.methods if m.startswith("speculative_memory")]
         for kind, prompts in kinds.items():
-            runner.forget()                          # each workload starts with an empty memory
             totals = {m: MethodTotals() for m in runner.methods}
+            outputs: dict[str, list[list[int]]] = {m: [] for m in runner.methods}
+
+            def measure_one(method: str, prompt: str) -> None:
+                out, seconds, stats = runner.run(method, prompt)
+                outputs[method].append(out)
+                t = totals[method]
+                t.seconds += seconds
+                t.tokens += len(out)
+                t.prompts += 1
+                t.per_prompt_ms.append(1000 * seconds / max(len(out), 1))
+                if stats is not None:
+                    t.add_drafting(stats)
+
             for prompt in prompts:
-                reference = None
-                for method in runner.methods:
-                    out, seconds, stats = runner.run(method, prompt)
-                    reference = out if reference is None else reference
-                    t = totals[method]
-                    t.seconds += seconds
-                    t.tokens += len(out)
-                    t.prompts += 1
-                    t.identical += same_until_eos(out, reference, runner.tokenizer.eos_token_id)
-                    t.per_prompt_ms.append(1000 * seconds / max(len(out), 1))
-                    if stats is not None:
-                        t.add_drafting(stats)
+                for method in plain:
+                    measure_one(method, prompt)
+            for method in remembering:               # each remembering method starts with an empty memory:
+                runner.forget()                      # none reads what another remembered
+                for prompt in prompts:
+                    measure_one(method, prompt)
+            for method in runner.methods:            # identity: against the same runtime's exact path
+                own = REFERENCE_OF.get(runner.runtime_of[method], f"exact_{runner.runtime_of[method]}")
+                own = own if own in outputs else "transformers_generate"
+                t = totals[method]
+                t.identical = sum(same_until_eos(a, b, eos) for a, b in zip(outputs[method], outputs[own]))
+                t.reference = own
+                t.prefix_vs_reference = [common_prefix(a, b, eos) for a, b in
+                                         zip(outputs[method], outputs["transformers_generate"])]
             baseline = totals["transformers_generate"].row(None)["ms_per_token"]
             results[kind] = {"prompts": len(prompts),
                              "prompt_tokens": [len(runner.tokenizer.encode(p)) for p in prompts],
@@ -302,6 +375,8 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                        "weight_rule": "the atom set's history_weight (1 where it is 0)",
                        "atoms_found_before_the_run": memory_before, "failed_remembers": runner.writer.failed},
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "forward_costs": runner.costs.as_dict(),
+            "forward_costs_by_runtime": {r: c.as_dict() for r, c in runner.runtime_costs.items()},
+            "runtime_of": runner.runtime_of,
             "llama_cpp": _llama_version() if runner.llama is not None else None,
             "kinds": results, "targets": targets(results),
             "machine": machine}
@@ -328,10 +403,48 @@ def targets(results: dict) -> list[dict]:
         for name in ("speculative", "speculative_memory", "speculative_tree"):
             rows.append({"what": f"{kind}: {name} identical to transformers greedy", "target": "always",
                          "measured": m[name]["identical"], "met": m[name]["all_identical"]})
+    rows += runtime_targets(results)
     doc = results.get("document", {}).get("methods", {}).get("speculative", {})
     rate = doc.get("acceptance_rate")
     rows.append({"what": "document: acceptance rate", "target": ">= 0.4",
                  "measured": f"{rate:.2f}" if rate is not None else None, "met": bool(rate is not None and rate >= 0.4)})
+    return rows
+
+
+def _best(methods: dict, prefix: str) -> tuple[str | None, float | None]:
+    """The fastest method whose name is `prefix` or `prefix`_<runtime> and whose output is identical."""
+    found = [(row["ms_per_token"], name) for name, row in methods.items()
+             if (name == prefix or (name.startswith(prefix + "_") and name[len(prefix) + 1:] in RUNTIME_SUFFIXES))
+             and row["ms_per_token"] and row["all_identical"]]
+    return (min(found)[1], min(found)[0]) if found else (None, None)
+
+
+RUNTIME_SUFFIXES = ("int4", "llama")
+
+
+def runtime_targets(results: dict) -> list[dict]:
+    """Issue 34's targets against llama.cpp's own decoding of the same file, in the same run."""
+    rows = []
+    for kind, r in results.items():
+        m = r["methods"]
+        peer = m.get("llama_cpp", {}).get("ms_per_token")
+        if not peer:
+            continue
+        if kind == "short":
+            for runtime in RUNTIME_SUFFIXES:
+                exact = m.get(f"exact_{runtime}", {}).get("ms_per_token")
+                if exact:
+                    rows.append({"what": f"short: exact_{runtime} vs llama.cpp's own decoding, ms/token",
+                                 "target": "<= 1.15x", "measured": f"{exact / peer:.2f}x", "met": exact / peer <= 1.15})
+                spec = m.get(f"speculative_{runtime}", {}).get("ms_per_token")
+                if exact and spec:
+                    rows.append({"what": f"short: speculative_{runtime} vs exact_{runtime}", "target": ">= 0.97x",
+                                 "measured": f"{exact / spec:.2f}x", "met": exact / spec >= 0.97})
+        prefix, wanted = ("speculative_memory", 1.2) if kind == "repeated" else ("speculative", 1.0)
+        name, ms = _best(m, prefix)
+        rows.append({"what": f"{kind}: fastest identical {prefix} ({name}) vs llama.cpp's own decoding",
+                     "target": f">= {wanted}x faster", "measured": f"{peer / ms:.2f}x" if ms else None,
+                     "met": bool(ms and peer / ms >= wanted)})
     return rows
 
 
@@ -369,12 +482,17 @@ def markdown(results: dict, command: str) -> str:
     for kind, r in results["kinds"].items():
         lines += [f"## {kind} prompts ({r['prompts']}, {min(r['prompt_tokens'], default=0)}–"
                   f"{max(r['prompt_tokens'], default=0)} prompt tokens)", "",
-                  "| method | ms/token | vs generate | identical to generate | acceptance | tokens/forward "
-                  "| draft s | verify s | decide s | other s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| method | runtime | ms/token | vs generate | vs llama.cpp | identical (to) | shared prefix with "
+                  "float32 greedy | acceptance | tokens/forward | draft s | verify s | decide s | other s |",
+                  "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+        peer = r["methods"].get("llama_cpp", {}).get("ms_per_token")
         for name, row in r["methods"].items():
-            lines.append(f"| {name} | {_f(row['ms_per_token'])} | {_f(row['speedup_vs_generate'], '.2f')}x "
-                         f"| {row['identical']} | {_f(row['acceptance_rate'], '.2f')} "
+            vs_peer = peer / row["ms_per_token"] if peer and row["ms_per_token"] else None
+            prefix = row.get("prefix_vs_float32_greedy") or []
+            lines.append(f"| {name} | {results.get('runtime_of', {}).get(name, 'torch')} | {_f(row['ms_per_token'])} "
+                         f"| {_f(row['speedup_vs_generate'], '.2f')}x | {_f(vs_peer, '.2f')}x "
+                         f"| {row['identical']} ({row.get('identical_to', 'transformers_generate')}) "
+                         f"| {', '.join(str(p) for p in prefix)} | {_f(row['acceptance_rate'], '.2f')} "
                          f"| {_f(row['tokens_per_forward'], '.2f')} | {_f(row['draft_s'], '.2f')} "
                          f"| {_f(row['verify_s'], '.2f')} | {_f(row['decide_s'], '.2f')} | {_f(row['other_s'], '.2f')} |")
         lines.append("")

@@ -54,7 +54,11 @@ CLIENT_OPTIONS = [
                                        "the atom set's).")),
     _option("model", Optional[str], typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder.")),
     _option("device", Optional[str], typer.Option(None, "--device", help="Exact: auto | cpu | cuda.")),
-    _option("dtype", str, typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16.")),
+    _option("dtype", str, typer.Option("float32", "--dtype", help="Exact, torch runtime: float32 | bfloat16 | float16.")),
+    _option("runtime", Optional[str], typer.Option(
+        None, "--runtime", help="Exact: auto | torch | int4 | llama. torch = transformers in float32 (the "
+                                "reference); int4 = the GGUF on torch's int4 kernel; llama = llama.cpp (the "
+                                "'llama' extra). auto = int4 on CPUs with bfloat16, else torch (docs/runtimes.md).")),
 ]
 
 

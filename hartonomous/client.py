@@ -62,14 +62,15 @@ class Client:
                  search_radius: float | None = None, max_neighbors: int = 100, history_weight: float | None = None,
                  history_window: int | None = None, spatial_tokenizer=None,
                  model: str | None = None, device: str | None = None, dtype: str = "float32",
-                 exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8, risk_threshold: float = 0.5,
+                 runtime: str | None = None, exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8,
+                 risk_threshold: float = 0.5,
                  memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1,
                  spatial_memory: bool = False):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
         self.spatial_tokenizer = spatial_tokenizer
-        self.model, self.device, self.dtype = model, device, dtype
+        self.model, self.device, self.dtype, self.runtime = model, device, dtype, runtime
         self._exact_model = exact_model
         self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
         self.max_tree_width = max_tree_width     # > 1: speculative rounds may draft trees this wide
@@ -190,12 +191,12 @@ class Client:
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.config import get_settings
-        from hartonomous.exact import ExactModel
+        from hartonomous.runtimes import load_exact_model
 
         if self._exact_model is None:
             settings = get_settings()
-            self._exact_model = ExactModel.load(self.model or settings.model, self.device or settings.device,
-                                                self.dtype)
+            self._exact_model = load_exact_model(self.runtime or settings.runtime, self.model or settings.model,
+                                                 self.device or settings.device, self.dtype)
         return ExactBackend(self._exact_model, risk_source=self._spatial_signals)
 
     # -- generation ----------------------------------------------------------------------

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     )
     model: str = Field(default="smollm2", description="'smollm2' or a local Hugging Face model dir.")
     device: str = Field(default="auto", description="auto | cpu | cuda for the exact path.")
+    runtime: str = Field(default="auto", description="auto | torch | int4 | llama: what runs the exact model "
+                                                     "(hartonomous.runtimes; auto: the fastest measured here).")
 
     @property
     def resolved_data_dir(self) -> Path:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hartonomous.errors import UserError
+from hartonomous.runtimes.base import RuntimeModel
 
 
 class KVCache:
@@ -49,8 +49,11 @@ class KVCache:
             self.layers.crop(length - self.length)
 
 
-class ExactModel:
-    """A causal LM and its tokenizer on one device, stepped with a KV cache."""
+class ExactModel(RuntimeModel):
+    """A causal LM and its tokenizer on one device, stepped with a KV cache: the float32 reference
+    runtime ('torch'), the oracle the fast runtimes (hartonomous.runtimes) are measured against."""
+
+    runtime = "torch"
 
     def __init__(self, model, tokenizer, *, use_cache: bool = True):
         self.model = model.eval()
@@ -70,21 +73,14 @@ class ExactModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.model.config)
 
-    def eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (getattr(self.model, "generation_config", None), self.model.config):
-            eos = getattr(source, "eos_token_id", None) if source is not None else None
-            ids.update([eos] if isinstance(eos, int) else list(eos or []))
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return ids
+    def _eos_candidates(self) -> list:
+        sources = (getattr(self.model, "generation_config", None), self.model.config)
+        return [getattr(source, "eos_token_id", None) for source in sources if source is not None]
 
-    def _check(self, ids: Sequence[int]) -> None:
-        if len(ids) == 0:
-            raise UserError("the prompt is empty; give at least one token of text")
-        bad = [i for i in ids if not 0 <= int(i) < self.vocab_size]
-        if bad:
-            raise UserError(f"token id {bad[0]} is outside the model's vocabulary (0..{self.vocab_size - 1})")
+    def fingerprint(self) -> str:
+        from hartonomous.speculative.draft_cost import architecture_fingerprint
+
+        return "torch|" + architecture_fingerprint(self.model)
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], cache: KVCache) -> torch.Tensor:
@@ -131,18 +127,8 @@ class ExactModel:
         """
         flat = list(pending) + [t for branch in branches for t in branch]
         self._check(flat)
-        past, p, n = cache.length, len(pending), len(flat)
-        allowed = torch.zeros(n, past + n, dtype=torch.bool)
-        allowed[:, :past] = True
-        allowed[:p, past:past + p] = torch.ones(p, p, dtype=torch.bool).tril()
-        positions = list(range(past, past + p))
-        row = p
-        for branch in branches:
-            k = len(branch)
-            allowed[row:row + k, past:past + p] = True
-            allowed[row:row + k, past + row:past + row + k] = torch.ones(k, k, dtype=torch.bool).tril()
-            positions.extend(range(past + p, past + p + k))
-            row += k
+        past, n = cache.length, len(flat)
+        allowed, positions = self.tree_layout(past, len(pending), [len(b) for b in branches])
         dtype = next(self.model.parameters()).dtype
         mask = torch.full((1, 1, n, past + n), torch.finfo(dtype).min, dtype=dtype)
         mask.masked_fill_(allowed[None, None], 0.0)
@@ -161,7 +147,3 @@ class ExactModel:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=keep)
         return out.logits[0].float()
-
-    def full_logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Next-token logits recomputed from scratch (no cache): the reference the cache must match."""
-        return self.full_logits_many(ids, 1)[0]

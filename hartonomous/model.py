@@ -114,6 +114,49 @@ def load_tokenizer(name_or_path: str = SMOLLM2):
     return tokenizer
 
 
+class FastTokenizer:
+    """The cached tokenizer.json read with `tokenizers` alone (~0.1 s, no transformers import): what the
+    generation path needs of a tokenizer (encode, decode, the EOS id), with transformers' results."""
+
+    def __init__(self, directory: Path):
+        import json
+
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        eos = config.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        self.eos_token = eos
+        self.eos_token_id = self._tokenizer.token_to_id(eos) if eos else None
+        self.vocab_size = self._tokenizer.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        if clean_up_tokenization_spaces:
+            raise ValueError("FastTokenizer does not clean up tokenization spaces; decode with transformers")
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def __call__(self, text: str, add_special_tokens: bool = True, **_ignored) -> dict:
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+
+@lru_cache(maxsize=4)
+def load_fast_tokenizer(name_or_path: str = SMOLLM2):
+    """The tokenizer without importing transformers when its tokenizer.json is cached (after the
+    first `load_tokenizer` of a GGUF, or a model folder that has one); else transformers' own."""
+    source = resolve_source(name_or_path)
+    directory = _tokenizer_cache_dir(source) if source.gguf_file else source.directory
+    if not ((directory / "tokenizer.json").exists() and (directory / "tokenizer_config.json").exists()):
+        load_tokenizer(name_or_path)             # reads the GGUF once and writes the cache
+    try:
+        return FastTokenizer(directory)
+    except Exception:  # noqa: BLE001 - an unreadable cache falls back to the slow path
+        return load_tokenizer(name_or_path)
+
+
 def _tokenizer_cache_dir(source: ModelSource) -> Path:
     from hartonomous.config import get_settings
 

@@ -81,6 +81,7 @@ def test_existing_set_with_the_current_layout_is_reused(server_url, tiny_results
     (["--concurrency-seconds", "0.5"], "--concurrency-seconds must be at least 1"),
     (["--speculative", "--full"], "--speculative without --quick is its full size"),
     (["--speculative", "--threads", "0"], "--threads must be at least 1"),
+    (["--speculative", "--runtimes", "int8"], "--runtimes takes int4 and llama"),
     (["--speculative", "--draft-tokens", "65"], "--draft-tokens must be between 1 and 64"),
 ])
 def test_bad_options_give_one_line(capsys, args, message):
@@ -169,8 +170,35 @@ def test_speculative_targets_and_markdown_say_what_was_met():
                "prompt_lookup_num_tokens": 3, "forward_costs": {"prefix": 128, "ms": [40.0, 64.0] + [60.0] * 14},
                "kinds": kinds, "targets": targets(kinds)}
     text = markdown(results, "hartonomous bench --speculative --quick")
-    assert "`hartonomous bench --speculative --quick`" in text and "| speculative | 35.0 | 1.71x |" in text
-    assert "| speculative_schedule | 45.0 | 1.33x |" in text and "(40, 64, 60," in text
+    assert "`hartonomous bench --speculative --quick`" in text and "| speculative | torch | 35.0 | 1.71x |" in text
+    assert "| speculative_schedule | torch | 45.0 | 1.33x |" in text and "(40, 64, 60," in text
+
+
+def test_runtime_targets_compare_the_fast_runtimes_with_llama_cpp_in_the_same_run():
+    from benchmarks.speculative import MethodTotals, runtime_targets
+
+    def kind(ms: dict, identical: dict | None = None) -> dict:
+        identical = identical or {}
+        rows = {m: MethodTotals(seconds=v * 64 / 1000, tokens=64, identical=identical.get(m, 1), prompts=1).row(60.0)
+                for m, v in ms.items()}
+        return {"methods": rows}
+
+    results = {"short": kind({"llama_cpp": 6.5, "exact_int4": 9.1, "speculative_int4": 9.0, "exact_llama": 7.0,
+                              "speculative_llama": 7.5}),
+               "document": kind({"llama_cpp": 6.5, "speculative": 20.0, "speculative_int4": 5.0,
+                                 "speculative_llama": 4.0}, identical={"speculative_llama": 0}),
+               "repeated": kind({"llama_cpp": 6.5, "speculative_memory": 15.0, "speculative_memory_int4": 5.0,
+                                 "speculative_int4": 4.0})}
+    met = {t["what"]: (t["measured"], t["met"]) for t in runtime_targets(results)}
+    assert met["short: exact_int4 vs llama.cpp's own decoding, ms/token"] == ("1.40x", False)
+    assert met["short: exact_llama vs llama.cpp's own decoding, ms/token"] == ("1.08x", True)
+    assert met["short: speculative_int4 vs exact_int4"] == ("1.01x", True)
+    assert met["short: speculative_llama vs exact_llama"] == ("0.93x", False)
+    # an output that is not the runtime's own greedy output never counts as the fastest
+    assert met["document: fastest identical speculative (speculative_int4) vs llama.cpp's own decoding"] == ("1.30x", True)
+    # repeated requests are judged with the memory on: plain speculative rows do not count there
+    assert met["repeated: fastest identical speculative_memory (speculative_memory_int4) vs llama.cpp's own "
+               "decoding"] == ("1.30x", True)
 
 
 @pytest.mark.parametrize("a, b, same", [

@@ -139,15 +139,16 @@ def delete_atom_set_rows(conn: psycopg.Connection, set_id: int) -> None:
 
 
 def tokenizer_for(atom_set: AtomSet):
-    """The tokenizer of the model the set was built from, by the model key recorded at build time."""
+    """The tokenizer of the model the set was built from, by the model key recorded at build time
+    (read with `tokenizers` alone once cached: hartonomous.model.load_fast_tokenizer)."""
     from pathlib import Path
 
-    from hartonomous.model import SMOLLM2, load_tokenizer
+    from hartonomous.model import SMOLLM2, load_fast_tokenizer
 
     key = atom_set.model_key
     if key == SMOLLM2:
-        return load_tokenizer(SMOLLM2)
+        return load_fast_tokenizer(SMOLLM2)
     if key and Path(key).expanduser().is_dir():
-        return load_tokenizer(key)
+        return load_fast_tokenizer(key)
     raise UserError(f"atom set '{atom_set.name}' was built from model '{key or atom_set.model}', whose tokenizer "
                     "is not available here; pass a tokenizer (Client(spatial_tokenizer=...)) or rebuild the set")

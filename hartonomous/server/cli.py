@@ -43,7 +43,10 @@ def register(app: typer.Typer) -> None:
         atom_set: Optional[str] = typer.Option(None, "--atom-set", help="Default atom set (else the database's)."),
         model: Optional[str] = typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder."),
         device: Optional[str] = typer.Option(None, "--device", help="Exact: auto | cpu | cuda."),
-        dtype: str = typer.Option("float32", "--dtype", help="Exact: float32 | bfloat16 | float16."),
+        dtype: str = typer.Option("float32", "--dtype", help="Exact, torch runtime: float32 | bfloat16 | float16."),
+        runtime: Optional[str] = typer.Option(None, "--runtime",
+                                              help="Exact: auto | torch | int4 | llama (docs/runtimes.md; auto = "
+                                                   "int4 on CPUs with bfloat16, else torch)."),
         preload: bool = typer.Option(True, "--preload/--no-preload",
                                      help="Load the exact model in the background at start-up."),
         log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
@@ -90,7 +93,7 @@ def register(app: typer.Typer) -> None:
                 pass
         _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
-                              preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
+                              runtime=runtime, preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
                               memory_weight=memory_weight, writer_url=writer_url)
         if not _is_loopback(host):
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "

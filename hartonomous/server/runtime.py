@@ -41,6 +41,7 @@ class ServerConfig:
     model: str | None = None              # exact model: 'smollm2' or a local folder (settings if None)
     device: str | None = None             # auto | cpu | cuda (settings if None)
     dtype: str = "float32"
+    runtime: str | None = None            # auto | torch | int4 | llama (settings if None)
     pool_size: int = 4                    # database connections at most
     pool_timeout_s: float = 30.0          # wait this long for a free connection, then 503
     max_concurrent: int = 8               # generations running at once (more wait in line)
@@ -169,25 +170,26 @@ class Runtime:
         with self._exact_lock:
             if self._exact is None:
                 from hartonomous.config import get_settings
-                from hartonomous.exact import ExactModel
+                from hartonomous.runtimes import load_exact_model
 
                 settings = get_settings()
                 name = self.config.model or settings.model
                 log.info("loading the exact model %s", name)
                 try:
-                    self._exact = SharedModel(ExactModel.load(name, self.config.device or settings.device,
-                                                              self.config.dtype))
+                    model = load_exact_model(self.config.runtime or settings.runtime, name,
+                                             self.config.device or settings.device, self.config.dtype)
+                    self._exact = SharedModel(model)
                 except Exception as exc:
                     self._exact_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     raise ServiceUnavailable(f"the exact model '{name}' could not be loaded "
                                              f"({self._exact_error}); the spatial path still works") from exc
                 self._exact_error = None
-                log.info("exact model loaded")
+                log.info("exact model loaded on the %s runtime", model.runtime)
         return self._exact
 
     def exact_status(self) -> str:
         if self._exact is not None:
-            return "loaded"
+            return f"loaded ({getattr(self._exact, 'runtime', 'torch')} runtime)"
         if self._exact_lock.locked():
             return "loading"
         return f"failed: {self._exact_error}" if self._exact_error else "not loaded (loads on first use)"

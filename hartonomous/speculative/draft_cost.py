@@ -54,7 +54,7 @@ PROBE_EVERY = 8              # plain rounds before the first probe while draftin
 MAX_PROBE_EVERY = 64         # ... doubled after each probe that did not bring drafting back, up to this
 WIDER_PRIOR_GAIN = 0.25      # prior: one more first candidate catches this share of the misses left
 _MEASURING = threading.Lock()  # concurrent first requests measure once, not side by side
-CACHE_VERSION = 1            # bump when what is measured (or how) changes
+CACHE_VERSION = 2            # bump when what is measured (or how) changes
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,8 @@ def cost_key(model) -> dict:
     measures again."""
     import torch
 
-    return {"version": CACHE_VERSION, "model": architecture_fingerprint(model.model), "torch": torch.__version__,
+    fingerprint = hashlib.sha256(model.fingerprint().encode()).hexdigest()
+    return {"version": CACHE_VERSION, "model": fingerprint, "runtime": model.runtime, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "device": str(model.device), "cpu": cpu_name(),
             "max_tokens": MAX_MEASURED, "prefix": MEASURE_PREFIX, "repeats": MEASURE_REPEATS}
 
