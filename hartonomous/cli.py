@@ -81,6 +81,9 @@ def db_status(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
         info["function_drift"] = migrate.function_drift(url) if info["revision"] else []
         if info["revision"]:
             info.update(migrate.active_kernel(url))
+    from hartonomous.runtimes import runtime_summary
+
+    info["exact_runtime"] = runtime_summary()
     if as_json:
         print(json.dumps(info, indent=2, default=str))
     else:

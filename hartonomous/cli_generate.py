@@ -97,11 +97,12 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
                   risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width)
 
 
-def _stats_line(result) -> str:
+def _stats_line(result, runtime: str | None = None) -> str:
     t = result.timings
     rate = f"{t.tokens_per_second:.1f} tokens/s" if t.total_s > 0 else "n/a tokens/s"
+    on = f"; {runtime} runtime" if runtime else ""
     return (f"[{result.path}] {len(result.token_ids)} tokens in {t.total_s:.2f} s, {rate}; "
-            f"{result.state.value} ({result.finish_reason}); seed {result.seed}")
+            f"{result.state.value} ({result.finish_reason}); seed {result.seed}{on}")
 
 
 def _speculative_line(stats) -> str:
@@ -187,10 +188,11 @@ def register(app: typer.Typer) -> None:
                 result = session.run()
                 if not as_json:
                     print(result.text)
+            runtime = client.exact_runtime
         if as_json:
-            print(json.dumps(result_json(result), indent=2))
+            print(json.dumps({**result_json(result), "runtime": runtime}, indent=2))
         else:
-            print(_stats_line(result), file=sys.stderr)
+            print(_stats_line(result, runtime), file=sys.stderr)
             if result.path == "hybrid":
                 s = result.stats
                 print(f"[hybrid] {s.exact_steps}/{s.steps} steps from the exact model (risk threshold {s.threshold:g})",

@@ -188,6 +188,11 @@ class Client:
             return InDatabaseBackend(self._connection(), self.atom_set, **options)
         return SpatialBackend(self._connection(), self.atom_set, memory=memory, **options)
 
+    @property
+    def exact_runtime(self) -> str | None:
+        """The runtime of the exact model this client loaded (torch, int4, llama); None before it loads one."""
+        return getattr(self._exact_model, "runtime", None) if self._exact_model is not None else None
+
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend
         from hartonomous.config import get_settings

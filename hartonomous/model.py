@@ -174,7 +174,10 @@ def load_model(name_or_path: str = SMOLLM2, device: str = "cpu", dtype: str = "f
     import torch
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     source = resolve_source(name_or_path)
+    hf_logging.disable_progress_bar()            # no per-tensor bars on every start
     model = AutoModelForCausalLM.from_pretrained(str(source.directory), dtype=parse_dtype(dtype),
                                                  **source.kwargs())
     model.eval()

@@ -95,6 +95,23 @@ def load_exact_model(runtime: str | None = "auto", model: str = "smollm2", devic
     return _load_fast(name, model)
 
 
+def runtime_summary(runtime: str | None = None, model: str | None = None, device: str = "cpu") -> str:
+    """One line for `db status` and logs: the runtime the exact path would use here, and why."""
+    from hartonomous.config import get_settings
+
+    settings = get_settings()
+    chosen = runtime or settings.runtime
+    model = model or settings.model
+    try:
+        name = resolve_runtime(chosen, device, model)
+    except UserError as exc:
+        return f"unavailable ({exc})"
+    why = ("chosen" if chosen != "auto" else
+           "auto: CPU with native bfloat16" if name == "int4" else "auto: the float32 reference")
+    extra = "llama.cpp installed" if llama_cpp_installed() else "llama.cpp not installed (make install-llama)"
+    return f"{name} ({why}; {extra})"
+
+
 @lru_cache(maxsize=4)
 def _load_fast(name: str, model: str):
     """The int4 or llama runtime of `model` (one instance per process)."""
