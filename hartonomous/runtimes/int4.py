@@ -112,25 +112,34 @@ class Int4Weights:
         c = gguf.config
         t: dict[str, torch.Tensor] = {}
 
+        from hartonomous.errors import UserError
+
         def put(name: str, linear: Int4Linear) -> None:
             t[f"{name}.packed"], t[f"{name}.scales_zeros"] = linear.packed, linear.scales_zeros
+
+        def q4_1(name: str) -> Q4_1:
+            """A projection the kernel can pack: Q4_1 codes, rows in multiples of 16."""
+            tensor = gguf.tensor(name)
+            if not isinstance(tensor, Q4_1) or tensor.codes.shape[0] % 16:
+                raise UserError(f"{gguf.path.name}: tensor {name} is not Q4_1 with a multiple of 16 rows, which the "
+                                "int4 runtime needs; use --runtime torch")
+            return tensor
 
         for i in range(c.layers):
             b = f"blk.{i}."
             t[f"{i}.attn_norm"] = torch.from_numpy(gguf.tensor(b + "attn_norm.weight"))
             t[f"{i}.ffn_norm"] = torch.from_numpy(gguf.tensor(b + "ffn_norm.weight"))
-            put(f"{i}.qkv", Int4Linear.from_q4_1(_concat_q4_1([gguf.tensor(b + f"attn_{x}.weight") for x in "qkv"])))
-            put(f"{i}.out", Int4Linear.from_q4_1(gguf.tensor(b + "attn_output.weight")))
-            put(f"{i}.gate_up", Int4Linear.from_q4_1(_concat_q4_1([gguf.tensor(b + "ffn_gate.weight"),
-                                                                   gguf.tensor(b + "ffn_up.weight")])))
-            put(f"{i}.down", Int4Linear.from_q4_1(gguf.tensor(b + "ffn_down.weight")))
+            put(f"{i}.qkv", Int4Linear.from_q4_1(_concat_q4_1([q4_1(b + f"attn_{x}.weight") for x in "qkv"])))
+            put(f"{i}.out", Int4Linear.from_q4_1(q4_1(b + "attn_output.weight")))
+            put(f"{i}.gate_up", Int4Linear.from_q4_1(_concat_q4_1([q4_1(b + "ffn_gate.weight"),
+                                                                   q4_1(b + "ffn_up.weight")])))
+            put(f"{i}.down", Int4Linear.from_q4_1(q4_1(b + "ffn_down.weight")))
         t["norm"] = torch.from_numpy(gguf.tensor("output_norm.weight"))
         embed = gguf.tensor("token_embd.weight")
         head = gguf.tensor("output.weight") if gguf.has("output.weight") else embed
-        if not isinstance(embed, Q8_0) or not isinstance(head, Q8_0):
-            from hartonomous.errors import UserError
-
-            raise UserError(f"{gguf.path.name}: the int4 runtime expects a Q8_0 embedding and head; use --runtime torch")
+        if not isinstance(embed, Q8_0) or not isinstance(head, Q8_0) or head.codes.shape[0] % 16:
+            raise UserError(f"{gguf.path.name}: the int4 runtime expects a Q8_0 embedding and head, with a multiple of "
+                            "16 tokens; use --runtime torch")
         q8 = Q8Head.from_q8_0(head)
         put("head.hi", q8.hi)
         put("head.lo", q8.lo)
