@@ -608,6 +608,33 @@ def test_greedy_identity_on_smollm2(server_url, smollm2_set):
             assert got.stats.drafted > 0
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("tree_width", [1, 4])
+def test_greedy_identity_on_the_int4_runtime(server_url, smollm2_set, tree_width):
+    """On the int4 runtime a token's logits do not depend on what else is in the forward (attention row by
+    row, a batch-invariant matmul), so chains and trees verified in one forward give the runtime's own
+    one-token greedy output, token for token."""
+    from hartonomous.runtimes import load_exact_model
+    from hartonomous.speculative.draft_cost import ForwardCosts
+
+    name, _, _ = smollm2_set
+    model = load_exact_model("int4", "smollm2", "cpu")
+    config = GenerationConfig(max_new_tokens=48, temperature=0.0)
+    flat = ForwardCosts((0.010,) + (0.012,) * 15)          # drafting always pays: every round drafts
+    widths: list[int] = []
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        spatial = SpatialBackend(conn, name, tokenizer=model.tokenizer)
+        engine = Engine(SpeculativeBackend(ExactBackend(model), spatial, costs=flat, max_tree_width=tree_width))
+        if tree_width > 1:
+            engine.backend.policy = lambda sampler: FixedTree(tree_width)     # every round a tree
+        for prompt in ["The capital of France is", "def fibonacci(n):", "Return a list of the"]:
+            expected, got = Engine(ExactBackend(model)).generate(prompt, config), engine.generate(prompt, config)
+            assert got.token_ids == expected.token_ids
+            assert got.stats.drafted > 0
+            widths.extend(got.stats.draft_widths)
+    assert (max(widths) > 1) == (tree_width > 1)             # trees were verified where they were allowed
+
+
 # -- cost-shaped draft lengths (hartonomous/speculative/draft_cost.py) ---------------------------------------
 
 def cost_tables():

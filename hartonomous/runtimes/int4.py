@@ -251,6 +251,25 @@ class Int4Model(RuntimeModel):
 
     # -- the forward ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _visible_keys(start: int, n: int, allowed: torch.Tensor | None) -> list:
+        """Per fed row, the cache slots it attends to: a slice for a chain (a prefix of the cache), an
+        index tensor for a tree row (its own branch after the shared prefix).
+
+        Attention runs one row at a time over exactly these keys, as one-token decoding does: every other
+        operation of the forward computes each row alone (the int4 matmul is bitwise the same for 1 row or
+        16), so a token's logits do not depend on what else is in the forward. Verifying a draft then gives
+        bit for bit the logits decoding would, and speculative greedy output is the runtime's own (batched
+        attention would differ in the last bits and flip near-ties)."""
+        if allowed is None:
+            return [slice(0, start + r + 1) for r in range(n)]
+        rows = []
+        for r in range(n):
+            seen = allowed[r].nonzero().flatten()
+            count = len(seen)
+            rows.append(slice(0, count) if int(seen[-1]) == count - 1 else seen)
+        return rows
+
     @torch.inference_mode()
     def _forward(self, ids: Sequence[int], cache: StaticKVCache, positions: list[int] | None,
                  allowed: torch.Tensor | None, keep: int | None) -> torch.Tensor:
@@ -267,10 +286,7 @@ class Int4Model(RuntimeModel):
         if top > self._rope.shape[0]:
             self._rope = self._rope_table(max(top, 2 * self._rope.shape[0]))
         rot = self._rope[pos][:, None, :]                       # (n, 1, hd/2)
-        if allowed is None and n > 1:
-            allowed = torch.ones(n, end, dtype=torch.bool)
-            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool).tril()
-        mask = allowed[None, None] if allowed is not None else None
+        visible = self._visible_keys(start, n, allowed)
         hd, nq, nkv = c.head_dim, c.heads, c.kv_heads
         x = w.embed(torch.as_tensor(list(ids), dtype=torch.long))
         q_end, k_end = nq * hd, (nq + nkv) * hd
@@ -279,9 +295,10 @@ class Int4Model(RuntimeModel):
             qk = torch.view_as_real(torch.view_as_complex(qkv[:, :k_end].view(n, nq + nkv, hd // 2, 2)) * rot)
             cache.k[i, :, start:end] = qk[:, nq:].view(n, nkv, hd).transpose(0, 1)
             cache.v[i, :, start:end] = qkv[:, k_end:].view(n, nkv, hd).transpose(0, 1)
-            attn = F.scaled_dot_product_attention(qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None],
-                                                  cache.k[i:i + 1, :, :end], cache.v[i:i + 1, :, :end],
-                                                  attn_mask=mask, enable_gqa=True)
+            q = qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None]          # (1, nq, n, hd)
+            keys, values = cache.k[i:i + 1], cache.v[i:i + 1]
+            attn = torch.cat([F.scaled_dot_product_attention(q[:, :, r:r + 1], keys[:, :, seen], values[:, :, seen],
+                                                             enable_gqa=True) for r, seen in enumerate(visible)], 2)
             x += layer["out"](attn[0].transpose(0, 1).reshape(n, q_end).to(ACT))
             gate, up = layer["gate_up"](F.rms_norm(x, (c.dim,), layer["ffn_norm"], c.norm_eps).to(ACT)).split(
                 c.hidden, dim=-1)
