@@ -174,10 +174,8 @@ def load_model(name_or_path: str = SMOLLM2, device: str = "cpu", dtype: str = "f
     import torch
     from transformers import AutoModelForCausalLM
 
-    from transformers.utils import logging as hf_logging
-
     source = resolve_source(name_or_path)
-    hf_logging.disable_progress_bar()            # no per-tensor bars on every start
+    _quiet_gguf_loading()
     model = AutoModelForCausalLM.from_pretrained(str(source.directory), dtype=parse_dtype(dtype),
                                                  **source.kwargs())
     model.eval()
@@ -185,6 +183,22 @@ def load_model(name_or_path: str = SMOLLM2, device: str = "cpu", dtype: str = "f
     torch.set_grad_enabled(False)
     model.config.name_or_path = source.name
     return model
+
+
+def _quiet_gguf_loading() -> None:
+    """No per-tensor progress bars when transformers reads a GGUF (its loader draws one with plain tqdm
+    on every start; the hub's progress bars go through its own switch)."""
+    from functools import partial
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_loading
+    except ImportError:
+        return
+    if not isinstance(gguf_loading.tqdm, partial):
+        gguf_loading.tqdm = partial(gguf_loading.tqdm, disable=True)
 
 
 def embedding_matrix(model) -> "np.ndarray":  # noqa: F821
