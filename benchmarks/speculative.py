@@ -274,6 +274,15 @@ def llama_cpp_model(threads: int):
                  n_threads_batch=threads, seed=0, verbose=False)
 
 
+def with_peer_ratios(rows: dict[str, dict]) -> dict[str, dict]:
+    """Each method's row with `speedup_vs_llama_cpp`: llama.cpp's own ms/token over the method's (> 1: faster)."""
+    peer = rows.get("llama_cpp", {}).get("ms_per_token")
+    for row in rows.values():
+        ms = row.get("ms_per_token")
+        row["speedup_vs_llama_cpp"] = peer / ms if peer and ms else None
+    return rows
+
+
 REFERENCE_OF = {"torch": "transformers_generate", "llama.cpp": "llama_cpp"}
 
 
@@ -360,9 +369,10 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                 t.prefix_vs_reference = [common_prefix(a, b, eos) for a, b in
                                          zip(outputs[method], outputs["transformers_generate"])]
             baseline = totals["transformers_generate"].row(None)["ms_per_token"]
+            rows = {m: totals[m].row(baseline) for m in runner.methods}
             results[kind] = {"prompts": len(prompts),
                              "prompt_tokens": [len(runner.tokenizer.encode(p)) for p in prompts],
-                             "methods": {m: totals[m].row(baseline) for m in runner.methods},
+                             "methods": with_peer_ratios(rows),
                              "memory_atoms_after": runner.writer.status(record.name).atoms}
         runner.forget()
         runner.writer.close()

@@ -111,6 +111,7 @@ _BENCH = "2026-11-25-bench-quick.json"
 _KERNEL = "2026-11-26-bench-kernel-3.json"               # next_token's cost per step, both kernels
 _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-source, deep keys, held-out files
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
+_RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -175,6 +176,27 @@ ROWS: tuple[Row, ...] = (
                 "rep": Field("kinds.repeated.methods.speculative_memory.speedup_vs_generate", ".2f"),
                 "rep_plain": Field("kinds.repeated.methods.speculative.speedup_vs_generate", ".2f"),
                 "pl_rep": Field("kinds.repeated.methods.prompt_lookup.speedup_vs_generate", ".2f"),
+                "reps": Field("kinds.repeated.prompts", "d"),
+                "docs": Field("kinds.document.prompts", "d"),
+                "shorts": Field("kinds.short.prompts", "d"),
+                "new": Field("max_new_tokens", "d"),
+                "name": Field("atom_set", "s")}),
+    Row(claim="exact inference as fast as the GGUF's own runtime (llama.cpp), and faster with the database's drafts "
+              "(the project's own)",
+        source=_RUNTIMES,
+        measured="llama.cpp's own greedy decoding {peer} ms/token; our exact path on the int4 runtime {int4} ms/token, "
+                 "on llama.cpp {llama} ms/token; speculative on the int4 runtime against llama.cpp: continuing "
+                 "held-out Python files {doc}× (output identical to the runtime's own greedy {same}), repeated "
+                 "requests with a memory {rep}×, short free prompts {short}×",
+        n="{docs} documents, {reps} repeated requests and {shorts} short prompts × {new} greedy tokens, drafting "
+          "from {name}",
+        fields={"peer": Field("kinds.short.methods.llama_cpp.ms_per_token", ".1f"),
+                "int4": Field("kinds.short.methods.exact_int4.ms_per_token", ".1f"),
+                "llama": Field("kinds.short.methods.exact_llama.ms_per_token", ".1f"),
+                "doc": Field("kinds.document.methods.speculative_int4.speedup_vs_llama_cpp", ".2f"),
+                "same": Field("kinds.document.methods.speculative_int4.identical", "s"),
+                "rep": Field("kinds.repeated.methods.speculative_memory_int4.speedup_vs_llama_cpp", ".2f"),
+                "short": Field("kinds.short.methods.speculative_int4.speedup_vs_llama_cpp", ".2f"),
                 "reps": Field("kinds.repeated.prompts", "d"),
                 "docs": Field("kinds.document.prompts", "d"),
                 "shorts": Field("kinds.short.prompts", "d"),
