@@ -286,6 +286,16 @@ def with_peer_ratios(rows: dict[str, dict]) -> dict[str, dict]:
 REFERENCE_OF = {"torch": "transformers_generate", "llama.cpp": "llama_cpp"}
 
 
+PEERS = ("transformers_generate", "llama_cpp")
+
+
+def identical(a: list[int], b: list[int], reference: str, eos: int | None) -> bool:
+    """Whether `a` is the reference method's output `b`: up to the first EOS against a peer (transformers
+    and llama.cpp handle EOS their own way), every token against our own exact path (our engines all
+    ignore EOS alike)."""
+    return same_until_eos(a, b, eos) if reference in PEERS else a == b
+
+
 def common_prefix(a: list[int], b: list[int], eos: int | None) -> int:
     """How many leading tokens two greedy outputs share, up to the first EOS of either."""
     cut = min((seq.index(eos) for seq in (a, b) if eos in seq), default=max(len(a), len(b)))
@@ -364,7 +374,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                 own = REFERENCE_OF.get(runner.runtime_of[method], f"exact_{runner.runtime_of[method]}")
                 own = own if own in outputs else "transformers_generate"
                 t = totals[method]
-                t.identical = sum(same_until_eos(a, b, eos) for a, b in zip(outputs[method], outputs[own]))
+                t.identical = sum(identical(a, b, own, eos) for a, b in zip(outputs[method], outputs[own]))
                 t.reference = own
                 t.prefix_vs_reference = [common_prefix(a, b, eos) for a, b in
                                          zip(outputs[method], outputs["transformers_generate"])]
