@@ -184,13 +184,14 @@ ROWS: tuple[Row, ...] = (
     Row(claim="exact inference as fast as the GGUF's own runtime (llama.cpp), and faster with the database's drafts "
               "(the project's own)",
         source=_RUNTIMES,
-        measured="llama.cpp's own greedy decoding {peer} ms/token; our exact path on the int4 runtime {int4} ms/token, "
-                 "on llama.cpp {llama} ms/token; speculative on the int4 runtime against llama.cpp: continuing "
+        measured="llama.cpp's own greedy decoding {peer} ms/token; our exact path on the {rt} runtime {int4} ms/token, "
+                 "on llama.cpp {llama} ms/token; speculative on the {rt} runtime against llama.cpp: continuing "
                  "held-out Python files {doc}× (output identical to the runtime's own greedy {same}), repeated "
                  "requests with a memory {rep}×, short free prompts {short}×",
         n="{docs} documents, {reps} repeated requests and {shorts} short prompts × {new} greedy tokens, drafting "
           "from {name}",
-        fields={"peer": Field("kinds.short.methods.llama_cpp.ms_per_token", ".1f"),
+        fields={"rt": Field("runtime_of.exact_int4", "s"),
+                "peer": Field("kinds.short.methods.llama_cpp.ms_per_token", ".1f"),
                 "int4": Field("kinds.short.methods.exact_int4.ms_per_token", ".1f"),
                 "llama": Field("kinds.short.methods.exact_llama.ms_per_token", ".1f"),
                 "doc": Field("kinds.document.methods.speculative_int4.speedup_vs_llama_cpp", ".2f"),
