@@ -10,7 +10,10 @@ within bfloat16 rounding, not float32 arithmetic: docs/runtimes.md measures how 
 the argmax against the float32 reference (hartonomous.exact).
 
 The KV cache is static (grown by doubling, cropped by moving its length), so speculative rollback
-costs nothing, and a tree of drafts is verified in one forward with an explicit mask and positions.
+costs nothing, and a tree of drafts is verified in one forward with explicit positions. Attention
+runs one row at a time over the keys that row sees, and every other operation computes each row
+alone, so a token's logits are bitwise the same whether it is decoded alone or verified in a chain
+or a tree: speculative greedy output on this runtime is its own one-token greedy output.
 On CPUs without AVX-512 BF16 the same code runs (bfloat16 is emulated, correctly but slowly); the
 default runtime is then the float32 one (hartonomous.runtimes.default_runtime).
 """
