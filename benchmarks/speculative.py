@@ -1,28 +1,29 @@
 """`hartonomous bench --speculative`: speculative decoding against its peers, one process, same prompts.
 
-Five ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS ignored):
-transformers `generate` (greedy), transformers prompt-lookup decoding (`prompt_lookup_num_tokens=3`),
-our exact path (hartonomous.engine with the KV-cached ExactBackend), our speculative path (the
-spatial path drafts from the atom set, the exact model verifies; draft lengths from the forward
-costs measured at start-up, hartonomous/speculative/draft_cost.py, as the client and server run it) and the
-same with the legacy draft schedule (`speculative_schedule`: grow by 2 / shrink by 1 / pause), and
-the speculative path with a memory of past generations (`speculative_memory`: its drafts read the
-set's memory, and each of its completed generations is remembered, hartonomous/speculative/memory.py; the
-memory is emptied before each workload and after the run), and the speculative path with greedy
-draft trees (`speculative_tree`: rounds may draft up to TREE_WIDTH branches from one `draft_tree`
-call, verified in one forward with a 4D attention mask; no memory). Where `llama-cpp-python` is
-installed (the optional `llama` extra, `pip install -e '.[llama]'`, which compiles llama.cpp), the
-same GGUF file decoded greedily by llama.cpp itself (`llama_cpp`) runs too: the fastest CPU peer,
-on another numerical path (quantised kernels, not the dequantised float32 model), so shown for
-speed only; its "identical" column says how far its greedy output agrees anyway. Three workloads: short
-free-continuation prompts, continuations of longer documents (pieces of the atom set's held-out
-TEST half, which neither the atoms nor the calibration saw), and repeated requests (prompts from a
-few templates, each asked twice, the second round in another order: what a memory is for). Per
-workload: ms/token, the speed-up over transformers `generate`, acceptance rate and tokens per
-forward where a drafter runs, and whether the output is token for token transformers' greedy output.
+Ways to produce the same greedy continuation of SmolLM2 (64 new tokens, EOS ignored): transformers
+`generate` (greedy), transformers prompt-lookup decoding (`prompt_lookup_num_tokens=3`), llama.cpp's
+own greedy decoding of the same GGUF (`llama_cpp`, `Llama.generate`: a required row, so the bench
+needs llama-cpp-python, `make install-llama`), and our paths on each exact runtime
+(hartonomous/runtimes; docs/runtimes.md): the exact path (hartonomous.engine with the KV-cached
+ExactBackend), the speculative path (the spatial path drafts from the atom set, the exact model
+verifies; draft lengths from the forward costs measured on that runtime at start-up,
+hartonomous/speculative/draft_cost.py, as the client and server run it), the speculative path with a
+memory of past generations (`speculative_memory`: its drafts read the set's memory, and each of its
+completed generations is remembered, hartonomous/speculative/memory.py; the memory is emptied before
+each remembering method's pass over a workload, so none reads another's), and with greedy draft trees
+(`speculative_tree`: up to TREE_WIDTH branches from one `draft_tree` call, verified in one forward;
+where the runtime verifies trees). On the float32 `torch` runtime the methods keep their plain names
+(`exact`, `speculative`, ...; plus `speculative_schedule`, the legacy grow/shrink schedule); on a fast
+runtime they carry its name (`exact_int4`, `speculative_llama`, ...). Three workloads: short
+free-continuation prompts, continuations of longer documents (pieces of the atom set's held-out TEST
+half, which neither the atoms nor the calibration saw), and repeated requests (prompts from a few
+templates, each asked twice, the second round in another order: what a memory is for). Per workload:
+ms/token, the speed-up over transformers `generate` and over llama.cpp's own decoding, acceptance rate
+and tokens per forward where a drafter runs, and whether the output is its runtime's exact output
+(every token against our own exact path; up to the first EOS against transformers' or llama.cpp's).
 
-Every method runs once on each prompt after one warm-up generation per method; torch threads are
-fixed (and reported) so the four see the same CPU.
+Every method runs once on each prompt after one warm-up generation per method; torch and llama.cpp
+threads are fixed (and reported) so all of them see the same CPU.
 """
 
 from __future__ import annotations
@@ -186,7 +187,15 @@ class Runner:
         from hartonomous.speculative.decoding import SpeculativeBackend
         from hartonomous.speculative.draft_cost import forward_costs
 
-        model = load_exact_model(runtime, "smollm2", "cpu")
+        if runtime == "llama":                       # the same threads as the llama_cpp row
+            from hartonomous.model import load_fast_tokenizer, resolve_source
+            from hartonomous.runtimes.llama_cpp import LlamaCppModel
+
+            source = resolve_source("smollm2")
+            model = LlamaCppModel(source.directory / source.gguf_file, load_fast_tokenizer("smollm2"), source.name,
+                                  threads=torch_threads())
+        else:
+            model = load_exact_model(runtime, "smollm2", "cpu")
         costs = self.runtime_costs[runtime] = forward_costs(model)
         options = dict(draft_tokens=draft_tokens, max_draft_tokens=max(16, draft_tokens), costs=costs)
         name = self.spatial.atom_set.name
@@ -284,6 +293,7 @@ def with_peer_ratios(rows: dict[str, dict]) -> dict[str, dict]:
 
 
 REFERENCE_OF = {"torch": "transformers_generate", "llama.cpp": "llama_cpp"}
+OWN_PEER = {"exact_llama": "llama_cpp"}       # our wrapper's greedy decoding is llama.cpp's own
 
 
 PEERS = ("transformers_generate", "llama_cpp")
@@ -371,7 +381,8 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
                 for prompt in prompts:
                     measure_one(method, prompt)
             for method in runner.methods:            # identity: against the same runtime's exact path
-                own = REFERENCE_OF.get(runner.runtime_of[method], f"exact_{runner.runtime_of[method]}")
+                own = OWN_PEER.get(method) or REFERENCE_OF.get(runner.runtime_of[method],
+                                                               f"exact_{runner.runtime_of[method]}")
                 own = own if own in outputs else "transformers_generate"
                 t = totals[method]
                 t.identical = sum(identical(a, b, own, eos) for a, b in zip(outputs[method], outputs[own]))
@@ -397,7 +408,7 @@ def run(url: str, *, quick: bool = True, atom_set: str | None = None, max_new_to
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "forward_costs": runner.costs.as_dict(),
             "forward_costs_by_runtime": {r: c.as_dict() for r, c in runner.runtime_costs.items()},
             "runtime_of": runner.runtime_of,
-            "llama_cpp": _llama_version() if runner.llama is not None else None,
+            "llama_cpp": _llama_version(),
             "kinds": results, "targets": targets(results),
             "machine": machine}
 

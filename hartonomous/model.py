@@ -139,22 +139,27 @@ class FastTokenizer:
             raise ValueError("FastTokenizer does not clean up tokenization spaces; decode with transformers")
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def __call__(self, text: str, add_special_tokens: bool = True, **_ignored) -> dict:
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict:
+        """{'input_ids': [...]} for one text (transformers' other options are not offered: load_tokenizer)."""
         return {"input_ids": self.encode(text, add_special_tokens)}
 
 
 @lru_cache(maxsize=4)
 def load_fast_tokenizer(name_or_path: str = SMOLLM2):
-    """The tokenizer without importing transformers when its tokenizer.json is cached (after the
-    first `load_tokenizer` of a GGUF, or a model folder that has one); else transformers' own."""
+    """A GGUF's tokenizer without importing transformers, from the tokenizer.json that the first
+    `load_tokenizer` of the file cached (complete: written by transformers' save_pretrained); a model
+    folder's is transformers' own (its EOS may live in files FastTokenizer does not read)."""
     source = resolve_source(name_or_path)
-    directory = _tokenizer_cache_dir(source) if source.gguf_file else source.directory
+    if not source.gguf_file:
+        return load_tokenizer(name_or_path)
+    directory = _tokenizer_cache_dir(source)
     if not ((directory / "tokenizer.json").exists() and (directory / "tokenizer_config.json").exists()):
         load_tokenizer(name_or_path)             # reads the GGUF once and writes the cache
     try:
-        return FastTokenizer(directory)
+        tokenizer = FastTokenizer(directory)
     except Exception:  # noqa: BLE001 - an unreadable cache falls back to the slow path
         return load_tokenizer(name_or_path)
+    return tokenizer if tokenizer.eos_token_id is not None else load_tokenizer(name_or_path)
 
 
 def _tokenizer_cache_dir(source: ModelSource) -> Path:

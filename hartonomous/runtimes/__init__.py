@@ -41,13 +41,23 @@ def llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def default_runtime(device: str = "cpu", model: str = "smollm2") -> str:
-    """What `auto` means: the float32 reference on CUDA and for models that are not a GGUF; on a CPU
-    with native bfloat16 the int4 runtime (the fastest that installs with the project, measured in
-    docs/runtimes.md); elsewhere the reference (bfloat16 is emulated there, correctly but slowly)."""
-    if device != "cpu" or not is_gguf_model(model):
+def int4_kernel_available() -> bool:
+    """Whether this torch has the int4 CPU kernel and the ops the int4 forward uses (torch >= 2.6)."""
+    import torch
+
+    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(torch.nn.functional, "rms_norm")
+
+
+def default_runtime(device: str = "cpu", model: str = "smollm2", dtype: str = "float32") -> str:
+    """What `auto` means: int4 for SmolLM2's GGUF (the file it is measured on, docs/runtimes.md) in
+    float32 on a CPU with native bfloat16 and a torch that has the int4 kernel; the float32 reference
+    everywhere else (CUDA, another dtype, a model folder or another GGUF, a CPU where bfloat16 is
+    emulated: correct there, but slow)."""
+    from hartonomous.model import SMOLLM2
+
+    if device != "cpu" or model != SMOLLM2 or dtype not in ("float32", "fp32"):
         return "torch"
-    return "int4" if cpu_has_bf16() else "torch"
+    return "int4" if cpu_has_bf16() and int4_kernel_available() else "torch"
 
 
 def is_gguf_model(model: str) -> bool:
@@ -59,18 +69,21 @@ def is_gguf_model(model: str) -> bool:
         return False
 
 
-def resolve_runtime(runtime: str | None, device: str = "cpu", model: str = "smollm2") -> str:
+def resolve_runtime(runtime: str | None, device: str = "cpu", model: str = "smollm2",
+                    dtype: str = "float32") -> str:
     """A runtime name from a user's choice ('auto' or None means default_runtime), checked."""
     runtime = (runtime or "auto").lower()
     if runtime not in RUNTIME_CHOICES:
         raise UserError(f"runtime must be one of {', '.join(RUNTIME_CHOICES)}, got '{runtime}'")
     if runtime == "auto":
-        return default_runtime(device, model)
+        return default_runtime(device, model, dtype)
     if runtime != "torch":
         if device != "cpu":
             raise UserError(f"the {runtime} runtime runs on the CPU; use --runtime torch with --device {device}")
         if not is_gguf_model(model):
             raise UserError(f"the {runtime} runtime runs GGUF files; '{model}' is not one (use --runtime torch)")
+        if runtime == "int4" and not int4_kernel_available():
+            raise UserError("the int4 runtime needs torch >= 2.6 (its int4 CPU kernel); use --runtime torch")
         if runtime == "llama" and not llama_cpp_installed():
             raise UserError("the llama runtime needs llama-cpp-python: pip install -e '.[llama]' "
                             "(compiles llama.cpp, ~6-10 minutes on 2 cores), or use --runtime int4")
@@ -84,7 +97,7 @@ def load_exact_model(runtime: str | None = "auto", model: str = "smollm2", devic
     from hartonomous.model import pick_device
 
     device = pick_device(device)
-    name = resolve_runtime(runtime, device, model)
+    name = resolve_runtime(runtime, device, model, dtype)
     if name == "torch":
         from hartonomous.exact import ExactModel
 
@@ -95,15 +108,16 @@ def load_exact_model(runtime: str | None = "auto", model: str = "smollm2", devic
     return _load_fast(name, model)
 
 
-def runtime_summary(runtime: str | None = None, model: str | None = None, device: str = "cpu") -> str:
+def runtime_summary(runtime: str | None = None, model: str | None = None, device: str | None = None) -> str:
     """One line for `db status` and logs: the runtime the exact path would use here, and why."""
     from hartonomous.config import get_settings
+    from hartonomous.model import pick_device
 
     settings = get_settings()
     chosen = runtime or settings.runtime
     model = model or settings.model
     try:
-        name = resolve_runtime(chosen, device, model)
+        name = resolve_runtime(chosen, pick_device(device or settings.device), model)
     except UserError as exc:
         return f"unavailable ({exc})"
     why = ("chosen" if chosen != "auto" else

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -170,7 +171,7 @@ def load_int4_weights(gguf_path: Path, home: Path | None) -> Int4Weights:
         try:
             saved = torch.load(target, mmap=True, weights_only=True)
             return Int4Weights(LlamaConfig(**saved["config"]), saved["tensors"])
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError):
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError):
             pass                                  # a damaged cache: prepare again below
     weights = Int4Weights.from_gguf(GGUFWeights(gguf_path))
     if target is not None:
