@@ -294,22 +294,23 @@ class Int4Model(RuntimeModel):
         hd, nq, nkv = c.head_dim, c.heads, c.kv_heads
         x = w.embed(torch.as_tensor(list(ids), dtype=torch.long))
         q_end, k_end = nq * hd, (nq + nkv) * hd
+        dim, eps, hidden = (c.dim,), c.norm_eps, c.hidden
         for i, layer in enumerate(w.layers):
-            qkv = layer["qkv"](F.rms_norm(x, (c.dim,), layer["attn_norm"], c.norm_eps).to(ACT)).float()
+            qkv = layer["qkv"](F.rms_norm(x, dim, layer["attn_norm"], eps).to(ACT)).float()
             qk = torch.view_as_real(torch.view_as_complex(qkv[:, :k_end].view(n, nq + nkv, hd // 2, 2)) * rot)
-            cache.k[i, :, start:end] = qk[:, nq:].view(n, nkv, hd).transpose(0, 1)
-            cache.v[i, :, start:end] = qkv[:, k_end:].view(n, nkv, hd).transpose(0, 1)
-            q = qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None]          # (1, nq, n, hd)
             keys, values = cache.k[i:i + 1], cache.v[i:i + 1]
-            attn = torch.cat([F.scaled_dot_product_attention(q[:, :, r:r + 1], keys[:, :, seen], values[:, :, seen],
-                                                             enable_gqa=True) for r, seen in enumerate(visible)], 2)
+            keys[0].narrow(1, start, n).copy_(qk[:, nq:].view(n, nkv, hd).transpose(0, 1))
+            values[0].narrow(1, start, n).copy_(qkv[:, k_end:].view(n, nkv, hd).transpose(0, 1))
+            q = qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None]          # (1, nq, n, hd)
+            rows = [F.scaled_dot_product_attention(q[:, :, r:r + 1], keys[:, :, seen], values[:, :, seen],
+                                                   enable_gqa=True) for r, seen in enumerate(visible)]
+            attn = rows[0] if n == 1 else torch.cat(rows, 2)
             x += layer["out"](attn[0].transpose(0, 1).reshape(n, q_end).to(ACT))
-            gate, up = layer["gate_up"](F.rms_norm(x, (c.dim,), layer["ffn_norm"], c.norm_eps).to(ACT)).split(
-                c.hidden, dim=-1)
+            gate, up = layer["gate_up"](F.rms_norm(x, dim, layer["ffn_norm"], eps).to(ACT)).split(hidden, dim=-1)
             x += layer["down"](F.silu(gate) * up)
         cache.length = end
-        rows = x if keep is None else x[n - keep:]
-        return w.head(F.rms_norm(rows, (c.dim,), w.norm, c.norm_eps).to(ACT))
+        last = x if keep is None else x[n - keep:]
+        return w.head(F.rms_norm(last, dim, w.norm, eps).to(ACT))
 
     # -- the exact model's operations (hartonomous.exact.ExactModel) ------------------------------
 
