@@ -58,3 +58,59 @@ def test_the_fast_tokenizer_encodes_and_decodes_as_transformers_does(tokenizer_c
         assert tokenizer_cached.decode(ids) == slow.decode(ids, skip_special_tokens=False,
                                                            clean_up_tokenization_spaces=False)
     assert tokenizer_cached.eos_token_id == slow.eos_token_id
+
+
+SERVER_CHECK = """
+import sys
+from hartonomous.server.runtime import Runtime, ServerConfig
+runtime = Runtime(ServerConfig(database_url=sys.argv[1], runtime="int4"))
+runtime.open()
+print("RUNTIME:", runtime.exact_model().runtime, runtime.exact_status())
+print("TRANSFORMERS:", sorted(name for name in sys.modules if name.split(".")[0] == "transformers")[:5])
+runtime.close()
+"""
+
+
+def test_the_server_on_the_int4_runtime_never_imports_transformers(tokenizer_cached, reader_url):
+    done = subprocess.run([sys.executable, "-c", SERVER_CHECK, reader_url], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RUNTIME: int4 loaded (int4 runtime)" in done.stdout
+    assert "TRANSFORMERS: []" in done.stdout, done.stdout[-500:]
+
+
+def test_the_server_runs_one_generation_at_a_time_on_a_runtime_with_one_kv_sequence():
+    import threading
+
+    from hartonomous.server.runtime import Runtime, ServerConfig
+
+    class OneSequence:
+        one_sequence = True
+        tokenizer = None
+
+    class PerRequestCaches:
+        tokenizer = None
+
+    for model, serialised in ((OneSequence(), True), (PerRequestCaches(), False)):
+        runtime = Runtime(ServerConfig(), exact_model=model)
+        inside, second_entered = threading.Event(), threading.Event()
+        release = threading.Event()
+
+        def first():
+            with runtime.client("exact"):
+                inside.set()
+                release.wait(5)
+
+        def second():
+            inside.wait(5)
+            with runtime.client("exact"):
+                second_entered.set()
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        assert second_entered.wait(0.5) is not serialised      # blocked while the first generation runs
+        release.set()
+        for t in threads:
+            t.join(5)
+        assert second_entered.is_set()

@@ -74,6 +74,7 @@ class LlamaCppModel(RuntimeModel):
 
     runtime = "llama"
     supports_trees = False
+    one_sequence = True             # one KV sequence per context: the server runs one generation at a time
 
     def __init__(self, path: Path | str, tokenizer, description: str = "SmolLM2-135M-Instruct",
                  *, n_ctx: int = MAX_CONTEXT, n_batch: int = BATCH, threads: int | None = None):

@@ -104,6 +104,7 @@ class Runtime:
         self.finished: deque = deque(maxlen=100)            # recent GenerationResults
         self.memory_writer = None                           # a MemoryWriter when config.remember
         self._registry_lock = threading.Lock()
+        self._one_sequence = threading.Lock()               # generations on a runtime with one KV sequence
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -111,7 +112,8 @@ class Runtime:
         """Create the pool (connecting in the background) and the worker threads."""
         from psycopg_pool import ConnectionPool
 
-        _warm_imports()
+        if self._needs_transformers():
+            _warm_imports()
 
         url = self.config.database_url
         if url is None:
@@ -187,6 +189,35 @@ class Runtime:
                 log.info("exact model loaded on the %s runtime", model.runtime)
         return self._exact
 
+    def _needs_transformers(self) -> bool:
+        """Whether this server loads anything through transformers (then its lazy imports are resolved
+        once, before the workers start): not for SmolLM2 on the int4 or llama runtime, whose generation
+        path never imports it (docs/runtimes.md)."""
+        from hartonomous.config import get_settings
+        from hartonomous.model import SMOLLM2, pick_device
+        from hartonomous.runtimes import resolve_runtime
+
+        settings = get_settings()
+        model = self.config.model or settings.model
+        if self._exact is not None or model != SMOLLM2:
+            return True
+        try:
+            runtime = resolve_runtime(self.config.runtime or settings.runtime,
+                                      pick_device(self.config.device or settings.device), model, self.config.dtype)
+        except UserError:
+            return True
+        return runtime == "torch"
+
+    @contextmanager
+    def _exclusive(self, model: Any) -> Iterator[None]:
+        """One generation at a time on a runtime with a single KV sequence (llama.cpp): interleaved
+        requests would re-feed each other's contexts, and the re-fed keys come from other kernels."""
+        if model is not None and getattr(model, "one_sequence", False):
+            with self._one_sequence:
+                yield
+        else:
+            yield
+
     def exact_status(self) -> str:
         if self._exact is not None:
             return f"loaded ({getattr(self._exact, 'runtime', 'torch')} runtime)"
@@ -211,11 +242,13 @@ class Runtime:
 
         memory = {"memory": self.memory_writer is not None, "remember": self.memory_writer or False}
         if path == "exact":
-            with Client(exact_model=self.exact_model(), atom_set=atom_set or self.config.atom_set, **memory) as client:
+            exact = self.exact_model()
+            with self._exclusive(exact), Client(exact_model=exact, atom_set=atom_set or self.config.atom_set,
+                                                **memory) as client:
                 yield client
             return
         exact = self.exact_model() if path in ("speculative", "hybrid") else None
-        with self.connection() as conn:
+        with self._exclusive(exact), self.connection() as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
