@@ -58,7 +58,8 @@ CLIENT_OPTIONS = [
     _option("runtime", Optional[str], typer.Option(
         None, "--runtime", help="Exact: auto | torch | int4 | llama. torch = transformers in float32 (the "
                                 "reference); int4 = the GGUF on torch's int4 kernel; llama = llama.cpp (the "
-                                "'llama' extra). auto = int4 on CPUs with bfloat16, else torch (docs/runtimes.md).")),
+                                "'llama' extra, make install-llama). auto = int4 for SmolLM2 in float32 on a CPU with bfloat16, "
+                                "else torch (docs/runtimes.md).")),
 ]
 
 

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", "--dtype", help="Exact, torch runtime: float32 | bfloat16 | float16."),
         runtime: Optional[str] = typer.Option(None, "--runtime",
                                               help="Exact: auto | torch | int4 | llama (docs/runtimes.md; auto = "
-                                                   "int4 on CPUs with bfloat16, else torch)."),
+                                                   "int4 for SmolLM2 in float32 on a CPU with bfloat16, else torch)."),
         preload: bool = typer.Option(True, "--preload/--no-preload",
                                      help="Load the exact model in the background at start-up."),
         log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
