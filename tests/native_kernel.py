@@ -40,6 +40,23 @@ def module_connection(server_url: str, kernel: str) -> Iterator[psycopg.Connecti
         conn.rollback()
 
 
+def use(conn: psycopg.Connection, kernel: str) -> None:
+    """This transaction's kernel: '' lets ht_kernel() choose (native where it runs), 'plpgsql' forces the
+    reference."""
+    conn.execute("SELECT set_config('hartonomous.kernel', %s, true)", (kernel,))
+    assert conn.execute("SELECT ht_kernel()").fetchone()[0] == (kernel or "native")
+
+
+def both(conn: psycopg.Connection, sql: str, params) -> tuple[list, list]:
+    """The rows of `sql` on the native kernel, then on the PL/pgSQL reference (same transaction)."""
+    use(conn, "")
+    native = conn.execute(sql, params).fetchall()
+    use(conn, "plpgsql")
+    reference = conn.execute(sql, params).fetchall()
+    use(conn, "")
+    return native, reference
+
+
 # --- comparing next_token rows across implementations -------------------------------------------
 
 def nonzero(rows: list) -> list:

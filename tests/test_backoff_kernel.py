@@ -26,7 +26,7 @@ from hand_sets import add_set
 from hartonomous.centroid import context_centroid, prefix_centroids
 from hartonomous.kernel import backoff_radius, token_logits
 from hartonomous.signals import candidate_signals
-from native_kernel import assert_same_rows, assert_same_rows_but, module_connection, nonzero, undecided_rows
+from native_kernel import assert_same_rows, assert_same_rows_but, both, module_connection, nonzero, undecided_rows, use
 from projection.lattice import lattice_cells, lattice_decay, lattice_positions, lattice_side
 from projection.options import BuildOptions
 from reference_next_token import AtomSetData, reference_candidates, reference_rows
@@ -321,21 +321,6 @@ def native_sets(native, sets) -> dict[str, AtomSetData]:
         native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
         native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
     return sets
-
-
-def use(conn: psycopg.Connection, kernel: str) -> None:
-    """This transaction's kernel: '' lets ht_kernel() choose (native), 'plpgsql' forces the reference."""
-    conn.execute("SELECT set_config('hartonomous.kernel', %s, true)", (kernel,))
-
-
-def both(conn: psycopg.Connection, sql: str, params) -> tuple[list, list]:
-    """The rows of `sql` on the native kernel, then on the PL/pgSQL reference."""
-    use(conn, "")
-    native = conn.execute(sql, params).fetchall()
-    use(conn, "plpgsql")
-    reference = conn.execute(sql, params).fetchall()
-    use(conn, "")
-    return native, reference
 
 
 def calls(conn: psycopg.Connection, *functions: str) -> dict[str, int]:

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from hand_sets import add_set, random_set, reference_sets
-from native_kernel import assert_same_rows, nonzero, require_native_kernel
+from native_kernel import assert_same_rows, module_connection, nonzero
 
 TOL = 1e-12
 NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
@@ -25,12 +25,8 @@ NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s,
 @pytest.fixture
 def own(server_url: str) -> Iterator[psycopg.Connection]:
     """A backend of its own (fresh kernel state and counters), in a transaction rolled back at the end."""
-    with psycopg.connect(server_url) as conn:
-        conn.execute("SELECT 1")
-        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
-            require_native_kernel()
+    with module_connection(server_url, "native") as conn:
         yield conn
-        conn.rollback()
 
 
 def test_a_long_native_step_answers_a_cancel_and_the_backend_goes_on(own) -> None:

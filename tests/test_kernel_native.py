@@ -18,20 +18,16 @@ from hypothesis import strategies as st
 
 from hartonomous.db import migrate
 from hand_sets import add_set, reference_sets
-from native_kernel import (assert_same_rows, assert_same_rows_but, first_difference, nonzero, require_native_kernel,
-                           rounding_decides, undecided_rows)
+from native_kernel import (assert_same_rows, assert_same_rows_but, both, first_difference, module_connection, nonzero,
+                           require_native_kernel, rounding_decides, undecided_rows, use)
 
 TOL = 1e-12
 
 
 @pytest.fixture(scope="module")
 def db(server_url: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(server_url) as conn:
-        conn.execute("SELECT 1")
-        if conn.execute("SELECT ht_kernel()").fetchone()[0] != "native":
-            require_native_kernel()
+    with module_connection(server_url, "native") as conn:
         yield conn
-        conn.rollback()
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +36,6 @@ def sets(db: psycopg.Connection) -> dict:
     for s in found.values():
         add_set(db, s)
     return found
-
-
-def use(db: psycopg.Connection, kernel: str) -> None:
-    """This transaction's kernel: '' lets ht_kernel() choose (native here), 'plpgsql' forces the reference."""
-    db.execute("SELECT set_config('hartonomous.kernel', %s, true)", (kernel,))
-    assert db.execute("SELECT ht_kernel()").fetchone()[0] == (kernel or "native")
-
-
-def both(db: psycopg.Connection, sql: str, params) -> tuple[list, list]:
-    """The rows of `sql` on the native kernel, then on the PL/pgSQL reference (same transaction)."""
-    use(db, "")
-    native = db.execute(sql, params).fetchall()
-    use(db, "plpgsql")
-    reference = db.execute(sql, params).fetchall()
-    use(db, "")
-    return native, reference
 
 
 def relaxed_reference(db: psycopg.Connection, context: list[int], args: dict, atom_set: str) -> list:
