@@ -1,0 +1,168 @@
+"""The augmented path: the exact model and the atom store, mixed by the set's gate at every step.
+
+Per step: the exact runtime's logits (KV cache, as the exact path), the store's distribution with
+its features (SQL store_distribution, one call), λ from the gate, then `mixture.mixed_probs`. For
+speculative decoding with the augmented distribution as the target, `score` verifies a draft: one
+exact forward and one store call for all k + 1 positions (store_distribution's `positions`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hartonomous import sqlcalls
+from hartonomous.augment.gate import Gate, feature_row
+from hartonomous.augment.mixture import mixed_probs
+from hartonomous.backends.base import Distribution
+from hartonomous.backends.exact import ExactBackend, ExactState, ordered_distribution
+from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.generation_config import SamplerArgs
+
+MAX_POSITIONS = 64          # store_distribution's bound on positions per call (sql/090_store.sql)
+
+
+@dataclass
+class AugmentedState:
+    exact: ExactState
+    weight: float | None = None        # this step's λ (after `distribution`)
+    store_top: int | None = None       # this step's most probable store token (None: the store had none)
+    stats: "AugmentedStats" = field(default_factory=lambda: AugmentedStats())
+
+    @property
+    def ids(self) -> list[int]:
+        return self.exact.ids
+
+
+@dataclass
+class AugmentedStats:
+    """How much the store weighed in over a generation."""
+
+    steps: int = 0
+    weight_sum: float = 0.0
+    store_top_picked: int = 0
+
+    @property
+    def mean_weight(self) -> float | None:
+        return self.weight_sum / self.steps if self.steps else None
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "mean_weight": self.mean_weight, "store_top_picked": self.store_top_picked}
+
+
+class AugmentedBackend:
+    """(1 − λ) p_exact + λ p_store with λ from the atom set's gate (`weight` overrides it: experiments)."""
+
+    name = "augmented"
+
+    def __init__(self, exact: ExactBackend, conn, atom_set, gate: Gate, *, max_neighbors: int = 100,
+                 history_weight: float | None = None, history_window: int | None = None, memory: bool = False,
+                 weight: float | None = None):
+        if weight is not None and not (isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0):
+            raise InvalidArgument("weight", f"weight (λ) must lie in [0, 1], got {weight}")
+        self.exact, self.conn, self.atom_set, self.gate = exact, conn, atom_set, gate
+        self.tokenizer = exact.tokenizer
+        self.max_neighbors, self.history_weight, self.history_window = max_neighbors, history_weight, history_window
+        self.memory, self.fixed_weight = bool(memory), weight
+        self.model = exact.model
+
+    @property
+    def atom_set_name(self) -> str:
+        return self.atom_set.name
+
+    def eos_token_ids(self) -> set[int]:
+        return self.exact.eos_token_ids()
+
+    # -- one step at a time ----------------------------------------------------------------
+
+    def start(self, prompt_ids: list[int]) -> AugmentedState:
+        return AugmentedState(self.exact.start(prompt_ids))
+
+    def distribution(self, state: AugmentedState, sampler: SamplerArgs) -> Distribution:
+        if state.exact.logits is None:
+            state.exact.logits = self.exact.score_logits(state.exact, [])[0]
+        probs = self._mix(state.exact.logits[None], state.ids, [], sampler, state)[0]
+        return ordered_distribution(probs)
+
+    def advance(self, state: AugmentedState, token_id: int) -> None:
+        self._count(state, token_id)
+        self.exact.advance(state.exact, token_id)
+
+    def close(self) -> None:
+        self.exact.close()
+
+    # -- speculative verification (the target distribution is the augmented one) -------------
+
+    def begin(self, prompt_ids: list[int]) -> AugmentedState:
+        return AugmentedState(self.exact.begin(prompt_ids))
+
+    def score(self, state: AugmentedState, draft: list[int], sampler: SamplerArgs) -> torch.Tensor:
+        """(k + 1, V): row j is the augmented distribution after ids + draft[:j]."""
+        logits = self.exact.score_logits(state.exact, draft)
+        return self._mix(logits, state.ids, draft, sampler, None)
+
+    def accept(self, state: AugmentedState, fed: list[int], tokens: list[int]) -> None:
+        self.exact.accept(state.exact, fed, tokens)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def store_context(self, ids: list[int], positions: int = 1) -> list[int]:
+        """The ids the store reads for the last `positions` prefixes of ids: the key window plus the
+        history window before each of them (earlier ids change nothing)."""
+        window = self.atom_set.centroid_window
+        reach = self.atom_set.history_window if self.history_window is None else self.history_window
+        return ids if window is None else ids[-(window + reach + positions):]
+
+    def store_steps(self, ids: list[int], positions: int):
+        """The store's distributions for the last `positions` prefixes of ids, oldest first (one
+        call per MAX_POSITIONS of them)."""
+        steps, n = [], len(ids)
+        for first in range(n - positions + 1, n + 1, MAX_POSITIONS):       # prefix lengths
+            last = min(first + MAX_POSITIONS - 1, n)
+            take = last - first + 1
+            steps += sqlcalls.store_distribution(self.conn, self.store_context(ids[:last], take),
+                                                 atom_set=self.atom_set.name, max_neighbors=self.max_neighbors,
+                                                 history_weight=self.history_weight,
+                                                 history_window=self.history_window, memory=self.memory,
+                                                 positions=take)
+        return steps
+
+    def weights(self, steps, exact_logits: torch.Tensor) -> np.ndarray:
+        """λ per row: the override, else the gate on each step's features."""
+        if self.fixed_weight is not None:
+            return np.full(len(steps), float(self.fixed_weight))
+        exact_probs = torch.softmax(exact_logits.detach().to(torch.float64), -1).cpu().numpy()
+        rows = np.stack([feature_row(s, p) for s, p in zip(steps, exact_probs)])
+        return self.gate.weights(rows)
+
+    def _mix(self, logits: torch.Tensor, ids: list[int], draft: list[int], sampler: SamplerArgs,
+             state: AugmentedState | None) -> torch.Tensor:
+        steps = self.store_steps(ids + draft, len(draft) + 1)
+        lams = self.weights(steps, logits)
+        rows = []
+        for j, (step, lam) in enumerate(zip(steps, lams)):
+            rows.append(mixed_probs(logits[j], step.token_ids, step.probabilities, float(lam),
+                                    ids + draft[:j], sampler))
+        if state is not None:
+            step = steps[-1]
+            state.weight = float(lams[-1])
+            state.store_top = (int(step.token_ids[int(np.argmax(step.probabilities))]) if step.token_ids else None)
+        return torch.stack(rows)
+
+    def _count(self, state: AugmentedState, token_id: int) -> None:
+        if state.weight is None or math.isnan(state.weight):
+            return
+        state.stats.steps += 1
+        state.stats.weight_sum += state.weight
+        state.stats.store_top_picked += int(state.store_top == token_id)
+
+
+def check_compatible(atom_set, model) -> None:
+    """The store must predict over the exact model's tokens: same model, same vocabulary."""
+    vocab = int(model.config.vocab_size)
+    if atom_set.vocab_size > vocab:
+        raise UserError(f"atom set '{atom_set.name}' has {atom_set.vocab_size} tokens but the exact model has {vocab}; "
+                        "use a set built from this model")
