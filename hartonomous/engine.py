@@ -73,6 +73,8 @@ class TokenEvent:
     origin: str | None = None  # speculative: draft (a drafted token the exact model kept) | exact
     source: str | None = None  # speculative, config.sources, a kept draft: corpus | self-distilled | memory | context
     live: dict | None = None   # speculative: acceptance_rate, tokens_per_forward, rounds so far
+    weight: float | None = None     # augmented: the step's λ, the store's weight in the mixture
+    store_top: bool | None = None   # augmented: whether the picked token was the store's most probable one
 
 
 @dataclass
@@ -218,6 +220,7 @@ class Session:
                     return self._finish(State.STOPPED, "abstain")
             dist = self.backend.distribution(state, sampler)
             route = getattr(state, "route", None)        # hybrid: the path that answered this step
+            weight = getattr(state, "weight", None)      # augmented: this step's λ and the store's top token
             if self.cancel_event.is_set():
                 return self._finish(State.CANCELLED, "cancelled")
             if len(dist) == 0:
@@ -227,7 +230,10 @@ class Session:
             self._timings.per_token_s.append(seconds)
             self._timings.total_s += seconds
             last = "length" if step == cfg.max_new_tokens - 1 else None
-            yield self._accept(step, token, prob, seconds, dist, last, signals, mode, route)
+            event = self._accept(step, token, prob, seconds, dist, last, signals, mode, route)
+            if weight is not None:
+                event = replace(event, weight=weight, store_top=token == getattr(state, "store_top", None))
+            yield event
             if self.result is not None:
                 return
 

@@ -146,6 +146,37 @@ class MemoryBound(Base):
     set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+class AugmentGate(Base):
+    """The augmented path's gate of a set (migration 0017, sql/095_gates.sql): written by the owner
+    with `save_gate()`, fitted on the calibration split (hartonomous/augment/gate.py)."""
+
+    __tablename__ = "augment_gates"
+    __table_args__ = (
+        CheckConstraint("version >= 1", name="augment_gates_version_check"),
+        CheckConstraint("positions >= 1", name="augment_gates_positions_check"),
+        CheckConstraint("split = 'calibration'", name="augment_gates_split_check"),
+        CheckConstraint("cardinality(features) >= 1 AND cardinality(means) = cardinality(features) "
+                        "AND cardinality(scales) = cardinality(features) "
+                        "AND cardinality(coefficients) = cardinality(features)", name="augment_gates_shape_check"),
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    features: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    means: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    scales: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    coefficients: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    intercept: Mapped[float] = mapped_column(Double)
+    calibration_loss: Mapped[float] = mapped_column(Double)
+    exact_loss: Mapped[float] = mapped_column(Double)
+    positions: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    fitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
 class _SetCoordinates:
     """A row of one atom set holding coordinates as float8 arrays (xs[i], ys[i], zs[i])."""
 
