@@ -430,6 +430,10 @@ from hartonomous.compare.cli import register as _register_compare  # noqa: E402
 
 _register_compare(app)  # compare
 
+from hartonomous.augment.cli import register as _register_gate  # noqa: E402
+
+_register_gate(app)  # gate fit, gate show
+
 from hartonomous.server.cli import register as _register_serve  # noqa: E402
 
 _register_serve(app)  # serve
