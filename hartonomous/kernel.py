@@ -7,7 +7,9 @@ context centroid contributes
     exponential:  w_a * exp(-d_a / h)       (the original's exp(-d) score)
     backoff:      w_a if d_a <= R, else nothing, where R = h * decay^j is the smallest radius of
                   the ladder h, h*decay, h*decay^2, ... (j = floor(ln(D / h) / ln decay), any integer)
-                  that holds the nearest candidate, at distance D; R = 0 when D = 0
+                  that holds the nearest candidate, at distance D, and never below the tolerance
+                  h * BACKOFF_TOLERANCE (1e-12 h); D within that tolerance counts as 0, and R is then
+                  the tolerance itself
 and a token's logit is log(sum of its atoms' contributions), computed with log-sum-exp.
 
 The backoff kernel is for deep keys (hartonomous.lattice): there a key contracts by `decay` per
@@ -15,6 +17,9 @@ token back, so the candidates sharing the longest suffix with the context are th
 they all lie inside one rung of the ladder while shorter matches lie outside it. Counting the
 atoms inside that rung is the backoff ∞-gram: the longest match's counts, nothing from shorter
 ones. A Gaussian of fixed h instead fixes the match length it counts (docs/fidelity.md).
+The tolerance absorbs rounding where it would otherwise decide the cut: a history key that equals
+the centroid in exact arithmetic (a context repeating with a period that divides the window) lies at
+0 in one implementation and at ~1e-17 in another (SQL keys come from running sums); both are kept.
 The SQL function computes exactly this; tests compare the two.
 """
 
@@ -26,14 +31,19 @@ from scipy.special import logsumexp
 KERNELS = ("gaussian", "exponential", "backoff")
 
 
+BACKOFF_TOLERANCE = 1e-12   # relative to the bandwidth: the same in SQL (ht_backoff_radius) and C
+
+
 def backoff_radius(nearest: np.ndarray | float, bandwidth: float, decay: float) -> np.ndarray:
-    """R = bandwidth * decay^floor(ln(D / bandwidth) / ln decay) for each nearest distance D (0 -> 0)."""
+    """R = max(t, bandwidth * decay^floor(ln(D / bandwidth) / ln decay)) for each nearest distance D,
+    t = bandwidth * BACKOFF_TOLERANCE; R = t where D <= t (D counts as 0)."""
     if not 0.0 < decay < 1.0:
         raise ValueError(f"the backoff kernel needs a centroid decay in (0, 1), got {decay}")
     d = np.asarray(nearest, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        rung = np.floor(np.log(np.where(d > 0, d, 1.0) / bandwidth) / np.log(decay))
-    return np.where(d > 0, bandwidth * np.power(decay, rung), 0.0)
+    tolerance = bandwidth * BACKOFF_TOLERANCE
+    away = d > tolerance
+    rung = np.floor(np.log(np.where(away, d, bandwidth) / bandwidth) / np.log(decay))
+    return np.where(away, np.maximum(tolerance, bandwidth * np.power(decay, rung)), tolerance)
 
 
 def log_contributions(distances: np.ndarray, weights: np.ndarray | None = None,

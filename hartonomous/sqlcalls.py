@@ -1,7 +1,7 @@
 """Every call of the database's inference functions, written once, with named arguments.
 
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`, `draft_sources`,
-`next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `ht_kernel`, `context_centroid`
+`next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `store_distribution`, `ht_kernel`, `context_centroid`
 and the memory's `remember`, `forget`, `set_memory_bound` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
@@ -24,6 +24,7 @@ from hartonomous.centroid import validate_history
 from hartonomous.errors import UserError
 from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.signals import StepSignals
+from hartonomous.store import StoreStep
 
 MAX_NEIGHBORS_LIMIT = 100_000   # next_token's bound on max_neighbors (sql/020_next_token.sql)
 
@@ -105,6 +106,13 @@ STEP_LOGITS_SQL = ("SELECT token_ids, logits, h, h2, varentropy, r, top_probabil
                    "history_share, distinct_tokens, ln_top_nearest_bandwidths, ln_top_stored_votes, "
                    "ln_top_history_nearest_bandwidths, risk, predicted_gap FROM "
                    f"ht_step_logits(%(context)s::integer[], {_named(_SIGNAL_ARGS, _CASTS)})")
+STORE_DISTRIBUTION_SQL = ("SELECT prefix_length, token_ids, probabilities, nearest_bandwidths, rung, matched_mass, "
+                          "candidates, top_probability, entropy, stored_share, history_share, memory_share FROM "
+                          "store_distribution(%(context)s::integer[], atom_set => %(atom_set)s::text, "
+                          "max_neighbors => %(max_neighbors)s::integer, "
+                          "history_weight => %(history_weight)s::double precision, "
+                          "history_window => %(history_window)s::integer, memory => %(memory)s::boolean, "
+                          "positions => %(positions)s::integer)")
 KERNEL_SQL = "SELECT ht_kernel()"
 CONTEXT_CENTROID_SQL = ("SELECT ST_X(c), ST_Y(c), ST_Z(c) FROM "
                         "context_centroid(%(context)s::integer[], atom_set => %(atom_set)s::text) AS c")
@@ -321,3 +329,20 @@ def forget(conn: psycopg.Connection, atom_set: str | None) -> int:
 def memory_status(conn: psycopg.Connection, atom_set: str | None) -> tuple:
     """`memory_status(atom_set)`: (atoms, generations, oldest, newest)."""
     return tuple(run(conn, Query(MEMORY_STATUS_SQL, {"atom_set": atom_set})).fetchone())
+
+
+def store_distribution(conn: psycopg.Connection, context: Sequence[int], *, atom_set: str | None = None,
+                       max_neighbors: int = 100, history_weight: float | None = None,
+                       history_window: int | None = None, memory: bool = False, positions: int = 1,
+                       prepare: bool | None = True) -> list[StoreStep]:
+    """The store's own distribution (next_token at T = 1, no top-k/top-p/penalty; ids ascending) and its
+    features for the last `positions` prefixes of the context, shortest first, in one call (SQL
+    store_distribution)."""
+    params = {"context": [int(t) for t in context], "atom_set": atom_set, "max_neighbors": max_neighbors,
+              "history_weight": history_weight, "history_window": history_window, "memory": bool(memory),
+              "positions": positions}
+    rows = run(conn, Query(STORE_DISTRIBUTION_SQL, params), prepare=prepare).fetchall()
+    return [StoreStep(int(r[0]), [int(t) for t in r[1]], [float(p) for p in r[2]],
+                      *[None if v is None else float(v) for v in r[3:4]],
+                      None if r[4] is None else int(r[4]), float(r[5]), int(r[6]),
+                      *[None if v is None else float(v) for v in r[7:]]) for r in rows]

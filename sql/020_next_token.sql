@@ -36,9 +36,12 @@
 --     (exponential, the original's exp(-d) score), or, for the backoff kernel, w if d <= R and
 --     nothing otherwise, where R = ht_backoff_radius(D, h, decay): the smallest of h, h decay,
 --     h decay^2, ... (any integer power of the set's centroid decay) that holds the nearest
---     candidate, at distance D (R = 0 when D = 0). On deep keys (hartonomous/lattice.py) that
---     rung holds exactly the candidates sharing the longest suffix with the context, so the
---     kernel counts the longest match: a backoff ∞-gram. A token's logit is the log of the sum of its
+--     candidate, at distance D. A tolerance of h * 1e-12 absorbs rounding: D <= h * 1e-12 counts as
+--     0 and R is never below h * 1e-12 (so R = h * 1e-12 then). A history key that equals the
+--     centre in exact arithmetic (a context repeating with a period that divides the window) lies
+--     at 0 in C and at ~1e-17 here (keys from running sums): both are kept. On deep keys
+--     (hartonomous/lattice.py) that rung holds exactly the candidates sharing the longest suffix
+--     with the context, so the kernel counts the longest match: a backoff ∞-gram. A token's logit is the log of the sum of its
 --     atoms' contributions, stored and history atoms alike, computed with log-sum-exp
 --     (hartonomous/kernel.py). Tokens without an atom among the candidates have probability 0
 --     and are not returned.
@@ -178,10 +181,12 @@ SET search_path = public, pg_temp
 AS $$
 -- The backoff kernel's radius (hartonomous/kernel.py backoff_radius): the smallest of the radii
 -- h, h d, h d^2, ... (any integer power of the set's decay d) that holds the nearest candidate, at
--- distance p_nearest; 0 when that is 0, NULL when there is no candidate.
+-- distance p_nearest, and never below the tolerance h * 1e-12; the tolerance itself when p_nearest
+-- is within it (it counts as 0); NULL when there is no candidate.
 SELECT CASE WHEN p_nearest IS NULL THEN NULL
-            WHEN p_nearest <= 0 THEN 0
-            ELSE p_bandwidth * power(p_decay, floor(ln(p_nearest / p_bandwidth) / ln(p_decay))) END
+            WHEN p_nearest <= p_bandwidth * 1e-12 THEN p_bandwidth * 1e-12
+            ELSE greatest(p_bandwidth * 1e-12,
+                          p_bandwidth * power(p_decay, floor(ln(p_nearest / p_bandwidth) / ln(p_decay)))) END
 $$;
 
 

@@ -39,7 +39,8 @@ WINDOW = 8
 
 def test_the_radius_is_the_smallest_rung_of_the_ladder_that_holds_the_nearest_candidate() -> None:
     h, d = 64.0, 1 / 8
-    assert backoff_radius(0.0, h, d) == 0.0
+    assert backoff_radius(0.0, h, d) == h * 1e-12          # D = 0: the tolerance
+    assert backoff_radius(h * 1e-13, h, d) == h * 1e-12    # within the tolerance D counts as 0
     assert backoff_radius(50.0, h, d) == 64.0            # inside the top rung
     assert backoff_radius(7.0, h, d) == 8.0              # h d
     assert backoff_radius(0.9, h, d) == 1.0              # h d^2

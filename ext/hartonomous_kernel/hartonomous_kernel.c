@@ -9,6 +9,8 @@
  *                     1 .. n - m + k - 1, m = min(history_window, n - 1)
  *   htk_distribution  kernel terms, per-token log-sum-exp, the shared sampler (sql/020_next_token.sql)
  *   htk_logits        raw logits and next_token_signals' signals from the same terms (sql/050_signals.sql)
+ *   htk_store         the kernel's own distribution and store_distribution's features, every
+ *                     candidate counted, memory atoms flagged (from 1.4; sql/090_store.sql)
  *
  * Every kernel of atom_sets.kernel is served: gaussian, exponential and backoff (the radius ladder of
  * ht_backoff_radius; no pruning, as its radius depends on the nearest candidate). From version 1.3
@@ -71,6 +73,7 @@ PG_FUNCTION_INFO_V1(htk_distribution_1_3);
 PG_FUNCTION_INFO_V1(htk_logits_1_3);
 PG_FUNCTION_INFO_V1(htk_next_token_1_3);
 PG_FUNCTION_INFO_V1(htk_step_logits_1_3);
+PG_FUNCTION_INFO_V1(htk_store);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -461,6 +464,7 @@ typedef struct
 	double		c;				/* ln(weight) - kernel(distance / bandwidth) */
 	double		d;				/* the distance to the centroid */
 	bool		hist;			/* a history atom (else a stored KNN row) */
+	bool		mem;			/* a KNN row from the memory of past generations (htk_store only) */
 } Term;
 
 typedef struct
@@ -531,16 +535,26 @@ kernel_term(double d, Kernel kernel, double bandwidth)
 }
 
 /*
+ * The backoff kernel's tolerance, relative to the bandwidth: a nearest distance within it counts as
+ * 0, and the radius is never below it. A history key that equals the centre in exact arithmetic
+ * lies at 0 in one implementation and at ~1e-17 in another (keys from running sums); both are kept.
+ */
+#define BACKOFF_TOLERANCE 1e-12
+
+/*
  * The backoff kernel's radius (sql/020_next_token.sql ht_backoff_radius, the same arithmetic): the
  * smallest of h, h d, h d^2, ... (any integer power of the decay d) that holds the nearest
- * candidate, at distance nearest; 0 when that is 0.
+ * candidate, at distance nearest, and never below h * BACKOFF_TOLERANCE; that tolerance when the
+ * nearest distance is within it (counts as 0).
  */
 static double
 backoff_radius(double nearest, double bandwidth, double decay)
 {
-	if (!(nearest > 0))
-		return 0.0;
-	return bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay)));
+	double		tolerance = bandwidth * BACKOFF_TOLERANCE;
+
+	if (!(nearest > tolerance))
+		return tolerance;
+	return fmax(tolerance, bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay))));
 }
 
 /*
@@ -663,6 +677,7 @@ stored_terms(const int32 *knn_ids, const double *knn_w, const double *knn_d, int
 		t->c = log(knn_w[i]) - kernel_term(knn_d[i], kernel, bandwidth);
 		t->d = knn_d[i];
 		t->hist = false;
+		t->mem = false;
 		if (prune != NULL && isfinite(t->c))
 			z_lb = fmax(z_lb, scaled_floor(t->c, prune->temperature, prune->penalty));
 		(*n)++;
@@ -710,6 +725,7 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 			terms[n].c = ln_w - kernel_term(d, kernel, bandwidth);
 			terms[n].d = d;
 			terms[n].hist = true;
+			terms[n].mem = false;
 			n++;
 		}
 	}
@@ -1166,6 +1182,159 @@ Datum
 htk_logits_1_3(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_DATUM(logits(fcinfo, true));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* htk_store                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * store_distribution's row for one prefix (sql/090_store.sql, whose PL/pgSQL reference defines it):
+ * htk_store(context, keys, knn_token_ids, knn_weights, knn_distances, knn_memory, kernel, bandwidth,
+ * centroid_decay, history_weight) -> (token_ids, probabilities, nearest_bandwidths, rung,
+ * matched_mass, candidates, top_probability, entropy, stored_share, history_share, memory_share).
+ * The candidates are the KNN rows (knn_memory[i]: row i is a memory atom) and the history atoms of
+ * the keys (htk_keys' layout), none pruned and no search radius; the probabilities are next_token's
+ * at T = 1 without top-k, top-p or penalty: per-token log-sum-exp, then the softmax (token ids
+ * ascending). With c the counting terms ln(w) - kernel(d / h), M = max c and e = exp(c - M) (0
+ * below -744): matched_mass = exp(M + ln sum e) (0 below e^-744), the shares are each source's sum
+ * of e over sum e. No candidate: empty arrays, candidates 0, matched_mass 0, the rest NULL.
+ */
+Datum
+htk_store(PG_FUNCTION_ARGS)
+{
+	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"knn_memory", "kernel", "bandwidth", "centroid_decay", "", NULL};
+	StepArrays	a;
+	Kernel		kernel;
+	double		bandwidth, decay, history_weight, nearest = get_float8_infinity();
+	bool	   *mem;
+	int			n_mem, n = 0, n_cands = 0, after;
+	Term	   *terms;
+	Cand	   *cands;
+	TupleDesc	tupdesc;
+	Datum		values[11];
+	bool		nulls[11];
+
+	require_args(fcinfo, args);
+	step_arrays(fcinfo, &a);
+	mem = (bool *) array_items(PG_GETARG_ARRAYTYPE_P(5), BOOLOID, &n_mem, "knn_memory");
+	if (n_mem != a.n_knn)
+		BAD_ARG("knn_memory must be as long as knn_token_ids (%d), got %d", a.n_knn, n_mem);
+	kernel = kernel_arg(PG_GETARG_TEXT_PP(6));
+	bandwidth = PG_GETARG_FLOAT8(7);
+	check_positive("bandwidth", bandwidth);
+	decay = PG_GETARG_FLOAT8(8);
+	check_decay(decay);
+	check_backoff_decay(kernel, decay);
+	history_weight = PG_ARGISNULL(9) ? 0.0 : PG_GETARG_FLOAT8(9);
+	check_nonnegative("history_weight", history_weight);
+
+	/* Every candidate: the KNN rows, then the history atoms. */
+	terms = palloc(sizeof(Term) * (a.n_knn + a.m + 1));
+	for (int i = 0; i < a.n_knn; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		terms[n].tid = a.knn_ids[i];
+		terms[n].c = log(a.knn_w[i]) - kernel_term(a.knn_d[i], kernel, bandwidth);
+		terms[n].d = a.knn_d[i];
+		terms[n].hist = false;
+		terms[n].mem = mem[i];
+		n++;
+	}
+	after = a.n_ctx - a.m;
+	for (int k = 1; k <= a.m && history_weight > 0; k++)
+	{
+		const double *key = a.keys + 3 * k;
+		double		dx = key[0] - a.keys[0], dy = key[1] - a.keys[1], dz = key[2] - a.keys[2];
+		double		d = sqrt(dx * dx + dy * dy + dz * dz);
+
+		CHECK_FOR_INTERRUPTS();
+		terms[n].tid = a.ctx[after + k - 1];
+		terms[n].c = log(history_weight) - kernel_term(d, kernel, bandwidth);
+		terms[n].d = d;
+		terms[n].hist = true;
+		terms[n].mem = false;
+		n++;
+	}
+	for (int i = 0; i < n; i++)
+		nearest = fmin(nearest, terms[i].d);
+
+	memset(nulls, true, sizeof(nulls));
+	values[4] = Float8GetDatum(0.0);	/* matched_mass */
+	values[5] = Int32GetDatum(0);		/* candidates */
+	nulls[4] = nulls[5] = false;
+	if (n > 0)
+	{
+		values[2] = Float8GetDatum(nearest / bandwidth);
+		nulls[2] = false;
+		if (kernel == KERNEL_BACKOFF && nearest > bandwidth * BACKOFF_TOLERANCE)
+		{
+			values[3] = Int32GetDatum((int32) floor(log(nearest / bandwidth) / log(decay)));
+			nulls[3] = false;
+		}
+		if (kernel == KERNEL_BACKOFF)
+			backoff_cut(terms, &n, bandwidth, decay);
+	}
+	qsort(terms, n, sizeof(Term), term_order);
+	cands = token_logits(terms, n, &n_cands);
+	if (n > 0)
+	{
+		double		top_c = terms[0].c, total = 0, by_source[3] = {0, 0, 0}, lse;
+		double		top_z = cands[0].z, sum = 0, pmax = 0, h = 0;
+		double	   *ps = palloc(sizeof(double) * n_cands);
+		int32	   *ids = palloc(sizeof(int32) * n_cands);
+
+		/* the matched mass and its shares: stored, history, memory */
+		for (int i = 1; i < n; i++)
+			top_c = fmax(top_c, terms[i].c);
+		for (int i = 0; i < n; i++)
+		{
+			double		e = terms[i].c - top_c < LSE_CUTOFF ? 0.0 : exp(terms[i].c - top_c);
+
+			total += e;
+			by_source[terms[i].hist ? 1 : terms[i].mem ? 2 : 0] += e;
+		}
+		lse = top_c + log(total);
+		values[4] = Float8GetDatum(lse < LSE_CUTOFF ? 0.0 : exp(lse));
+		values[5] = Int32GetDatum(n);
+		for (int s = 0; s < 3; s++)
+		{
+			values[8 + s] = Float8GetDatum(by_source[s] / total);
+			nulls[8 + s] = false;
+		}
+		/* next_token's softmax at T = 1 over the per-token logits (ids ascending) */
+		for (int i = 1; i < n_cands; i++)
+			top_z = fmax(top_z, cands[i].z);
+		for (int i = 0; i < n_cands; i++)
+		{
+			ps[i] = cands[i].z - top_z < SOFTMAX_CUTOFF ? 0.0 : exp(cands[i].z - top_z);
+			sum += ps[i];
+		}
+		for (int i = 0; i < n_cands; i++)
+		{
+			ids[i] = cands[i].tid;
+			ps[i] /= sum;
+			pmax = fmax(pmax, ps[i]);
+			if (ps[i] > 0)
+				h -= ps[i] * log(ps[i]);
+		}
+		values[0] = PointerGetDatum(int4_array(ids, n_cands));
+		values[1] = PointerGetDatum(float8_array(ps, n_cands));
+		values[6] = Float8GetDatum(pmax);
+		values[7] = Float8GetDatum(h);
+		nulls[6] = nulls[7] = false;
+	}
+	else
+	{
+		values[0] = PointerGetDatum(int4_array(NULL, 0));
+		values[1] = PointerGetDatum(float8_array(NULL, 0));
+	}
+	nulls[0] = nulls[1] = false;
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		raise_bad("htk_store: must be called as a function returning a record");
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2015,6 +2184,7 @@ history_term(const ContextState *st, int e, const double *center, double reach, 
 	terms[*n].c = ln_w - kernel_term(d, gaussian ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL, bandwidth);
 	terms[*n].d = d;
 	terms[*n].hist = true;
+	terms[*n].mem = false;
 	(*n)++;
 	return 1;
 }
@@ -2113,6 +2283,7 @@ backoff_terms(const ContextState *st, int m, const double *center, double decay,
 		terms[*n].c = log(history_weight);
 		terms[*n].d = d;
 		terms[*n].hist = true;
+		terms[*n].mem = false;
 		(*n)++;
 	}
 	stats.history_scored += m;

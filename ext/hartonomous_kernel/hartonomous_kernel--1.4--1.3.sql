@@ -1,0 +1,4 @@
+-- hartonomous_kernel 1.4 -> 1.3 (migration 0016's downgrade): without htk_store.
+\echo Use "ALTER EXTENSION hartonomous_kernel UPDATE TO '1.3'" to load this file. \quit
+
+DROP FUNCTION htk_store(integer[], double precision[], integer[], double precision[], double precision[], boolean[], text, double precision, double precision, double precision);
