@@ -57,6 +57,21 @@ def save_gate(conn: psycopg.Connection, atom_set: str, gate: Gate) -> None:
                                  gate.positions, gate.split, gate.version, Jsonb(gate.extra)))
 
 
+def calibration_windows(text: str, tokenizer, max_positions: int | None = None) -> list:
+    """The calibration text's token ids in the walk's windows (each restarts the context)."""
+    from hartonomous.augment.calibrate import WINDOW
+    from hartonomous.corpus import teacher
+
+    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if max_positions is not None:
+        ids = ids[:max_positions + 1]
+    return teacher.windows(ids, WINDOW)
+
+
+def positions_in(windows) -> int:
+    return sum(max(len(w) - 1, 0) for w in windows)
+
+
 def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokenizer=None,
                  max_positions: int | None = None, max_neighbors: int = 100,
                  on_positions: Callable[[int], None] | None = None,
@@ -64,7 +79,6 @@ def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokeniz
     """Fit the set's gate on its calibration split and save it; returns it."""
     from hartonomous.augment.calibrate import WINDOW, walk_text
     from hartonomous.compare.atomset import holdout_text
-    from hartonomous.corpus import teacher
 
     info = load_atom_set(conn, atom_set)
     check_corpus_labels(info)
@@ -78,12 +92,9 @@ def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokeniz
     if int(model.config.vocab_size) < info.vocab_size:
         raise UserError(f"the model has {model.config.vocab_size} tokens but atom set '{info.name}' has "
                         f"{info.vocab_size}; use the model the set was built from")
-    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    if max_positions is not None:
-        ids = ids[:max_positions + 1]
-    windows = teacher.windows(ids, WINDOW)
+    windows = calibration_windows(text, tokenizer, max_positions)
     if on_total:
-        on_total(sum(max(len(w) - 1, 0) for w in windows))
+        on_total(positions_in(windows))
     start = time.perf_counter()
     walk = walk_text(conn, model, windows, info.name, max_neighbors=max_neighbors, on_positions=on_positions)
     gate = walk.fit()
