@@ -218,6 +218,9 @@ def build_cmd(
                                        "become history atoms (0-4096)."),
     controls: bool = typer.Option(False, "--controls/--no-controls", help="Also build NAME.random-positions: "
                                   "the same atoms keyed with randomly permuted token positions (a control)."),
+    gate: bool = typer.Option(True, "--gate/--no-gate", help="With --target corpus: after the ingest, fit the "
+                              "augmented path's gate on the calibration half (hartonomous gate fit NAME later "
+                              "does the same)."),
     layout: str = typer.Option(None, "--layout", help="Storage of the atoms for next_token's KNN: rows (a GiST "
                                "index over the atoms) or tiles (also packed into Hilbert-ordered tiles: the same "
                                "results in fewer buffers per call). Default: the faster one in docs/benchmarks.md."),
@@ -259,7 +262,7 @@ def build_cmd(
         include=list(include or []),
         max_tokens=max_tokens, teacher_tokens=teacher_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
         metric=metric, window=_parse_window(window), decay=decay, target=target, soft_k=soft_k,
-        merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls,
+        merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls, gate=gate,
         full_keys=full_keys, kernel=kernel, bandwidth=bandwidth, bandwidth_objective=bandwidth_objective,
         max_neighbors=max_neighbors, sweep=sweep,
         context_length=context_length, batch_tokens=batch_tokens, holdout_chars=holdout_chars, seed=seed,

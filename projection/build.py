@@ -70,6 +70,26 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
         return _build(conn, options, model, tokenizer, reporter)
 
 
+def fit_gate_after_ingest(conn, options: BuildOptions, loaded, ui: Reporter) -> None:
+    """The augmented path's gate, fitted on the set's calibration half against the real next token
+    (hartonomous.augment.gates) and stored beside the set; it needs the written set (store_distribution)."""
+    from hartonomous.augment.gates import calibration_windows, fit_set_gate, positions_in
+
+    conn.rollback()
+    from hartonomous.augment.gate import MIN_POSITIONS
+
+    total = positions_in(calibration_windows(loaded.texts.calibration_text, loaded.tokenizer))
+    if total < MIN_POSITIONS:
+        ui.step(f"no gate for the augmented path: {total} calibration positions, a gate needs {MIN_POSITIONS}")
+        return
+    with ui.bar("fitting the augmented path's gate", total, unit="positions") as advance:
+        gate = fit_set_gate(conn, options.name, model=loaded.model, tokenizer=loaded.tokenizer,
+                            on_positions=advance)
+    conn.commit()
+    ui.step(f"gate fitted on {gate.positions:,} calibration positions (log-loss {gate.exact_loss:.3f} exact -> "
+            f"{gate.calibration_loss:.3f} augmented)")
+
+
 def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | None) -> BuildResult:
     ui = reporter or Reporter()
     options.check()
@@ -126,6 +146,8 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
             stages.drop_control(conn, control)
         raise
     stats = stats.model_copy(update={"ingest": report.stats()})
+    if options.gate and options.target == "corpus" and loaded.texts.calibration_chunks:
+        timed("fit_gate", fit_gate_after_ingest, conn, options, loaded, ui)
     return BuildResult(report.atom_set_id, options.name, options.kind, report.atoms, loaded.vocab_size,
                        centroid.window, centroid.decay, history.bandwidth, history.weight, history.window, stats,
                        time.perf_counter() - started, seconds, control_result)

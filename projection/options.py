@@ -86,6 +86,7 @@ class BuildOptions:
     history_weight: float | None = None  # None = calibrate (context sets) / 0 (token sets); 0 = off
     history_window: int = 512
     controls: bool = False  # also build <name>.random-positions
+    gate: bool = True  # --target corpus: fit the augmented path's gate on the calibration half after the ingest
     layout: str = DEFAULT_LAYOUT  # next_token's KNN storage: rows | tiles (hartonomous/atomset/write.py)
     positions: str | None = None  # None = lattice for code corpora (code_corpus), else projection; learned: trained
                                   # from the projection (projection/learned.py); lattice: deep keys

@@ -30,6 +30,7 @@ GATE_VERSION = 1
 L2 = 1e-3                       # on the standardised coefficients; ~11 of them on 5-8K positions
 CLOSENESS_FLOOR = 1e-6          # D / h below this counts as an exact match
 PROBABILITY_FLOOR = 1e-300      # p_exact(y) of float32 log-probs can underflow; keeps the log finite
+MIN_POSITIONS = 2 * (len(FEATURES) + 1)   # fewer calibration positions than this fit no gate
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ def fit_gate(rows: np.ndarray, p_exact: np.ndarray, p_store: np.ndarray, *, l2: 
     b = np.asarray(p_store, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(FEATURES) or len(a) != len(x) or len(b) != len(x):
         raise ValueError(f"fit_gate needs (n, {len(FEATURES)}) features and n target probabilities")
-    if len(x) < 2 * (len(FEATURES) + 1):
-        raise ValueError(f"fitting a gate needs at least {2 * (len(FEATURES) + 1)} positions, got {len(x)}")
+    if len(x) < MIN_POSITIONS:
+        raise ValueError(f"fitting a gate needs at least {MIN_POSITIONS} positions, got {len(x)}")
     if not (np.isfinite(x).all() and np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("the gate's features and target probabilities must be finite")
     means = x.mean(axis=0)

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from hartonomous.atomset import AtomSet, load_atom_set
-from hartonomous.augment.gate import Gate
+from hartonomous.augment.gate import MIN_POSITIONS, Gate
 from hartonomous.errors import UserError
 
 LOAD_GATE_SQL = ("SELECT g.features, g.means, g.scales, g.coefficients, g.intercept, g.calibration_loss, "
@@ -93,6 +93,9 @@ def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokeniz
         raise UserError(f"the model has {model.config.vocab_size} tokens but atom set '{info.name}' has "
                         f"{info.vocab_size}; use the model the set was built from")
     windows = calibration_windows(text, tokenizer, max_positions)
+    if positions_in(windows) < MIN_POSITIONS:
+        raise UserError(f"atom set '{info.name}' has {positions_in(windows)} calibration positions; a gate needs at "
+                        f"least {MIN_POSITIONS} (build from a larger corpus, or a larger --holdout-chars)")
     if on_total:
         on_total(positions_in(windows))
     start = time.perf_counter()

@@ -410,6 +410,8 @@ class SpeculativeBackend:
             raise UserError(f"probe_every must be at least 1, got {probe_every}")
         if not 1 <= max_tree_width <= MAX_TREE_WIDTH:
             raise UserError(f"max_tree_width must be between 1 and {MAX_TREE_WIDTH}, got {max_tree_width}")
+        if max_tree_width > 1 and not getattr(exact, "supports_trees", True):
+            raise UserError(f"the {exact.name} target verifies chains only: use a tree width of 1")
         if max_tree_width > 1 and not getattr(exact.model, "supports_trees", True):
             raise UserError(f"the {exact.model.runtime} runtime verifies chains only (one KV sequence): use a tree "
                             "width of 1, or --runtime int4 / torch for trees")
