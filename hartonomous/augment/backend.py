@@ -44,10 +44,30 @@ class AugmentedStats:
     steps: int = 0
     weight_sum: float = 0.0
     store_top_picked: int = 0
+    store_tops: list = field(default_factory=list, repr=False)   # per step: the store's top token (or None)
+    picked: int = field(default=0, repr=False)                    # steps whose pick was counted
 
     @property
     def mean_weight(self) -> float | None:
         return self.weight_sum / self.steps if self.steps else None
+
+    def record(self, weight: float, store_top: int | None) -> None:
+        """A step's λ and the store's top token, as its distribution is made."""
+        self.steps += 1
+        self.weight_sum += weight
+        self.store_tops.append(store_top)
+
+    def pick(self, token_id: int) -> None:
+        """The token picked at the next uncounted step (fed back through `advance`)."""
+        if self.picked < len(self.store_tops):
+            self.store_top_picked += int(self.store_tops[self.picked] == token_id)
+            self.picked += 1
+
+    def settle(self, token_ids: list[int]) -> None:
+        """Count the picks from a finished generation's tokens: the engine never feeds its last pick
+        back through `advance` (hartonomous.client does this for every augmented result)."""
+        for token_id in token_ids[self.picked:]:
+            self.pick(token_id)
 
     def as_dict(self) -> dict:
         return {"steps": self.steps, "mean_weight": self.mean_weight, "store_top_picked": self.store_top_picked}
@@ -85,10 +105,12 @@ class AugmentedBackend:
         if state.exact.logits is None:
             state.exact.logits = self.exact.score_logits(state.exact, [])[0]
         probs = self._mix(state.exact.logits[None], state.ids, [], sampler, state)[0]
+        if state.weight is not None and not math.isnan(state.weight):
+            state.stats.record(state.weight, state.store_top)
         return ordered_distribution(probs)
 
     def advance(self, state: AugmentedState, token_id: int) -> None:
-        self._count(state, token_id)
+        state.stats.pick(int(token_id))
         self.exact.advance(state.exact, token_id)
 
     def close(self) -> None:
@@ -152,17 +174,10 @@ class AugmentedBackend:
             state.store_top = (int(step.token_ids[int(np.argmax(step.probabilities))]) if step.token_ids else None)
         return torch.stack(rows)
 
-    def _count(self, state: AugmentedState, token_id: int) -> None:
-        if state.weight is None or math.isnan(state.weight):
-            return
-        state.stats.steps += 1
-        state.stats.weight_sum += state.weight
-        state.stats.store_top_picked += int(state.store_top == token_id)
-
 
 def check_compatible(atom_set, model) -> None:
     """The store must predict over the exact model's tokens: same model, same vocabulary."""
-    vocab = int(model.config.vocab_size)
+    vocab = int(getattr(model, "vocab_size", 0) or model.config.vocab_size)   # runtimes' vocab_size; HF's config
     if atom_set.vocab_size > vocab:
         raise UserError(f"atom set '{atom_set.name}' has {atom_set.vocab_size} tokens but the exact model has {vocab}; "
                         "use a set built from this model")
