@@ -33,6 +33,11 @@ HELP = (
     "from the atom set's held-out test half and repeated requests; writes <out>/bench-speculative[-quick].json "
     "and .md). With --quick: "
     "3 short prompts and 2 documents (a few minutes); without: 8 and 6.\n\n"
+    "--augmented instead measures the augmented path against the exact path on the same runtime in one run: the "
+    "median ms per generated token of each (greedy, memory off, 3 short prompts), the difference and whether it is "
+    "within the target (augmented <= exact + 1 ms); --runtimes picks the runtimes (torch, int4, llama; default: "
+    "the configured one), --atom-set the set (built with corpus labels, with a gate); writes "
+    "<out>/bench-augmented.json and .md.\n\n"
     "--layouts instead compares the atom sets' storage layouts (rows, tiles; issue 18) on synthetic sets "
     "built in both: next_token p50/p95 and shared buffers per call with K = 100 on 512- and 8-token contexts "
     "with history atoms, at 10^5 and 10^6 atoms (--full: also 10^7; --sizes to choose).\n\n"
@@ -89,6 +94,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
                                     "bare KNN-100 instead: 8-, 64- and 512-token contexts, history on and off, warm and "
                                     "cold, generate_tokens from a 512-token prompt; 10^5 and 10^6 atoms (--full adds "
                                     "10^7) and smollm2-context when it exists; writes <out>/bench-kernel.json and .md."),
+        augmented: bool = typer.Option(False, "--augmented",
+                                       help="The augmented path vs the exact path, ms per generated token on "
+                                            "the same runtime, and the difference (target: <= +1 ms); writes "
+                                            "<out>/bench-augmented.json and .md."),
         layouts: bool = typer.Option(False, "--layouts", help="Compare the storage layouts (rows, tiles) instead: "
                                      "10^5 and 10^6 atoms (--full adds 10^7), 512- and 8-token contexts with "
                                      "history atoms; writes <out>/bench-layouts.json and .md."),
@@ -98,6 +107,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
 
         if quick and full:
             raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
+        if augmented:
+            return _augmented(out, atom_set, threads, max_new_tokens, runtimes)
         if speculative:
             return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens, runtimes)
         if calls < 20:
@@ -120,6 +131,29 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
         json_path, md_path = run.write(results, out, command)
         Console().print(run.markdown(results, command))
         Console().print(f"wrote {json_path} and {md_path}")
+
+
+def _augmented(out: Path, atom_set: str | None, threads: int | None, max_new_tokens: int,
+               runtimes: str | None) -> None:
+    """`hartonomous bench --augmented`: see benchmarks.augmented."""
+    from benchmarks import augmented, run
+    from hartonomous.db.connection import owner_url
+
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
+    if not 1 <= max_new_tokens <= 1024:
+        raise UserError(f"--max-new-tokens must be between 1 and 1024, got {max_new_tokens}")
+    chosen: tuple[str | None, ...] = (None,)
+    if runtimes is not None:
+        chosen = tuple(r.strip() for r in runtimes.split(",") if r.strip())
+        bad = [r for r in chosen if r not in ("torch", "int4", "llama")]
+        if bad or not chosen:
+            raise UserError(f"--runtimes takes torch, int4 and llama with --augmented, got '{runtimes}'")
+    url = owner_url()
+    run.check_ready(url)
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    results = augmented.run(url, atom_set=atom_set, runtimes=chosen, max_new_tokens=max_new_tokens, threads=threads)
+    _write_report(out, results, augmented.markdown(results, command), command)
 
 
 def _layouts(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int, ...] | None) -> None:

@@ -20,10 +20,15 @@ from typer.models import OptionInfo
 from hartonomous.engine import check_prompt   # light: no torch until used
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 
-PATH_HELP = "spatial (PostGIS next_token) or exact (the transformer with a KV cache)."
+PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache) or augmented (the exact "
+             "model mixed with the atom set's store by the set's gate).")
 GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache), speculative "
                       "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept) or "
-                      "hybrid (each step spatial when the predicted risk is below --risk-threshold, else exact).")
+                      "hybrid (each step spatial when the predicted risk is below --risk-threshold, else exact) or augmented "
+                      "(each step (1 - λ) exact + λ the atom set's store, λ from the set's gate; needs a set built "
+                      "with corpus labels and a gate: hartonomous gate fit SET).")
+GENERATE_PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
+NEXT_TOKEN_PATHS = ("spatial", "exact", "augmented")
 MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 MAX_TREE_WIDTH = 16       # hartonomous.speculative.MAX_TREE_WIDTH (likewise)
 
@@ -43,7 +48,7 @@ SAMPLER_OPTIONS = [
 ]
 CLIENT_OPTIONS = [
     _option("atom_set", Optional[str], typer.Option(None, "--atom-set",
-                                                    help="Spatial: atom set (default set if omitted).")),
+                                                    help="Spatial, augmented: atom set (default set if omitted).")),
     _option("search_radius", Optional[float], typer.Option(None, "--search-radius", help="Spatial: KNN radius.")),
     _option("max_neighbors", int, typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000).")),
     _option("history_weight", Optional[float], typer.Option(
@@ -52,6 +57,10 @@ CLIENT_OPTIONS = [
     _option("history_window", Optional[int], typer.Option(
         None, "--history-window", help="Spatial: earlier positions that become history atoms (0..4096; default: "
                                        "the atom set's).")),
+    _option("augment_weight", Optional[float], typer.Option(
+        None, "--augment-weight", help="Augmented, for experiments only: fix λ, the store's weight in the mixture "
+                                       "(0..1; 0 = the exact path, 1 = the store alone). Default: the atom set's "
+                                       "gate decides λ at every step.")),
     _option("model", Optional[str], typer.Option(None, "--model", help="Exact: 'smollm2' or a local model folder.")),
     _option("device", Optional[str], typer.Option(None, "--device", help="Exact: auto | cpu | cuda.")),
     _option("dtype", str, typer.Option("float32", "--dtype", help="Exact, torch runtime: float32 | bfloat16 | float16.")),
@@ -78,7 +87,7 @@ def with_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exact"), draft_tokens: int = 4,
+def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS, draft_tokens: int = 4,
             risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
@@ -91,6 +100,13 @@ def _client(prompt: str, path: str, client_options: dict, paths=("spatial", "exa
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise UserError(f"--tree-width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
+    weight = client_options.get("augment_weight")
+    if weight is not None:
+        if path != "augmented":
+            raise UserError(f"--augment-weight is for --path augmented, not {path}")
+        if not (0.0 <= weight <= 1.0):              # false for NaN too
+            raise UserError(f"--augment-weight must be in [0, 1] (for experiments; leave it out and the atom "
+                            f"set's gate decides λ), got {weight}")
     if remember and path not in REMEMBERED_PATHS:
         raise UserError(f"--remember keeps only the exact model's words: use it with --path "
                         f"{' or '.join(REMEMBERED_PATHS)} (the {path} path's output holds the store's own guesses)")
@@ -104,6 +120,14 @@ def _stats_line(result, runtime: str | None = None) -> str:
     on = f"; {runtime} runtime" if runtime else ""
     return (f"[{result.path}] {len(result.token_ids)} tokens in {t.total_s:.2f} s, {rate}; "
             f"{result.state.value} ({result.finish_reason}); seed {result.seed}{on}")
+
+
+def _augmented_line(stats) -> str:
+    """The augmented statistics: how much the store weighed in (AugmentedStats.as_dict)."""
+    s = stats.as_dict()
+    mean = f"{s['mean_weight']:.3f}" if s["mean_weight"] is not None else "n/a"
+    return (f"[augmented] mean λ {mean} over {s['steps']} steps; the store's most probable token picked at "
+            f"{s['store_top_picked']}/{s['steps']}")
 
 
 def _speculative_line(stats) -> str:
@@ -137,7 +161,8 @@ def register(app: typer.Typer) -> None:
                                          help="Spatial: run the whole loop in SQL generate_tokens."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         memory: bool = typer.Option(False, "--memory",
-                                    help="Speculative: draft from the atom set's memory of past generations too."),
+                                    help="Speculative: draft from the atom set's memory of past generations too; "
+                                         "augmented: the store reads that memory too."),
         remember: bool = typer.Option(False, "--remember",
                                       help="Exact, speculative: remember this generation in the atom set's "
                                            "memory (written as the database owner; only the exact model's words "
@@ -163,7 +188,7 @@ def register(app: typer.Typer) -> None:
         sampler_options: dict | None = None,
         client_options: dict | None = None,
     ) -> None:
-        """Continue PROMPT with the spatial, exact, speculative or hybrid path."""
+        """Continue PROMPT with the spatial, exact, speculative, hybrid or augmented path."""
         from hartonomous.client import make_config
 
         config = make_config(max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop),
@@ -171,7 +196,7 @@ def register(app: typer.Typer) -> None:
                              standard_p=standard_p, explore_p=explore_p, explore_temp=explore_temp,
                              cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
                              **sampler_options)
-        with _client(prompt, path, client_options, ("spatial", "exact", "speculative", "hybrid"), draft_tokens,
+        with _client(prompt, path, client_options, GENERATE_PATHS, draft_tokens,
                      risk_threshold, memory, remember, tree_width) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
@@ -198,6 +223,8 @@ def register(app: typer.Typer) -> None:
                 s = result.stats
                 print(f"[hybrid] {s.exact_steps}/{s.steps} steps from the exact model (risk threshold {s.threshold:g})",
                       file=sys.stderr)
+            elif result.path == "augmented":
+                print(_augmented_line(result.stats), file=sys.stderr)
             elif result.stats is not None:
                 print(_speculative_line(result.stats), file=sys.stderr)
 
@@ -215,7 +242,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        with _client(prompt, path, client_options) as client:
+        with _client(prompt, path, client_options, NEXT_TOKEN_PATHS) as client:
             rows = client.next_token(prompt, path, **sampler_options)
         if as_json:
             print(json.dumps([r.__dict__ for r in rows], indent=2))

@@ -21,9 +21,16 @@ completed exact or speculative generation (only tokens the exact model chose: ne
 hybrid path's) into the atom set's memory, within the set's bound, through an owner
 connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
-said before (the output is the exact path's either way; only the speed changes).
+said before (the output is the exact path's either way; only the speed changes); the augmented
+path's store reads it too (there it changes the output).
 `spatial_memory=True` lets the spatial path's next_token read it too (its output then depends on
 what was remembered; `compare --memory` uses it).
+`path="augmented"` mixes the exact model with the atom set's own store at every step,
+p = (1 - λ) p_exact + λ p_store, λ from the set's fitted gate (hartonomous.augment; the set must be
+built with corpus labels and have a gate: `hartonomous gate fit SET`); `augment_weight` fixes λ
+instead (experiments: 0 is the exact path bit for bit, 1 the store alone); `result.stats` is an
+AugmentedStats (mean λ, how often the store's top token was picked). Its output holds the store's
+guesses, so it is never remembered.
 `max_tree_width` > 1 lets speculative rounds draft trees (one `draft_tree` call, verified
 in one forward with a 4D attention mask; hartonomous.speculative.decoding); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
@@ -31,6 +38,7 @@ in one forward with a 4D attention mask; hartonomous.speculative.decoding); off 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -41,7 +49,7 @@ from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
 
-PATHS = ("spatial", "exact", "speculative", "hybrid")
+PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
 
 
@@ -65,7 +73,7 @@ class Client:
                  runtime: str | None = None, exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8,
                  risk_threshold: float = 0.5,
                  memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1,
-                 spatial_memory: bool = False):
+                 spatial_memory: bool = False, augment_weight: float | None = None):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
@@ -77,6 +85,7 @@ class Client:
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)
+        self.augment_weight = check_augment_weight(augment_weight)   # None: the set's gate decides λ
         self.memory = bool(memory)                   # the speculative drafter reads the memory
         self.spatial_memory = bool(spatial_memory)   # the spatial path's next_token reads it too
         self._writer, self._owns_writer = None, False
@@ -101,9 +110,12 @@ class Client:
                 backend = self._exact_backend()
             elif path == "hybrid":
                 backend = self._hybrid_backend()
+            elif path == "augmented":
+                backend = self._augmented_backend()
             else:
                 backend = self._speculative_backend()
-            self._engines[key] = Engine(backend, on_result=self._remembering(path))
+            hook = _settle_augmented if path == "augmented" else self._remembering(path)
+            self._engines[key] = Engine(backend, on_result=hook)
         return self._engines[key]
 
     def _remembering(self, path: str):
@@ -140,6 +152,23 @@ class Client:
 
         exact = self._exact_backend()
         return HybridBackend(self._spatial_beside(exact), exact, self.risk_threshold)
+
+    def _augmented_backend(self):
+        """The exact model mixed with the atom set's store by the set's gate (hartonomous.augment).
+        The set is checked before the model loads: corpus labels, a gate, then the vocabulary."""
+        from hartonomous.atomset import load_atom_set
+        from hartonomous.augment.backend import AugmentedBackend, check_compatible
+        from hartonomous.augment.gates import check_corpus_labels, load_gate
+
+        conn = self._connection()
+        info = load_atom_set(conn, self.atom_set)
+        check_corpus_labels(info)
+        gate = load_gate(conn, info.name)
+        exact = self._exact_backend()
+        check_compatible(info, exact.model)
+        return AugmentedBackend(exact, conn, info, gate, max_neighbors=self.max_neighbors,
+                                history_weight=self.history_weight, history_window=self.history_window,
+                                memory=self.memory, weight=self.augment_weight)
 
     def _spatial_beside(self, exact):
         """A spatial backend of its own that shares the exact model's tokenizer (ids must agree)."""
@@ -267,6 +296,23 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _settle_augmented(result) -> None:
+    """The augmented result's statistics count the last pick too (the engine never feeds it back)."""
+    if result.stats is not None:
+        result.stats.settle(result.token_ids)
+
+
+def check_augment_weight(weight: float | None) -> float | None:
+    """λ for the augmented path, fixed for experiments: None (the gate decides) or a number in [0, 1]."""
+    if weight is None:
+        return None
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+            or not 0.0 <= weight <= 1.0:
+        raise InvalidArgument("augment_weight", f"augment_weight (λ) must be a number in [0, 1] or None (the "
+                                                f"set's gate decides), got {weight!r}")
+    return float(weight)
 
 
 def make_config(**options: Any) -> GenerationConfig:

@@ -39,7 +39,8 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
 
 def _client(runtime: Runtime, req):
     return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
-                          req.history_window, getattr(req, "draft_tokens", 4), getattr(req, "risk_threshold", 0.5))
+                          req.history_window, getattr(req, "draft_tokens", 4), getattr(req, "risk_threshold", 0.5),
+                          req.augment_weight)
 
 
 def _config(req, *prompts: str) -> GenerationConfig:
@@ -111,6 +112,9 @@ def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:
     for name in ("mode", "route", "origin", "source"):   # adaptive sampler / hybrid path / speculative origin, source
         if getattr(event, name) is not None:
             payload[name] = getattr(event, name)
+    if event.weight is not None:               # augmented: the step's λ, and whether the store's top token won
+        payload["weight"] = _finite(event.weight)
+        payload["store_top"] = event.store_top
     if event.live is not None:                 # speculative: running acceptance and tokens per forward
         payload["live"] = {k: _finite(v) if isinstance(v, float) else v for k, v in event.live.items()}
     return payload

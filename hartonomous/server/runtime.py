@@ -6,7 +6,7 @@ use, or in the background at start-up) and shared; its forward passes are serial
 so concurrent generations interleave step by step instead of fighting over the CPU cores.
 Generations run in a bounded thread pool; the event loop never blocks on them.
 With `remember` on, completed exact and speculative generations (the exact model's words; never
-the spatial or hybrid path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
+the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
 through one writer connection of the owner's, kept apart from the reader pool, and speculative
 drafts read that memory. `memory_max_atoms`, when set, is written as the bound of each set's memory
 before the server writes there; the database enforces it.
@@ -235,9 +235,9 @@ class Runtime:
     def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
                max_neighbors: int = 100, history_weight: float | None = None,
                history_window: int | None = None, draft_tokens: int = 4,
-               risk_threshold: float = 0.5) -> Iterator[Any]:
+               risk_threshold: float = 0.5, augment_weight: float | None = None) -> Iterator[Any]:
         """A Client for one request: its own pooled connection (spatial), the shared model (exact), or
-        both (speculative)."""
+        both (speculative, hybrid, augmented)."""
         from hartonomous.client import Client
 
         memory = {"memory": self.memory_writer is not None, "remember": self.memory_writer or False}
@@ -247,13 +247,13 @@ class Runtime:
                                                 **memory) as client:
                 yield client
             return
-        exact = self.exact_model() if path in ("speculative", "hybrid") else None
+        exact = self.exact_model() if path in ("speculative", "hybrid", "augmented") else None
         with self._exclusive(exact), self.connection() as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
                         draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                        risk_threshold=risk_threshold, **memory) as client:
+                        risk_threshold=risk_threshold, augment_weight=augment_weight, **memory) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

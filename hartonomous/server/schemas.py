@@ -26,8 +26,8 @@ MAX_STOP_STRINGS = 8
 MAX_DISTRIBUTION_ROWS = 1000   # rows next_token returns at most (`limit`)
 INT64 = 2**63
 
-PathName = Literal["spatial", "exact"]
-GenerationPath = Literal["spatial", "exact", "speculative", "hybrid"]  # generation only: no distribution of their own
+PathName = Literal["spatial", "exact", "augmented"]
+GenerationPath = Literal["spatial", "exact", "speculative", "hybrid", "augmented"]  # speculative, hybrid: generation only
 CautiousMode = Literal["flatten", "signal", "abstain"]
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS,
@@ -44,7 +44,9 @@ class Strict(BaseModel):
 class SamplerParams(Strict):
     """The shared sampler (docs/design.md: repetition penalty -> temperature -> top-k -> top-p)."""
 
-    path: PathName = Field("spatial", description="spatial (PostGIS next_token) or exact (the transformer).")
+    path: PathName = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer) or "
+                                                  "augmented (the exact model mixed with the atom set's store by "
+                                                  "the set's gate).")
     temperature: float = Field(GenerationConfig.temperature, ge=0, le=100, allow_inf_nan=False,
                                description="0 = greedy, else at least 1e-06.")
     top_k: int | None = Field(GenerationConfig.top_k, ge=0, le=1_000_000,
@@ -62,6 +64,10 @@ class SamplerParams(Strict):
     history_window: int | None = Field(None, ge=0, le=HISTORY_WINDOW_MAX,
                                        description="Spatial: earlier positions that become history atoms; null = "
                                                    "the atom set's.")
+    augment_weight: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                         description="Augmented, for experiments only: fix λ, the store's weight in "
+                                                     "the mixture (0 = the exact path, 1 = the store alone); null = "
+                                                     "the atom set's gate decides at every step.")
 
     def sampler_options(self) -> dict:
         """The sampler's keyword options (hartonomous.client.Client.next_token, GenerationConfig)."""
@@ -79,9 +85,12 @@ class NextTokenRequest(SamplerParams):
 
 
 class GenerationOptions(SamplerParams):
-    path: GenerationPath = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer), or "
+    path: GenerationPath = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer), "
                                                         "speculative (spatial drafts, exact verifies: the exact "
-                                                        "path's output, with `stats`).")
+                                                        "path's output, with `stats`), hybrid (each step spatial "
+                                                        "or exact by the predicted risk) or augmented (each step "
+                                                        "(1 - λ) exact + λ the atom set's store, λ from the set's "
+                                                        "gate; `stats` has the mean λ).")
     draft_tokens: int = Field(4, ge=1, le=MAX_DRAFT_TOKENS,
                               description="Speculative: tokens drafted in the first round (then adaptive).")
     max_new_tokens: int = Field(GenerationConfig.max_new_tokens, ge=1, le=MAX_NEW_TOKENS_PER_REQUEST,
@@ -189,6 +198,12 @@ class HybridStatsOut(BaseModel):
     exact_fraction: float
 
 
+class AugmentedStatsOut(BaseModel):
+    steps: int
+    mean_weight: float | None = Field(None, description="The mean λ, the store's weight in the mixture.")
+    store_top_picked: int = Field(description="Steps whose picked token was the store's most probable one.")
+
+
 class GenerateResponse(BaseModel):
     path: GenerationPath
     atom_set: str | None = None
@@ -199,9 +214,9 @@ class GenerateResponse(BaseModel):
     finish_reason: str
     seed: int
     timings: TimingsOut
-    stats: SpeculativeStatsOut | HybridStatsOut | None = Field(
+    stats: SpeculativeStatsOut | HybridStatsOut | AugmentedStatsOut | None = Field(
         None, description="Speculative: rounds, acceptance, draft vs verify time; hybrid: steps sent to the exact "
-                          "model.")
+                          "model; augmented: the mean λ and how often the store's top token was picked.")
 
 
 class BatchResponse(BaseModel):

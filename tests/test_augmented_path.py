@@ -1,0 +1,375 @@
+"""The augmented path, wired everywhere a path is offered: p = (1 − λ) p_exact + λ p_store.
+
+On a real database with a context set built with corpus labels from the tiny model's training
+text, a hand-written gate beside it, and the tiny random-weight model as the exact model:
+λ = 0 is the exact path, λ = 1 the store (SQL store_distribution) under the same sampler, a
+λ in between the mixture; events carry λ and whether the store's top token won; result.stats
+sums them up; a set without a gate or without corpus labels, and a λ outside [0, 1], are
+refused by the Client, the CLI (one line, non-zero exit) and HTTP (422 naming the field); the
+path is never remembered; `bench --augmented` measures it beside the exact path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+
+import httpx
+import numpy as np
+import psycopg
+import pytest
+import torch
+
+from generation_helpers import drop_atom_set, run_cli, save_tiny_model, write_tiny_atom_set
+from hartonomous import sqlcalls
+from hartonomous.augment.gate import FEATURES, Gate, feature_row
+from hartonomous.augment.gates import save_gate
+from hartonomous.client import Client
+from hartonomous.config import reload_settings
+from hartonomous.engine import Engine
+from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.exact import ExactModel
+from hartonomous.generation_config import GenerationConfig
+from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
+from test_speculative import one_torch_thread, tiny_exact_backend  # noqa: F401
+from tiny_model import TRAIN_TEXT, tiny_model
+
+PROMPTS = ["The capital of France is", "def add(a, b):"]
+SAMPLED = dict(max_new_tokens=12, temperature=1.0, top_k=40, top_p=0.9, seed=7, stop_at_eos=False)
+PLAIN = dict(max_new_tokens=10, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=3,
+             stop_at_eos=False)          # the sampler changes nothing: the distribution is the path's own
+# A hand-picked gate (FEATURES order): trust the store where it is close, sure and agrees with the model.
+COEFFICIENTS = {"closeness": 0.4, "exact_match": 0.6, "ln_mass": 0.3, "store_top": 1.5, "store_entropy": -0.5,
+                "agree": 0.8}
+GATE = Gate(FEATURES, means=(0.0,) * len(FEATURES), scales=(1.0,) * len(FEATURES),
+            coefficients=tuple(COEFFICIENTS.get(f, 0.0) for f in FEATURES), intercept=-1.0,
+            calibration_loss=2.0, exact_loss=2.5, positions=100)
+
+
+@pytest.fixture(scope="module")
+def corpus_set(server_url, tmp_path_factory):
+    """A context set labelled with its corpus's own next tokens (`build --target corpus`), gated."""
+    from projection.build import BuildOptions, build
+
+    model, tokenizer = tiny_model(0)
+    corpus = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    corpus.write_text("\n".join(TRAIN_TEXT))
+    name = f"tiny-corpus-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url) as conn:
+        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
+                                 landmarks=64, target="corpus"), model=model, tokenizer=tokenizer)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        save_gate(conn, name, GATE)
+    yield name
+    drop_atom_set(server_url, name)
+
+
+@pytest.fixture(scope="module")
+def model_labelled_set(server_url):
+    """A set with no corpus labels (hand-written token atoms)."""
+    name = write_tiny_atom_set(server_url, model="tiny", window=3, decay=0.5)
+    yield name
+    drop_atom_set(server_url, name)
+
+
+def client(url: str, atom_set: str, **options) -> Client:
+    model, tokenizer = tiny_model(0)
+    return Client(database_url=url, atom_set=atom_set, exact_model=ExactModel(model, tokenizer), **options)
+
+
+def exact_probs(ids: list[int]) -> np.ndarray:
+    """p_exact at T = 1 after ids, from a fresh exact model (V,)."""
+    backend = tiny_exact_backend()
+    logits = backend.start(list(ids)).logits
+    return torch.softmax(logits.detach().to(torch.float64), -1).numpy()
+
+
+def store_probs(conn, atom_set: str, ids: list[int], vocab: int) -> tuple[np.ndarray, object]:
+    """p_store after ids, dense (V,), straight from SQL store_distribution, and the step itself."""
+    step = sqlcalls.store_distribution(conn, ids, atom_set=atom_set)[-1]
+    dense = np.zeros(vocab)
+    dense[step.token_ids] = step.probabilities
+    return dense, step
+
+
+def as_dense(dist, vocab: int) -> np.ndarray:
+    dense = np.zeros(vocab)
+    dense[dist.token_ids] = dist.probabilities
+    return dense
+
+
+# -- λ = 0: the exact path, bit for bit --------------------------------------------------------------
+
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
+def test_weight_zero_is_the_exact_path_token_for_token(server_url, corpus_set, repetition_penalty):
+    config = GenerationConfig(**SAMPLED, repetition_penalty=repetition_penalty)
+    with client(server_url, corpus_set, augment_weight=0) as c:
+        augmented = c.engine("augmented")
+        for prompt in PROMPTS:
+            want = list(Engine(tiny_exact_backend()).session(prompt, config).events())
+            got = list(augmented.session(prompt, config).events())
+            assert [e.token_id for e in got] == [e.token_id for e in want]
+            assert [e.probability for e in got] == [e.probability for e in want]
+            for g, w in zip(got, want):
+                assert g.distribution.token_ids == w.distribution.token_ids
+                assert g.distribution.probabilities == w.distribution.probabilities
+                assert g.weight == 0.0
+        rows = c.next_token(PROMPTS[0], "augmented", repetition_penalty=repetition_penalty)
+        assert rows == c.next_token(PROMPTS[0], "exact", repetition_penalty=repetition_penalty)
+
+
+# -- λ = 1: the store's distribution; λ in between: the mixture ----------------------------------------
+
+def test_weight_one_is_the_stores_distribution(server_url, corpus_set):
+    config = GenerationConfig(**PLAIN)
+    with client(server_url, corpus_set, augment_weight=1) as c, psycopg.connect(server_url, autocommit=True) as conn:
+        session = c.engine("augmented").session(PROMPTS[1], config)
+        ids, vocab = list(session.prompt_ids), tiny_exact_backend().model.vocab_size
+        for event in session.events():
+            want, step = store_probs(conn, corpus_set, ids, vocab)
+            assert step.token_ids, "the store has candidates at every step of this prompt"
+            assert set(event.distribution.token_ids) == set(step.token_ids)
+            np.testing.assert_allclose(as_dense(event.distribution, vocab), want, rtol=0, atol=1e-12)
+            ids.append(event.token_id)
+
+
+@pytest.mark.parametrize("weight", [0.25, 0.7])
+def test_a_weight_between_mixes_the_two_distributions(server_url, corpus_set, weight):
+    config = GenerationConfig(**PLAIN)
+    with client(server_url, corpus_set, augment_weight=weight) as c, \
+            psycopg.connect(server_url, autocommit=True) as conn:
+        session = c.engine("augmented").session(PROMPTS[0], config)
+        ids = list(session.prompt_ids)
+        vocab = tiny_exact_backend().model.vocab_size
+        for event in session.events():
+            p_store, _ = store_probs(conn, corpus_set, ids, vocab)
+            want = (1 - weight) * exact_probs(ids) + weight * p_store
+            np.testing.assert_allclose(as_dense(event.distribution, vocab), want, rtol=0, atol=1e-6)
+            assert event.weight == weight
+            ids.append(event.token_id)
+
+
+# -- the gate: λ per step, on the events and in the statistics ------------------------------------------
+
+def test_the_gate_sets_each_steps_weight_and_the_stats_sum_them_up(server_url, corpus_set):
+    config = GenerationConfig(**SAMPLED)
+    with client(server_url, corpus_set) as c, psycopg.connect(server_url, autocommit=True) as conn:
+        session = c.engine("augmented").session(PROMPTS[0], config)
+        ids = list(session.prompt_ids)
+        events = []
+        for event in session.events():
+            _, step = store_probs(conn, corpus_set, ids, tiny_exact_backend().model.vocab_size)
+            assert event.weight == pytest.approx(GATE.weight(feature_row(step, exact_probs(ids))), abs=1e-9)
+            top = step.token_ids[int(np.argmax(step.probabilities))] if step.token_ids else None
+            assert event.store_top == (event.token_id == top)
+            events.append(event)
+            ids.append(event.token_id)
+    weights = [e.weight for e in events]
+    assert len(set(weights)) > 1 and all(0 < w < 1 for w in weights)          # the gate moves with the step
+    stats = session.result.stats
+    assert session.result.path == "augmented"
+    assert stats.as_dict() == {"steps": len(events), "mean_weight": pytest.approx(sum(weights) / len(weights)),
+                               "store_top_picked": sum(bool(e.store_top) for e in events)}
+
+
+def test_next_token_gives_the_augmented_distribution(server_url, corpus_set):
+    with client(server_url, corpus_set) as c:
+        rows = c.next_token(PROMPTS[1], "augmented", temperature=1.0, top_k=0)
+        dist = c.engine("augmented").distribution(PROMPTS[1], GenerationConfig(temperature=1.0, top_k=0))
+    assert [r.token_id for r in rows] == dist.token_ids
+    assert sum(r.probability for r in rows) == pytest.approx(1.0)
+    assert rows != []
+
+
+# -- refusals ------------------------------------------------------------------------------------------
+
+def test_a_set_without_a_gate_is_refused_with_how_to_fit_one(server_url, corpus_set):
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM augment_gates g USING atom_sets s WHERE s.id = g.atom_set_id AND s.name = %s",
+                     (corpus_set,))
+        try:
+            with client(server_url, corpus_set) as c, pytest.raises(UserError, match="hartonomous gate fit"):
+                c.generate(PROMPTS[0], "augmented", max_new_tokens=2)
+        finally:
+            save_gate(conn, corpus_set, GATE)
+
+
+def test_a_set_without_corpus_labels_is_refused(server_url, model_labelled_set):
+    with client(server_url, model_labelled_set) as c, pytest.raises(UserError, match="corpus labels"):
+        c.next_token(PROMPTS[0], "augmented")
+
+
+@pytest.mark.parametrize("weight", [-0.1, 1.5, math.nan, math.inf, True, "0.5"])
+def test_a_weight_outside_zero_to_one_is_refused_by_the_client(weight):
+    with pytest.raises(InvalidArgument) as err:
+        Client(augment_weight=weight)
+    assert err.value.name == "augment_weight"
+
+
+def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
+    assert "augmented" not in REMEMBERED_PATHS
+    writer = MemoryWriter(server_url)
+    writer.forget(corpus_set)
+    options = dict(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
+    try:
+        with client(server_url, corpus_set, remember=writer) as c:
+            result = c.generate(PROMPTS[0], "augmented", **options)
+            assert result.finish_reason == "length" and len(result.token_ids) == 6
+            assert writer.status(corpus_set).atoms == 0 and writer.failed == 0
+            c.generate(PROMPTS[0], "exact", **options)              # the same writer does remember the exact path
+            assert writer.status(corpus_set).atoms == 6
+    finally:
+        writer.forget(corpus_set)
+        writer.close()
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def database_env(server_url, monkeypatch):
+    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", server_url)
+    reload_settings()
+    yield server_url
+    monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
+    reload_settings()
+
+
+def test_cli_generate_reports_the_mean_weight_and_store_top_picks(capsys, database_env, corpus_set, tiny_dir):
+    args = ["generate", PROMPTS[0], "--path", "augmented", "--seed", "3", "--max-new-tokens", "6", "--ignore-eos",
+            "--atom-set", corpus_set, "--model", str(tiny_dir), "--device", "cpu"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0 and out.strip()
+    line = [x for x in err.splitlines() if x.startswith("[augmented] mean λ")]
+    assert line and "over 6 steps" in line[0] and "most probable token picked at" in line[0]
+    code, out, _ = run_cli(capsys, *args, "--json")
+    stats = json.loads(out)["stats"]
+    assert code == 0 and stats["steps"] == 6 and 0 < stats["mean_weight"] < 1
+    assert 0 <= stats["store_top_picked"] <= 6
+    code, out, _ = run_cli(capsys, *args, "--augment-weight", "0", "--json")
+    exact_args = [a if a != "augmented" else "exact" for a in args]
+    code2, out2, _ = run_cli(capsys, *exact_args, "--json")
+    assert code == code2 == 0 and json.loads(out)["token_ids"] == json.loads(out2)["token_ids"]
+    code, out, _ = run_cli(capsys, "next-token", PROMPTS[0], "--path", "augmented", "--json", "--atom-set",
+                           corpus_set, "--model", str(tiny_dir), "--device", "cpu")
+    assert code == 0 and sum(r["probability"] for r in json.loads(out)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--augment-weight", "1.5"], "--augment-weight must be in [0, 1]"),
+    (["--augment-weight", "nan"], "--augment-weight must be in [0, 1]"),
+    (["--remember"], "--remember keeps only the exact model's words"),
+])
+def test_cli_refuses_a_bad_weight_in_one_line(capsys, extra, message):
+    code, out, err = run_cli(capsys, "generate", PROMPTS[0], "--path", "augmented", *extra)
+    assert code != 0 and not out
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_refuses_the_weight_on_another_path(capsys):
+    code, _, err = run_cli(capsys, "next-token", PROMPTS[0], "--path", "exact", "--augment-weight", "0.5")
+    assert code != 0 and "--augment-weight is for --path augmented" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("which, message", [("model_labelled_set", "corpus labels"),
+                                            ("no_gate", "fit one with: hartonomous gate fit")])
+def test_cli_refuses_a_set_it_cannot_augment_in_one_line(request, capsys, database_env, server_url, tiny_dir,
+                                                        which, message):
+    if which == "no_gate":
+        name = request.getfixturevalue("corpus_set")
+        conn = psycopg.connect(server_url, autocommit=True)
+        conn.execute("DELETE FROM augment_gates g USING atom_sets s WHERE s.id = g.atom_set_id AND s.name = %s",
+                     (name,))
+    else:
+        name, conn = request.getfixturevalue(which), None
+    try:
+        code, out, err = run_cli(capsys, "generate", PROMPTS[0], "--path", "augmented", "--atom-set", name,
+                                 "--model", str(tiny_dir), "--device", "cpu", "--max-new-tokens", "2")
+    finally:
+        if conn is not None:
+            save_gate(conn, name, GATE)
+            conn.close()
+    assert code != 0 and not out
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+# -- HTTP and SSE --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def http(reader_url, corpus_set):
+    """A live server on the reader role (it must read gates and call store_distribution)."""
+    from server_helpers import WAIT_S, live_app
+
+    server, _ = live_app(reader_url, corpus_set, pool_size=2)
+    with server as url, httpx.Client(base_url=url, timeout=WAIT_S) as h:
+        yield h
+
+
+def sse(http: httpx.Client, body: dict) -> list[tuple[str, dict | str]]:
+    from test_server import parse_sse
+
+    with http.stream("POST", "/api/generate/stream", json=body) as response:
+        assert response.status_code == 200, response.read()
+        return [(event, data if data == "[DONE]" else json.loads(data))
+                for event, data in parse_sse(response.iter_lines()) if event != "comment"]
+
+
+def test_sse_events_carry_the_weight_and_the_result_the_stats(http):
+    body = {"prompt": PROMPTS[0], "path": "augmented", "max_new_tokens": 6, "seed": 4, "ignore_eos": True}
+    events = sse(http, {**body, "details": True})
+    tokens = [data for event, data in events if event == "message" and data != "[DONE]" and "token_id" in data]
+    result = next(data for event, data in events if event == "result")
+    assert len(tokens) == 6 and all(0 < t["weight"] < 1 and isinstance(t["store_top"], bool) for t in tokens)
+    assert result["path"] == "augmented"
+    assert result["stats"] == {"steps": 6, "mean_weight": pytest.approx(sum(t["weight"] for t in tokens) / 6),
+                               "store_top_picked": sum(t["store_top"] for t in tokens)}
+    blocking = http.post("/api/generate", json=body).json()
+    assert blocking["token_ids"] == [t["token_id"] for t in tokens] and blocking["stats"] == result["stats"]
+    fixed = http.post("/api/generate", json={**body, "augment_weight": 0})
+    exact = http.post("/api/generate", json={**body, "path": "exact"})
+    assert fixed.status_code == exact.status_code == 200
+    assert fixed.json()["token_ids"] == exact.json()["token_ids"]
+
+
+def test_next_token_over_http(http):
+    response = http.post("/api/next_token", json={"prompt": PROMPTS[1], "path": "augmented", "limit": 5})
+    assert response.status_code == 200
+    payload = response.json()
+    assert payload["path"] == "augmented" and len(payload["rows"]) == 5 and payload["atom_set"]
+
+
+@pytest.mark.parametrize("endpoint, weight", [("/api/generate", 1.5), ("/api/generate/stream", -0.5),
+                                              ("/api/next_token", 2)])
+def test_a_weight_outside_zero_to_one_is_422_naming_the_field(http, endpoint, weight):
+    response = http.post(endpoint, json={"prompt": PROMPTS[0], "path": "augmented", "augment_weight": weight})
+    assert response.status_code == 422
+    assert "augment_weight" in [d["field"] for d in response.json()["detail"]]
+
+
+# -- bench --augmented ---------------------------------------------------------------------------------
+
+def test_bench_measures_both_paths_on_one_runtime(server_url, corpus_set):
+    from benchmarks.augmented import PATHS, TARGET_MS, markdown, measure
+
+    with client(server_url, corpus_set) as c:
+        row = measure(c, PROMPTS, max_new_tokens=4)
+    assert row["runtime"] == "torch" and set(row["methods"]) == set(PATHS)
+    for path in PATHS:
+        assert row["methods"][path]["steps"] == 2 * 3 and row["methods"][path]["ms_per_token"] > 0
+    assert 0 < row["methods"]["augmented"]["mean_weight"] < 1
+    assert row["difference_ms"] == pytest.approx(row["methods"]["augmented"]["ms_per_token"]
+                                                 - row["methods"]["exact"]["ms_per_token"])
+    assert row["met"] == (row["difference_ms"] <= TARGET_MS)
+    text = markdown({"atom_set": corpus_set, "prompts": 2, "max_new_tokens": 4, "runtimes": [row],
+                     "machine": {"cpu": "x", "cores": 2, "load_average": [1.0, 1.0, 1.0]}}, "hartonomous bench --augmented")
+    assert "`hartonomous bench --augmented`" in text and "| torch |" in text
+
+
+def test_bench_refuses_an_unknown_runtime_in_one_line(capsys):
+    code, _, err = run_cli(capsys, "bench", "--augmented", "--runtimes", "int8")
+    assert code != 0 and "--runtimes takes torch, int4 and llama with --augmented" in err
