@@ -373,3 +373,47 @@ def test_bench_measures_both_paths_on_one_runtime(server_url, corpus_set):
 def test_bench_refuses_an_unknown_runtime_in_one_line(capsys):
     code, _, err = run_cli(capsys, "bench", "--augmented", "--runtimes", "int8")
     assert code != 0 and "--runtimes takes torch, int4 and llama with --augmented" in err
+
+
+# -- the playground ------------------------------------------------------------------------------------
+
+def test_the_playground_tints_each_augmented_token_by_its_weight(reader_url, corpus_set):
+    import os
+    from pathlib import Path
+
+    from browser import CHROMIUM, Browser
+    from server_helpers import live_app
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    settings = {"max_new_tokens": 8, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1,
+                "seed": 3}
+    artifact = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground-augmented.png"
+    server, _ = live_app(reader_url, corpus_set)
+    with server as url, Browser() as browser:
+        browser.navigate(url + "/")
+        browser.wait_for(f"[...document.querySelectorAll('#atom_set option')].some(o => o.value === "
+                         f"{json.dumps(corpus_set)})", "the atom set in the selector")
+        fill = [f"document.getElementById('prompt').value = {json.dumps(PROMPTS[0])}",
+                f"document.getElementById('atom_set').value = {json.dumps(corpus_set)}",
+                "document.getElementById('use-spatial').checked = false",
+                "document.getElementById('use-exact').checked = false",
+                "document.getElementById('use-augmented').checked = true"]
+        fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in settings.items()]
+        browser.evaluate("; ".join(fill))
+        browser.click("#generate")
+        browser.wait_for("document.getElementById('pane-augmented').dataset.state === 'done'", "the augmented pane")
+        shown = browser.evaluate("[...document.querySelectorAll('#pane-augmented .generated .tok-weight')]"
+                                 ".map(s => [Number(s.dataset.weight), s.classList.contains('store-top')])")
+        summary = browser.evaluate("document.querySelector('#pane-augmented .spec-stats').textContent")
+        legend = browser.evaluate("document.querySelector('#pane-augmented .legend').textContent")
+        hidden = browser.evaluate("document.getElementById('pane-augmented').hidden")
+        artifact.parent.mkdir(exist_ok=True)
+        browser.screenshot(artifact)
+        with httpx.Client(base_url=url, timeout=60) as h:
+            events = sse(h, {"prompt": PROMPTS[0], "atom_set": corpus_set, "path": "augmented", "details": True,
+                             "top_n": 12, **settings})
+    tokens = [d for e, d in events if e == "message" and d != "[DONE]" and "token_id" in d]
+    assert not hidden and shown == [[t["weight"], t["store_top"]] for t in tokens]
+    assert "λ" in legend and "store" in legend
+    assert summary.startswith("mean λ") and f"over {len(tokens)} steps" in summary

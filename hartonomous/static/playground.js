@@ -1,14 +1,15 @@
-// Hartonomous playground: streams the chosen paths (spatial, exact, speculative, hybrid) side by
-// side over SSE (fetch + POST, parsed here, since EventSource cannot POST), colours each token of
-// the speculative and hybrid panes by where it came from (on the speculative pane, a kept draft
-// also by the source of the atom that voted for it most), and draws the spatial distribution of
-// the latest step.
+// Hartonomous playground: streams the chosen paths (spatial, exact, speculative, hybrid, augmented)
+// side by side over SSE (fetch + POST, parsed here, since EventSource cannot POST), colours each
+// token of the speculative and hybrid panes by where it came from (on the speculative pane, a kept
+// draft also by the source of the atom that voted for it most) and each token of the augmented
+// pane by λ, the store's weight at its step, and draws the spatial distribution of the latest step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty"];
 const TOP_N = 12;
-const PATHS = ["spatial", "exact", "speculative", "hybrid"];
+const PATHS = ["spatial", "exact", "speculative", "hybrid", "augmented"];
+const OPTIONAL_PANES = ["speculative", "hybrid", "augmented"];   // shown only while their box is ticked
 // Where a token came from, per path: the stream event's field and the words for its tooltip.
 const ORIGIN = {
   speculative: { field: "origin", words: { draft: "drafted by the spatial path, kept by the exact model",
@@ -94,7 +95,16 @@ function pane(path) {
       if ("token_id" in event) tokens += 1;        // a final text-only event flushes held-back text
       if (typeof event.seconds === "number") seconds += event.seconds;
       const origin = ORIGIN[path] && event[ORIGIN[path].field];
-      if (origin) {                                // coloured by where the token came from
+      if (typeof event.weight === "number") {    // augmented: tinted by λ, underlined when the store's top won
+        const span = document.createElement("span");
+        span.className = `tok tok-weight${event.store_top ? " store-top" : ""}`;
+        span.style.setProperty("--weight", String(event.weight));
+        span.dataset.weight = String(event.weight);
+        span.title = `λ = ${event.weight.toFixed(3)}` +
+          (event.store_top ? "; the store's most probable token" : "");
+        span.textContent = event.token;
+        q(".generated").appendChild(span);
+      } else if (origin) {                                // coloured by where the token came from
         const span = document.createElement("span");
         span.className = `tok tok-${origin}`;
         span.dataset.origin = origin;
@@ -125,7 +135,11 @@ function pane(path) {
       this.state(`${result.state} (${result.finish_reason}) · seed ${result.seed}`, "done");
       const s = result.stats;
       const box = q(".spec-stats");
-      if (s && box && path === "hybrid") {
+      if (s && box && path === "augmented") {
+        const mean = s.mean_weight === null ? "n/a" : s.mean_weight.toFixed(3);
+        box.textContent = `mean λ ${mean} over ${s.steps} steps · the store's most probable token picked ` +
+          `${s.store_top_picked}/${s.steps}`;
+      } else if (s && box && path === "hybrid") {
         box.textContent = `${s.exact_steps} of ${s.steps} steps exact (${(100 * s.exact_fraction).toFixed(0)}%) · ` +
           `risk threshold ${s.threshold}`;
       } else if (s && box) {
@@ -219,7 +233,7 @@ async function generate(ev) {
   stop();
   const body = requestBody();
   const paths = PATHS.filter((p) => $(`use-${p}`).checked);
-  for (const p of ["speculative", "hybrid"]) $(`pane-${p}`).hidden = !$(`use-${p}`).checked;
+  for (const p of OPTIONAL_PANES) $(`pane-${p}`).hidden = !$(`use-${p}`).checked;
   $("generate").disabled = true;
   $("stop").disabled = false;
   await Promise.all(paths.map((p) => run(p, body)));
