@@ -176,9 +176,10 @@ def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_
 
 
 def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: str) -> None:
-    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.3) until
-    `migrate` updates it, to 1.3, whose step then runs in C; migration 0015's downgrade takes it back
-    to 1.2 (whose signatures sql/ does not call: the PL/pgSQL path runs), 0013's to 1.1."""
+    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.4) until
+    `migrate` updates it, to 1.4, whose step then runs in C; migration 0016's downgrade takes it back
+    to 1.3 without store_distribution, 0015's to 1.2 (whose signatures sql/ does not call: the
+    PL/pgSQL path runs), 0013's to 1.1."""
     migrate.upgrade(scratch_database, "0008")
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         if not conn.execute("SELECT count(*) FROM pg_available_extension_versions "
@@ -189,7 +190,7 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
     migrate.upgrade(scratch_database)
     version = "SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'"
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.3"
+        assert conn.execute(version).fetchone()[0] == "1.4"
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
         s = reference_sets()["expo"]
         add_set(conn, s)
@@ -197,6 +198,13 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
         conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
         assert conn.execute("SELECT steps, kept_sets, kept_contexts FROM htk_stats()").fetchone() == (1, 1, 1)
         conn.rollback()
+    migrate.downgrade(scratch_database, "0015")
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute(version).fetchone()[0] == "1.3"
+        assert conn.execute("SELECT to_regprocedure('htk_store(integer[], double precision[], integer[], "
+                            "double precision[], double precision[], boolean[], text, double precision, "
+                            "double precision, double precision)')").fetchone()[0] is None
+        assert conn.execute("SELECT to_regproc('store_distribution')").fetchone()[0] is None
     migrate.downgrade(scratch_database, "0014")
     with psycopg.connect(scratch_database) as conn:
         assert conn.execute(version).fetchone()[0] == "1.2"
