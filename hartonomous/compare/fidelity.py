@@ -67,6 +67,7 @@ class Fidelity:
     target: list[int] = field(default_factory=list)
     exact_argmax: list[int] = field(default_factory=list)
     spatial_argmax: list[int | None] = field(default_factory=list)
+    spatial_top_p: list[float] = field(default_factory=list)   # its top probability (0: no candidates)
     exact: Column = field(default_factory=Column)          # nll + entropy signals
     spatial_signals: Column = field(default_factory=Column)
     paths: dict[str, Column] = field(default_factory=dict)
@@ -116,6 +117,7 @@ def evaluate_text(fid: Fidelity, text_index: int, ids: Sequence[int], exact_log_
             fid.paths.setdefault(name, Column()).add(row)
             if name == "spatial":
                 fid.spatial_argmax.append(m.argmax(dist))
+                fid.spatial_top_p.append(float(dist.probs.max()) if len(dist) else 0.0)
                 fid.spatial_signals.add(_sparse_signals(dist, row["nll"]))
         if on_position:
             on_position()

@@ -15,7 +15,7 @@ from pathlib import Path
 from hartonomous.compare.schema import validate_report
 
 SECTIONS = ("Headline", "1. Teacher-forced fidelity", "2. Free generation", "3. Baselines", "Risk and hybrid routing",
-            "4. Claims", "Machine", "How to read this")
+            "Against the real text", "4. Claims", "Machine", "How to read this")
 
 
 @dataclass
@@ -100,6 +100,7 @@ def blocks(report: dict) -> list[Block]:
     out += _generation(report["generation"], report["machine"])
     out += _baselines(report["baselines"], fid)
     out += routing_blocks(report.get("routing"))
+    out += real_text_blocks(report.get("real_text"))
     out += _claims(report)
     out.append(Block("h2", "How to read this"))
     out.append(Block("p", (
@@ -440,6 +441,44 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;
 table{border-collapse:collapse;margin:.6em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top}
 th{background:#f3f3f3;text-align:left}td{white-space:pre-wrap}figure{display:inline-block;margin:.3em}
 figcaption{font-size:.85em;color:#555;max-width:640px}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}"""
+
+
+REAL_TEXT_HEADERS = ("path", "top-1 [95 %]", "perplexity [95 %]", "ECE [95 %]", "n")
+
+
+def _interval_cell(i: dict) -> str:
+    return interval(i["estimate"], [i["low"], i["high"]] if i.get("low") is not None else None)
+
+
+def real_text_blocks(real: dict | None) -> list[Block]:
+    """Every path against the real next token (hartonomous.compare.real_text)."""
+    out = [Block("h2", "Against the real text")]
+    if real is None:
+        return out + [Block("p", "Not measured: the report predates this section (schema 1.7).")]
+    rows = tuple([p["name"] + (" (smoothed)" if p["smoothed"] else ""), _interval_cell(p["top1"]),
+                  _interval_cell(p["perplexity"]), _interval_cell(p["ece"]), str(p["top1"]["n"])]
+                 for p in real["paths"].values())
+    out.append(Block("p", (
+        f"{real['positions']} scored positions, each path against the real next token: top-1 is its argmax being "
+        f"that token, perplexity exp of the mean NLL, ECE the expected calibration error over {real['ece_bins']} "
+        f"equal-width bins of its top probability; intervals: {real['interval_method']}. Spatial and counting alone "
+        f"are sparse: their NLL is smoothed, p' = (1 − ε) p + ε / V with ε = {real['smoothing_epsilon']:g}; the "
+        "mixtures need no smoothing." + (f" Note: {real['note']}." if real.get("note") else ""))))
+    out.append(Block("table", headers=REAL_TEXT_HEADERS, rows=rows))
+    aug, cnt = real["augmented"], real["counting_exact"]
+    out.append(Block("p", f"Augmented: {aug['note']}" + (f"; mean λ {f(aug['mean_weight'])}." if aug["available"]
+                                                          else ".")))
+    out.append(Block("p", f"Counting ⊕ exact: {cnt['note']}" + (f"; mean λ {f(cnt['mean_weight'])}."
+                                                                 if cnt["available"] else ".")))
+    change = real.get("perplexity_change")
+    if change is not None:
+        out.append(Block("p", "Augmented's perplexity relative to exact: "
+                              + interval(change["estimate"], [change["low"], change["high"]]
+                                         if change["low"] is not None else None)
+                              + " (ratio − 1; the interval from the paired NLL difference's)."))
+    for test in real["comparisons"]:
+        out.append(Block("p", f"{test['a']} vs {test['b']}, {test['metric']}: {test['wording']}."))
+    return out
 
 
 def to_html(report: dict, figures: dict[str, tuple[str, bytes]]) -> str:

@@ -16,6 +16,7 @@ from hartonomous.compare import fidelity as fid_mod
 from hartonomous.compare.against import Against, load_against
 from hartonomous.compare.progress import NoProgress, Progress
 from hartonomous.compare.comparisons import interval_section, paired_comparisons
+from hartonomous.compare.real_text import real_text_section
 from hartonomous.compare.routing import routing_section
 from hartonomous.compare.spatial import spatial_distribution
 from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
@@ -24,7 +25,7 @@ from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, load_average
 from hartonomous.splits import SPLITS
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 
 @dataclass
@@ -172,6 +173,10 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
         fid_mod.evaluate_text(fid, index, ids, log_probs, paths, on_position=progress.advance)
     routing = routing_section(conn, info, fid, dict(kept), model, tokenizer, max_neighbors=options.max_neighbors,
                               history_weight=options.history_weight, progress=progress)
+    forced = [(index, ids, log_probs) for (index, ids), log_probs in zip(kept, exact.log_probs or [])]
+    real = real_text_section(conn, info, fid, forced, model, tokenizer, predictors, max_neighbors=options.max_neighbors,
+                             history_weight=options.history_weight, memory=options.memory,
+                             split=None if options.texts else options.split, chunk=max(keep), progress=progress)
 
     # --- queries: buffers and in-database time -----------------------------------------
     contexts = _sample_contexts(encoded, keep, options.query_samples)
@@ -188,7 +193,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
     machine["load"] = {"start": load_start, "end": load_average()}
     report = _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen,
                        machine, atom_set_summary(info, key_dimensions(conn, info)), mixture, control, routing,
-                       other, memory)
+                       other, memory, real)
     return CompareResult(report, plots.all_figures(fid))
 
 
@@ -312,7 +317,8 @@ def _per_position(fid: fid_mod.Fidelity) -> list[dict]:
 
 
 def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predictors, queries, gen, machine,
-              atom_set, mixture, control, routing, other: Against | None = None, memory: dict | None = None):
+              atom_set, mixture, control, routing, other: Against | None = None, memory: dict | None = None,
+              real: dict | None = None):
     groups = fid.blocks()                     # one resampling block per position, shared by every path
     spatial = fid_mod.summarise_path(fid.paths["spatial"], groups)
     control_path = (fid_mod.summarise_path(fid.paths[controls.RANDOM_POSITIONS], groups)
@@ -357,6 +363,7 @@ def _assemble(info, options, texts, encoded, keep, fid, distill, knn_note, predi
         "generation": gen if gen is not None else {"skipped": True},
         "queries": queries,
         "routing": routing,
+        "real_text": real,
         "claims": claims.claims_table(pearson["mean"], pearson["median"], gen, queries, info.atoms, machine),
     }
     report["headline"] = headline(report)
