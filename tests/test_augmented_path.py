@@ -49,7 +49,8 @@ GATE = Gate(FEATURES, means=(0.0,) * len(FEATURES), scales=(1.0,) * len(FEATURES
 
 @pytest.fixture(scope="module")
 def corpus_set(server_url, tmp_path_factory):
-    """A context set labelled with its corpus's own next tokens (`build --target corpus`), gated."""
+    """A context set labelled with its corpus's own next tokens (`build --target corpus`), with the
+    hand-picked gate (not a fitted one: what λ is must not depend on a fit)."""
     from projection.build import BuildOptions, build
 
     model, tokenizer = tiny_model(0)
@@ -58,7 +59,7 @@ def corpus_set(server_url, tmp_path_factory):
     name = f"tiny-corpus-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url) as conn:
         build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
-                                 landmarks=64, target="corpus"), model=model, tokenizer=tokenizer)
+                                 landmarks=64, target="corpus", gate=False), model=model, tokenizer=tokenizer)
     with psycopg.connect(server_url, autocommit=True) as conn:
         save_gate(conn, name, GATE)
     yield name
