@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hartonomous.augment.calibrate import Walk
-from hartonomous.augment.counting import CountingModel, CountingStep, feature_row, record
+from hartonomous.augment.counting import CountingModel, CountingStep, feature_row
 from hartonomous.augment.gate import FEATURES
 from hartonomous.compare import CompareOptions, run_compare
 from hartonomous.compare import real_text as rt
@@ -43,7 +43,7 @@ def test_ece_weighs_each_bins_gap_between_accuracy_and_confidence_by_its_share()
 def _walk(rows: list[tuple[np.ndarray, int, list[int], list[float]]]) -> Walk:
     walk = Walk()
     for t, (exact, target, ids, probs) in enumerate(rows):
-        record(walk, exact, target, np.asarray(ids), np.asarray(probs), np.zeros(len(FEATURES)), 0, t)
+        walk.add(exact, target, ids, probs, np.zeros(len(FEATURES)), 0, t)
     return walk
 
 
@@ -222,3 +222,44 @@ def test_the_section_is_rendered(reports):
     assert "## Against the real text" in markdown
     assert "| exact |" in markdown and "| spatial (smoothed) |" in markdown
     assert "hartonomous gate fit" in markdown
+
+
+def test_walk_text_on_given_log_probs_is_the_walk_of_its_own_pass(server_url, reports):
+    from hartonomous.augment.calibrate import walk_text
+    from hartonomous.corpus import teacher
+
+    model, tokenizer = tiny_model(0)
+    ids = encode(tokenizer, TEST)[:40]
+    given = teacher.teacher_force(model, [np.asarray(ids)], log_probs=True).log_probs
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        own = walk_text(conn, model, [ids], reports[3], max_neighbors=20)
+        passed = walk_text(conn, None, [ids], reports[3], max_neighbors=20, log_probs=given)
+    assert len(own) == len(ids) - 1 and own.targets == passed.targets and own.exact_top == passed.exact_top
+    assert own.p_exact == pytest.approx(passed.p_exact) and own.p_store == passed.p_store
+    assert np.allclose(own.matrix(), passed.matrix())
+
+
+@pytest.fixture(scope="module")
+def gated(server_url, reports):
+    """The corpus-labelled set with a gate fitted on its calibration split, compared again."""
+    from hartonomous.augment.gates import fit_set_gate
+
+    model, tokenizer = tiny_model(0)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        gate = fit_set_gate(conn, reports[3], model=model, tokenizer=tokenizer, max_neighbors=20)
+    return gate, _run(server_url, reports[3])
+
+
+def test_with_a_gate_the_augmented_path_is_scored_and_tested_against_exact_and_counting(gated):
+    gate, report = gated
+    real = report["real_text"]
+    validate_report(report)
+    assert real["augmented"]["available"] and real["augmented"]["gate"]["positions"] == gate.positions
+    paths = real["paths"]
+    assert not paths["augmented"]["smoothed"] and paths["augmented"]["top1"]["n"] == real["positions"]
+    ratio = paths["augmented"]["perplexity"]["estimate"] / paths["exact"]["perplexity"]["estimate"] - 1
+    assert real["perplexity_change"]["estimate"] == pytest.approx(ratio)
+    pairs = [(t["a"], t["b"], t["metric"]) for t in real["comparisons"]]
+    assert ("augmented", "exact", "nll") in pairs and ("augmented", "exact", "top1") in pairs
+    assert (("augmented", "counting ⊕ exact", "nll") in pairs) == real["counting_exact"]["available"]
+    assert "Augmented's perplexity relative to exact" in to_markdown(report, {})

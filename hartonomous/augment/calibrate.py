@@ -42,6 +42,26 @@ class Walk:
     def __len__(self) -> int:
         return len(self.targets)
 
+    def add(self, exact_probs: np.ndarray, target: int, ids, probs, features: np.ndarray, text_index: int,
+            position: int) -> None:
+        """One position: the exact distribution (V,), the real next token, the second distribution
+        (`ids` ascending, `probs`: the store's, or another model's in its place) and the features."""
+        ids = np.asarray(ids, dtype=np.int64)
+        probs = np.asarray(probs, dtype=np.float64)
+        hit = np.nonzero(ids == target)[0]
+        top = int(np.argmax(exact_probs))
+        self.targets.append(int(target))
+        self.p_exact.append(float(exact_probs[target]))
+        self.p_store.append(float(probs[hit[0]]) if len(hit) else 0.0)
+        self.features.append(features)
+        self.exact_top.append(top)
+        self.exact_top_p.append(float(exact_probs[top]))
+        self.store_ids.append(ids)
+        self.store_probs.append(probs)
+        self.exact_at_store.append(exact_probs[ids] if len(ids) else np.empty(0))
+        self.text_index.append(int(text_index))
+        self.position.append(int(position))
+
     def matrix(self) -> np.ndarray:
         return np.stack(self.features) if self.features else np.empty((0, len(FEATURES)))
 
@@ -73,18 +93,28 @@ class Walk:
 def walk_text(conn, model, windows: Sequence[Sequence[int]], atom_set: str, *, max_neighbors: int = 100,
               history_weight: float | None = None, history_window: int | None = None, memory: bool = False,
               walk: Walk | None = None, text_index: int = 0,
-              on_positions: Callable[[int], None] | None = None) -> Walk:
-    """Both distributions at every position of `windows` (token ids; each restarts the context)."""
+              on_positions: Callable[[int], None] | None = None,
+              log_probs: Sequence[np.ndarray] | None = None) -> Walk:
+    """Both distributions at every position of `windows` (token ids; each restarts the context).
+
+    `log_probs`, one array per window with a row per position (len(window) − 1 rows or more, V
+    columns), is the exact model's teacher-forced pass where the caller already has it (compare);
+    None: the pass is run here."""
     from hartonomous.corpus import teacher
 
     walk = walk if walk is not None else Walk()
-    windows = [np.asarray(w, dtype=np.int64) for w in windows if len(w) >= 2]
-    if not windows:
+    if log_probs is not None and len(log_probs) != len(windows):
+        raise ValueError(f"log_probs needs one array per window: {len(log_probs)} for {len(windows)} windows")
+    pairs = [(np.asarray(w, dtype=np.int64), lp) for w, lp in zip(windows, [None] * len(windows) if log_probs is None else log_probs)
+             if len(w) >= 2]
+    if not pairs:
         return walk
-    forced = teacher.teacher_force(model, windows, log_probs=True)
-    for ids, log_probs in zip(windows, forced.log_probs):
+    if log_probs is None:
+        forced = teacher.teacher_force(model, [w for w, _ in pairs], log_probs=True)
+        pairs = [(w, lp) for (w, _), lp in zip(pairs, forced.log_probs)]
+    for ids, log_p in pairs:
         ids = [int(t) for t in ids]
-        rows = np.asarray(log_probs, dtype=np.float64)
+        rows = np.asarray(log_p, dtype=np.float64)
         n = len(ids) - 1                                       # positions 0 .. n-1 predict ids[1 .. n]
         for first in range(0, n, BATCH):
             last = min(first + BATCH, n)
@@ -94,22 +124,8 @@ def walk_text(conn, model, windows: Sequence[Sequence[int]], atom_set: str, *, m
             for t, step in zip(range(first, last), steps):
                 probs = np.exp(rows[t])
                 probs /= probs.sum()
-                target = ids[t + 1]
-                s_ids = np.asarray(step.token_ids, dtype=np.int64)
-                s_p = np.asarray(step.probabilities, dtype=np.float64)
-                hit = np.nonzero(s_ids == target)[0]
-                top = int(np.argmax(probs))
-                walk.targets.append(target)
-                walk.p_exact.append(float(probs[target]))
-                walk.p_store.append(float(s_p[hit[0]]) if len(hit) else 0.0)
-                walk.features.append(feature_row(step, probs))
-                walk.exact_top.append(top)
-                walk.exact_top_p.append(float(probs[top]))
-                walk.store_ids.append(s_ids)
-                walk.store_probs.append(s_p)
-                walk.exact_at_store.append(probs[s_ids] if len(s_ids) else np.empty(0))
-                walk.text_index.append(text_index)
-                walk.position.append(t)
+                walk.add(probs, ids[t + 1], step.token_ids, step.probabilities, feature_row(step, probs),
+                         text_index, t)
             if on_positions:
                 on_positions(last - first)
     return walk

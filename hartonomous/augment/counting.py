@@ -77,23 +77,3 @@ def feature_row(step: CountingStep, exact_probs: np.ndarray, window: int | None)
                     0.0, e_top, e_entropy, float(argmax(step.dist) == e_top_id)])
     return row
 
-
-def record(walk, exact_probs: np.ndarray, target: int, ids: np.ndarray, probs: np.ndarray, features: np.ndarray,
-           text_index: int, position: int) -> None:
-    """Append one position to a hartonomous.augment.calibrate.Walk, as walk_text does for the store:
-    `ids`/`probs` the second distribution (ascending ids), `exact_probs` the exact one (V,)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    probs = np.asarray(probs, dtype=np.float64)
-    hit = np.nonzero(ids == target)[0]
-    top = int(np.argmax(exact_probs))
-    walk.targets.append(int(target))
-    walk.p_exact.append(float(exact_probs[target]))
-    walk.p_store.append(float(probs[hit[0]]) if len(hit) else 0.0)
-    walk.features.append(features)
-    walk.exact_top.append(top)
-    walk.exact_top_p.append(float(exact_probs[top]))
-    walk.store_ids.append(ids)
-    walk.store_probs.append(probs)
-    walk.exact_at_store.append(exact_probs[ids] if len(ids) else np.empty(0))
-    walk.text_index.append(int(text_index))
-    walk.position.append(int(position))

@@ -33,7 +33,6 @@ from hartonomous.compare.baselines import CALIBRATION_MAX_TOKENS, INFINIGRAM_CAC
 from hartonomous.errors import UserError
 
 ECE_BINS = 10
-BATCH = 64                      # store_distribution's positions per call
 PATHS = ("exact", "spatial", "counting", "augmented", "counting_exact")
 PATH_NAMES = {"exact": "exact", "spatial": "spatial", "counting": "counting", "augmented": "augmented",
               "counting_exact": "counting ⊕ exact"}
@@ -151,14 +150,14 @@ def counting_walks(models: dict, texts: Iterable[ForcedText], window: int | None
     """One calibrate.Walk per counting model over the texts: the counting distribution in the
     store's place, its features by counting.feature_row."""
     from hartonomous.augment.calibrate import Walk
-    from hartonomous.augment.counting import feature_row, record
+    from hartonomous.augment.counting import feature_row
 
     walks = {name: Walk() for name in models}
     for index, t, ids, probs in positions(texts):
         for name, model in models.items():
             step = model.step(ids[: t + 1])
-            record(walks[name], probs, ids[t + 1], step.dist.ids, step.dist.probs, feature_row(step, probs, window),
-                   index, t)
+            walks[name].add(probs, ids[t + 1], step.dist.ids, step.dist.probs, feature_row(step, probs, window),
+                            index, t)
     return walks
 
 
@@ -216,27 +215,13 @@ def augmented_gate(conn: psycopg.Connection, info):
 
 def store_walk(conn: psycopg.Connection, atom_set: str, texts: Iterable[ForcedText], *, max_neighbors: int,
                history_weight: float | None, memory: bool):
-    """calibrate.Walk of the store (SQL store_distribution, BATCH positions per call) on
-    precomputed exact log-probs: what calibrate.walk_text does after its own forward pass."""
-    from hartonomous import sqlcalls
-    from hartonomous.augment.calibrate import Walk
-    from hartonomous.augment.counting import record
-    from hartonomous.augment.gate import feature_row
+    """calibrate.walk_text over the texts on their precomputed exact log-probs (no second pass)."""
+    from hartonomous.augment.calibrate import Walk, walk_text
 
     walk = Walk()
     for index, ids, log_probs in texts:
-        ids = [int(t) for t in ids]
-        rows = np.asarray(log_probs)
-        n = len(ids) - 1
-        for first in range(0, n, BATCH):
-            last = min(first + BATCH, n)
-            steps = sqlcalls.store_distribution(conn, ids[:last], atom_set=atom_set, max_neighbors=max_neighbors,
-                                                history_weight=history_weight, memory=memory,
-                                                positions=last - first)
-            for t, step in zip(range(first, last), steps):
-                probs = normalised(rows[t])
-                record(walk, probs, ids[t + 1], step.token_ids, step.probabilities, feature_row(step, probs),
-                       index, t)
+        walk_text(conn, None, [ids], atom_set, max_neighbors=max_neighbors, history_weight=history_weight,
+                  memory=memory, walk=walk, text_index=index, log_probs=[log_probs])
     return walk
 
 
