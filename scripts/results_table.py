@@ -112,6 +112,7 @@ _KERNEL = "2026-11-26-bench-kernel-3.json"               # next_token's cost per
 _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-source, deep keys, held-out files
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
+_AUGMENTED = "2026-11-28-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -255,6 +256,24 @@ ROWS: tuple[Row, ...] = (
                 "small_name": Field(f"{_headline('top-1 agreement')}.against_name", "s"),
                 "verdict": Field(f"{_headline('top-1 agreement')}.verdicts.against", "s"),
                 "tokens": Field("baselines.distillation.tokens", ",.0f"), **_POSITIONS}),
+    Row(claim="the exact model augmented with the atom store, scored on the real text (the project's own)",
+        source=_AUGMENTED,
+        measured="perplexity of the real next token: augmented {aug} against exact {exact}, relative change {change} "
+                 "(paired test on the NLL: augmented {verdict}); the real token ranked first {aug_top1} against {exact_top1}; "
+                 "the same "
+                 "gate on the strongest counting model, counting ⊕ exact ({base}): {counting}, augmented {vs_counting}",
+        n="{positions} positions of held-out Python files; atom set {name}",
+        fields={"aug": Field("real_text.paths.augmented.perplexity", ".2f"),
+                "exact": Field("real_text.paths.exact.perplexity", ".2f"),
+                "change": Field("real_text.perplexity_change", "+.3f", "+.3f"),
+                "verdict": Field("real_text.comparisons[metric=nll].verdict", "s"),
+                "aug_top1": Field("real_text.paths.augmented.top1"),
+                "exact_top1": Field("real_text.paths.exact.top1"),
+                "base": Field("real_text.counting_exact.base", "s"),
+                "counting": Field("real_text.paths.counting_exact.perplexity", ".2f"),
+                "vs_counting": Field("real_text.comparisons[b=counting ⊕ exact].verdict", "s"),
+                "positions": Field("real_text.positions", ",.0f"),
+                "name": Field("atom_set.name", "s")}),
     Row(claim="geometry-aware risk: send the uncertain steps to the exact model",
         source=_FRESH,
         measured="ROC AUC {auc} for a wrong spatial argmax, on a text never used to choose the signals; "

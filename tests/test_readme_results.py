@@ -229,3 +229,32 @@ def test_a_readme_without_markers_is_an_error(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# x\n", encoding="utf-8")
     assert rt.main(["--readme", str(readme), "--results", str(tmp_path), "--check"]) == 2
+
+
+def _augmented_report(folder: Path) -> Path:
+    """A compare report with a real-text section (the fields the augmented row reads)."""
+    interval = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi, "n": 2000, "blocks": 63}   # noqa: E731
+    test = lambda b, verdict: {"metric": "nll", "a": "augmented", "b": b, "verdict": verdict}     # noqa: E731
+    real = {"positions": 2000,
+            "paths": {"exact": {"perplexity": interval(4.2512, 4.01, 4.52), "top1": interval(0.5123, 0.49, 0.53)},
+                      "augmented": {"perplexity": interval(3.8841, 3.66, 4.12), "top1": interval(0.5431, 0.52, 0.56)},
+                      "counting_exact": {"perplexity": interval(4.1017, 3.87, 4.35)}},
+            "counting_exact": {"base": "∞-gram + cache"},
+            "comparisons": [test("exact", "ahead"), {**test("exact", "ahead"), "metric": "top1"},
+                            test("counting ⊕ exact", "no difference")],
+            "perplexity_change": interval(-0.0864, -0.112, -0.061)}
+    return _report(folder, rt._AUGMENTED,
+                   atom_set={"name": "code-src-1e7"}, real_text=real)
+
+
+def test_the_augmented_row_reads_the_real_text_section_of_a_compare_report(tmp_path):
+    _augmented_report(tmp_path)
+    row = next(r for r in rt.ROWS if r.source == rt._AUGMENTED)
+    block, left_out = rt.generate((row,), tmp_path)
+    assert left_out == []
+    measured = rt.table_rows(block)[0][1]
+    assert "augmented 3.88 [3.66, 4.12] against exact 4.25 [4.01, 4.52]" in measured
+    assert "relative change -0.086 [-0.112, -0.061]" in measured and "augmented ahead" in measured
+    assert "0.543 [0.52, 0.56] against 0.512" in measured
+    assert "counting ⊕ exact (∞-gram + cache): 4.10 [3.87, 4.35], augmented no difference" in measured
+    assert rt.table_rows(block)[0][2] == "2,000 positions of held-out Python files; atom set code-src-1e7"
