@@ -73,7 +73,7 @@ def build(conn, options: BuildOptions, model=None, tokenizer=None, reporter: Rep
 def fit_gate_after_ingest(conn, options: BuildOptions, loaded, ui: Reporter) -> None:
     """The augmented path's gate, fitted on the set's calibration half against the real next token
     (hartonomous.augment.gates) and stored beside the set; it needs the written set (store_distribution)."""
-    from hartonomous.augment.gates import calibration_windows, fit_set_gate, positions_in
+    from hartonomous.augment.calibrate import calibration_windows, fit_set_gate, positions_in
 
     conn.rollback()
     from hartonomous.augment.gate import MIN_POSITIONS

@@ -242,7 +242,7 @@ def test_walk_text_on_given_log_probs_is_the_walk_of_its_own_pass(server_url, re
 @pytest.fixture(scope="module")
 def gated(server_url, reports):
     """The corpus-labelled set with a gate fitted on its calibration split, compared again."""
-    from hartonomous.augment.gates import fit_set_gate
+    from hartonomous.augment.calibrate import fit_set_gate
 
     model, tokenizer = tiny_model(0)
     with psycopg.connect(server_url, autocommit=True) as conn:

@@ -6,7 +6,8 @@ too). `projection` builds atom sets with `write_atom_set`; the runtime loads the
 """
 
 from hartonomous.atomset.catalog import (atom_set_exists, atom_set_names, drop_atom_set, key_dimensions,
-                                         list_atom_sets, load_atom_set, set_default_atom_set, tokenizer_for)
+                                         list_atom_sets, load_atom_set, model_name_for, set_default_atom_set,
+                                         tokenizer_for)
 from hartonomous.atomset.record import (AtomSet, AtomStats, BuildStats, CalibrationStats, ControlStats, CorpusStats,
                                         DistillStats, HoldoutStats, IngestStats, ProjectionStats, SplitStats,
                                         SyntheticStats)
@@ -17,6 +18,6 @@ __all__ = [
     "ATOM_SOURCES", "AtomRows", "AtomSet", "AtomSetSpec", "AtomStats", "BuildStats", "CalibrationStats", "ControlStats", "CorpusStats",
     "DistillStats", "HoldoutStats", "INDEX_LAYOUT", "IngestReport", "IngestStats", "LandmarkRows",
     "ProjectionStats", "SplitStats", "SyntheticStats", "TokenRows", "atom_set_exists", "atom_set_names", "drop_atom_set",
-    "key_dimensions", "list_atom_sets", "load_atom_set", "set_default_atom_set", "tokenizer_for",
+    "key_dimensions", "list_atom_sets", "load_atom_set", "model_name_for", "set_default_atom_set", "tokenizer_for",
     "write_atom_set",
 ]

@@ -152,3 +152,16 @@ def tokenizer_for(atom_set: AtomSet):
         return load_fast_tokenizer(key)
     raise UserError(f"atom set '{atom_set.name}' was built from model '{key or atom_set.model}', whose tokenizer "
                     "is not available here; pass a tokenizer (Client(spatial_tokenizer=...)) or rebuild the set")
+
+
+def model_name_for(atom_set: AtomSet) -> str:
+    """The load_model name of the set's model, as recorded at build time: 'smollm2' or a local model folder."""
+    from pathlib import Path
+
+    from hartonomous.model import SMOLLM2
+
+    key = atom_set.model_key
+    if key == SMOLLM2 or (key and Path(key).expanduser().is_dir()):
+        return key
+    raise UserError(f"atom set '{atom_set.name}' was built from model '{key or atom_set.model}', which is not "
+                    "available here; install it or rebuild the set from 'smollm2' or a local model folder")

@@ -77,6 +77,7 @@ class AugmentedBackend:
     """(1 − λ) p_exact + λ p_store with λ from the atom set's gate (`weight` overrides it: experiments)."""
 
     name = "augmented"
+    supports_trees = False         # as a speculative target: chains only (see `score`)
 
     def __init__(self, exact: ExactBackend, conn, atom_set, gate: Gate, *, max_neighbors: int = 100,
                  history_weight: float | None = None, history_window: int | None = None, memory: bool = False,

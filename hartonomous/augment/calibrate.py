@@ -6,18 +6,24 @@ the store's from store_distribution (64 positions per call). Per position the wa
 any λ needs, so a gate can be fitted and the mixture scored without the full vocabulary rows:
 p_exact and p_store of the target, the gate's features, the exact argmax and its probability, and
 the store's support with the exact probabilities there (the mixture's argmax is the exact argmax
-or one of those).
+or one of those). `fit_set_gate` walks a set's calibration split (never its test split) and stores
+the fitted gate beside the set. Fit time only: the augmented path itself never imports this module.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import psycopg
 
 from hartonomous import sqlcalls
-from hartonomous.augment.gate import FEATURES, Gate, feature_row, fit_gate, mixture_loss
+from hartonomous.atomset import load_atom_set, model_name_for
+from hartonomous.augment.gate import FEATURES, MIN_POSITIONS, Gate, feature_row, fit_gate, mixture_loss
+from hartonomous.augment.gates import check_corpus_labels, save_gate
+from hartonomous.errors import UserError
 
 WINDOW = 1024                     # tokens per teacher-forced window (the context restarts at each)
 BATCH = 64                        # store_distribution's positions per call
@@ -129,3 +135,53 @@ def walk_text(conn, model, windows: Sequence[Sequence[int]], atom_set: str, *, m
             if on_positions:
                 on_positions(last - first)
     return walk
+
+
+def calibration_windows(text: str, tokenizer, max_positions: int | None = None) -> list:
+    """The calibration text's token ids in the walk's windows (each restarts the context)."""
+    from hartonomous.corpus import teacher
+
+    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if max_positions is not None:
+        ids = ids[:max_positions + 1]
+    return teacher.windows(ids, WINDOW)
+
+
+def positions_in(windows) -> int:
+    """How many positions a walk of these windows scores."""
+    return sum(max(len(w) - 1, 0) for w in windows)
+
+
+def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokenizer=None,
+                 max_positions: int | None = None, max_neighbors: int = 100,
+                 on_positions: Callable[[int], None] | None = None,
+                 on_total: Callable[[int], None] | None = None) -> Gate:
+    """Fit the set's gate on its calibration split and save it; returns it."""
+    from hartonomous.compare.atomset import holdout_text
+
+    info = load_atom_set(conn, atom_set)
+    check_corpus_labels(info)
+    text = holdout_text(info, "calibration").text
+    if model is None or tokenizer is None:
+        from hartonomous.model import load_model, load_tokenizer
+
+        name = model_name_for(info)
+        model, tokenizer = load_model(name, "cpu"), load_tokenizer(name)
+    if int(model.config.vocab_size) < info.vocab_size:
+        raise UserError(f"the model has {model.config.vocab_size} tokens but atom set '{info.name}' has "
+                        f"{info.vocab_size}; use the model the set was built from")
+    windows = calibration_windows(text, tokenizer, max_positions)
+    if positions_in(windows) < MIN_POSITIONS:
+        raise UserError(f"atom set '{info.name}' has {positions_in(windows)} calibration positions; a gate needs at "
+                        f"least {MIN_POSITIONS} (build from a larger corpus, or a larger --holdout-chars)")
+    if on_total:
+        on_total(positions_in(windows))
+    start = time.perf_counter()
+    walk = walk_text(conn, model, windows, info.name, max_neighbors=max_neighbors, on_positions=on_positions)
+    gate = walk.fit()
+    gate = Gate(gate.features, gate.means, gate.scales, gate.coefficients, gate.intercept, gate.calibration_loss,
+                gate.exact_loss, gate.positions, gate.split, gate.version,
+                {"max_neighbors": max_neighbors, "window": WINDOW, "seconds": round(time.perf_counter() - start, 1),
+                 "model": info.model_key or info.model})
+    save_gate(conn, info.name, gate)
+    return gate

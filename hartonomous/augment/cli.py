@@ -36,7 +36,7 @@ def gate_fit(
     token, with the exact reference model, and store it beside the set (replacing an older one)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from hartonomous.augment.gates import fit_set_gate
+    from hartonomous.augment.calibrate import fit_set_gate
     from hartonomous.db.connection import connect, owner_url
 
     with connect(owner_url(), autocommit=True) as conn, \

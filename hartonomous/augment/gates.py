@@ -1,20 +1,16 @@
-"""A set's gate in the database (augment_gates; sql/095_gates.sql), and fitting one for a set.
+"""A set's gate in the database (augment_gates; sql/095_gates.sql).
 
-`fit_set_gate` walks the set's calibration split (never the test split) with the exact reference
-model and the store, fits the gate and saves it with save_gate() (the owner's connection).
-`load_gate` reads it for the augmented path, which refuses a set without one.
+`load_gate` reads it for the augmented path, which refuses a set without one; `save_gate` writes
+it (the owner's connection). Fitting one is hartonomous.augment.calibrate.fit_set_gate.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import psycopg
 from psycopg.types.json import Jsonb
 
-from hartonomous.atomset import AtomSet, load_atom_set
-from hartonomous.augment.gate import MIN_POSITIONS, Gate
+from hartonomous.atomset import AtomSet
+from hartonomous.augment.gate import Gate
 from hartonomous.errors import UserError
 
 LOAD_GATE_SQL = ("SELECT g.features, g.means, g.scales, g.coefficients, g.intercept, g.calibration_loss, "
@@ -55,55 +51,3 @@ def save_gate(conn: psycopg.Connection, atom_set: str, gate: Gate) -> None:
     conn.execute(SAVE_GATE_SQL, (atom_set, list(gate.features), list(gate.means), list(gate.scales),
                                  list(gate.coefficients), gate.intercept, gate.calibration_loss, gate.exact_loss,
                                  gate.positions, gate.split, gate.version, Jsonb(gate.extra)))
-
-
-def calibration_windows(text: str, tokenizer, max_positions: int | None = None) -> list:
-    """The calibration text's token ids in the walk's windows (each restarts the context)."""
-    from hartonomous.augment.calibrate import WINDOW
-    from hartonomous.corpus import teacher
-
-    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    if max_positions is not None:
-        ids = ids[:max_positions + 1]
-    return teacher.windows(ids, WINDOW)
-
-
-def positions_in(windows) -> int:
-    return sum(max(len(w) - 1, 0) for w in windows)
-
-
-def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokenizer=None,
-                 max_positions: int | None = None, max_neighbors: int = 100,
-                 on_positions: Callable[[int], None] | None = None,
-                 on_total: Callable[[int], None] | None = None) -> Gate:
-    """Fit the set's gate on its calibration split and save it; returns it."""
-    from hartonomous.augment.calibrate import WINDOW, walk_text
-    from hartonomous.compare.atomset import holdout_text
-
-    info = load_atom_set(conn, atom_set)
-    check_corpus_labels(info)
-    text = holdout_text(info, "calibration").text
-    if model is None or tokenizer is None:
-        from hartonomous.compare.runner import model_name_for
-        from hartonomous.model import load_model, load_tokenizer
-
-        name = model_name_for(info)
-        model, tokenizer = load_model(name, "cpu"), load_tokenizer(name)
-    if int(model.config.vocab_size) < info.vocab_size:
-        raise UserError(f"the model has {model.config.vocab_size} tokens but atom set '{info.name}' has "
-                        f"{info.vocab_size}; use the model the set was built from")
-    windows = calibration_windows(text, tokenizer, max_positions)
-    if positions_in(windows) < MIN_POSITIONS:
-        raise UserError(f"atom set '{info.name}' has {positions_in(windows)} calibration positions; a gate needs at "
-                        f"least {MIN_POSITIONS} (build from a larger corpus, or a larger --holdout-chars)")
-    if on_total:
-        on_total(positions_in(windows))
-    start = time.perf_counter()
-    walk = walk_text(conn, model, windows, info.name, max_neighbors=max_neighbors, on_positions=on_positions)
-    gate = walk.fit()
-    gate = Gate(gate.features, gate.means, gate.scales, gate.coefficients, gate.intercept, gate.calibration_loss,
-                gate.exact_loss, gate.positions, gate.split, gate.version,
-                {"max_neighbors": max_neighbors, "window": WINDOW, "seconds": round(time.perf_counter() - start, 1),
-                 "model": info.model_key or info.model})
-    save_gate(conn, info.name, gate)
-    return gate

@@ -19,7 +19,7 @@ from hartonomous.compare.comparisons import interval_section, paired_comparisons
 from hartonomous.compare.real_text import real_text_section
 from hartonomous.compare.routing import routing_section
 from hartonomous.compare.spatial import spatial_distribution
-from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set
+from hartonomous.atomset import AtomSet, key_dimensions, load_atom_set, model_name_for
 from hartonomous.compare.atomset import Text, calibration_text, holdout_text, read_prompts, read_texts
 from hartonomous.errors import UserError
 from hartonomous.measure import describe_machine, load_average
@@ -65,17 +65,6 @@ class CompareOptions:
             raise UserError(f"--split must be one of test, calibration, all; got {self.split!r}")
         if self.against is not None and not self.against.strip():
             raise UserError("--against needs the name of an atom set (see `hartonomous atom-sets`)")
-
-
-def model_name_for(info: AtomSet) -> str:
-    """The load_model name of the set's model, as recorded at build time: 'smollm2' or a local model folder."""
-    from hartonomous.model import SMOLLM2
-
-    key = info.model_key
-    if key == SMOLLM2 or (key and Path(key).expanduser().is_dir()):
-        return key
-    raise UserError(f"atom set '{info.name}' was built from model '{key or info.model}', which is not available "
-                    "here; install it or rebuild the set from 'smollm2' or a local model folder")
 
 
 def atom_set_summary(info: AtomSet, key_dim: int | None) -> dict:
