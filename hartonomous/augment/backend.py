@@ -89,6 +89,7 @@ class AugmentedBackend:
         self.max_neighbors, self.history_weight, self.history_window = max_neighbors, history_weight, history_window
         self.memory, self.fixed_weight = bool(memory), weight
         self.model = exact.model
+        self.native = sqlcalls.kernel(conn) == "native" and atom_set.layout != "tiles"
 
     @property
     def atom_set_name(self) -> str:
@@ -133,8 +134,12 @@ class AugmentedBackend:
     # -- helpers ---------------------------------------------------------------------------
 
     def store_context(self, ids: list[int], positions: int = 1) -> list[int]:
-        """The ids the store reads for the last `positions` prefixes of ids: the key window plus the
-        history window before each of them (earlier ids change nothing)."""
+        """The ids the store reads for the last `positions` prefixes of ids. On the native kernel with
+        the rows layout, all of them: its C step keeps the keys of the contexts it served per
+        session and computes only the new tokens' (as next_token's; hartonomous.backends.spatial).
+        Elsewhere the key window plus the history window before each prefix (earlier ids change nothing)."""
+        if self.native:
+            return ids
         window = self.atom_set.centroid_window
         reach = self.atom_set.history_window if self.history_window is None else self.history_window
         return ids if window is None else ids[-(window + reach + positions):]
@@ -153,22 +158,23 @@ class AugmentedBackend:
                                                  positions=take)
         return steps
 
-    def weights(self, steps, exact_logits: torch.Tensor) -> np.ndarray:
-        """λ per row: the override, else the gate on each step's features."""
+    def weights(self, steps, exact_probs: torch.Tensor) -> np.ndarray:
+        """λ per row: the override, else the gate on each step's features (exact_probs: (rows, V)
+        float64, the exact model's distribution at T = 1)."""
         if self.fixed_weight is not None:
             return np.full(len(steps), float(self.fixed_weight))
-        exact_probs = torch.softmax(exact_logits.detach().to(torch.float64), -1).cpu().numpy()
-        rows = np.stack([feature_row(s, p) for s, p in zip(steps, exact_probs)])
+        rows = np.stack([feature_row(s, p) for s, p in zip(steps, exact_probs.cpu().numpy())])
         return self.gate.weights(rows)
 
     def _mix(self, logits: torch.Tensor, ids: list[int], draft: list[int], sampler: SamplerArgs,
              state: AugmentedState | None) -> torch.Tensor:
         steps = self.store_steps(ids + draft, len(draft) + 1)
-        lams = self.weights(steps, logits)
+        exact_probs = torch.softmax(logits.detach().to(torch.float64), -1)
+        lams = self.weights(steps, exact_probs)
         rows = []
         for j, (step, lam) in enumerate(zip(steps, lams)):
             rows.append(mixed_probs(logits[j], step.token_ids, step.probabilities, float(lam),
-                                    ids + draft[:j], sampler))
+                                    ids + draft[:j], sampler, exact_probs=exact_probs[j]))
         if state is not None:
             step = steps[-1]
             state.weight = float(lams[-1])

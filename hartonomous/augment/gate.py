@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import minimize
-from scipy.special import expit
+from scipy.special import entr, expit
 
 FEATURES = ("closeness", "exact_match", "ln_mass", "store_top", "store_entropy", "history_share",
             "memory_share", "exact_top", "exact_entropy", "agree")
@@ -77,8 +77,7 @@ def feature_row(step, exact_probs: np.ndarray) -> np.ndarray:
     exact_probs = np.asarray(exact_probs, dtype=np.float64)
     e_top_id = int(np.argmax(exact_probs))
     e_top = float(exact_probs[e_top_id])
-    nz = exact_probs[exact_probs > 0]
-    e_entropy = float(-(nz * np.log(nz)).sum())
+    e_entropy = float(entr(exact_probs).sum())
     if not step.token_ids:
         return np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, e_top, e_entropy, 0.0])
     probs = np.asarray(step.probabilities, dtype=np.float64)

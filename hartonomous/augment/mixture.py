@@ -31,19 +31,35 @@ def store_log_probs(token_ids: Sequence[int], probabilities: Sequence[float], vo
     return out
 
 
+def penalised_store(store_ids: Sequence[int], store_probs: Sequence[float], context: Sequence[int], penalty: float,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, p) of the store's component on its support: softmax(penalised ln p_store) there (the
+    dense vector is −inf elsewhere, so the softmax over the support is the same)."""
+    ids = torch.as_tensor(list(store_ids), dtype=torch.long, device=device)
+    ln_p = torch.log(torch.as_tensor(list(store_probs), dtype=torch.float64, device=device))
+    if penalty != 1 and len(context):
+        seen = torch.isin(ids, torch.as_tensor(list(set(context)), dtype=torch.long, device=device))
+        ln_p = torch.where(seen, torch.where(ln_p < 0, ln_p * penalty, ln_p / penalty), ln_p)
+    return ids, torch.softmax(ln_p, -1)
+
+
 def mixed_probs(exact_logits: torch.Tensor, store_ids: Sequence[int], store_probs: Sequence[float], lam: float,
-                context: Sequence[int], sampler: SamplerArgs) -> torch.Tensor:
-    """The augmented path's next-token distribution (V,) float64 after the shared sampler."""
+                context: Sequence[int], sampler: SamplerArgs, exact_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """The augmented path's next-token distribution (V,) float64 after the shared sampler.
+    `exact_probs`: softmax(exact_logits) in float64 when the caller has it (used at penalty 1)."""
     if not 0.0 <= lam <= 1.0 or math.isnan(lam):
         raise ValueError(f"λ must lie in [0, 1], got {lam}")
     penalty = sampler.repetition_penalty
     if lam == 0.0 or not store_ids:
         return logits_to_probs(exact_logits, list(context), temperature=sampler.temperature, top_k=sampler.top_k,
                                top_p=sampler.top_p, repetition_penalty=penalty)
-    vocab = exact_logits.shape[-1]
     ctx = list(context)
-    p_exact = torch.softmax(process_logits(exact_logits, ctx, repetition_penalty=penalty), -1)
-    p_store = torch.softmax(process_logits(store_log_probs(store_ids, store_probs, vocab, exact_logits.device),
-                                           ctx, repetition_penalty=penalty), -1)
-    mixed = torch.log((1.0 - lam) * p_exact + lam * p_store)
-    return logits_to_probs(mixed, None, temperature=sampler.temperature, top_k=sampler.top_k, top_p=sampler.top_p)
+    if penalty == 1 and exact_probs is not None:
+        p_exact = exact_probs
+    else:
+        p_exact = torch.softmax(process_logits(exact_logits, ctx, repetition_penalty=penalty), -1)
+    ids, p_store = penalised_store(store_ids, store_probs, ctx, penalty, exact_logits.device)
+    mixed = (1.0 - lam) * p_exact
+    mixed[ids] += lam * p_store
+    return logits_to_probs(torch.log(mixed), None, temperature=sampler.temperature, top_k=sampler.top_k,
+                           top_p=sampler.top_p)
