@@ -165,6 +165,12 @@ def build_cmd(
                                      "standard library and the installed packages, without tests)."),
     include: list[str] = typer.Option(None, "--include", help="With --corpus DIRECTORY: read only the files whose "
                                       "name matches this glob, e.g. '*.py'; repeatable (default: every file)."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="With --corpus DIRECTORY or python-source: leave out "
+                                      "(of training text and holdout) the files whose path relative to their root "
+                                      "matches this glob (fnmatch, case-sensitive; '*' also matches '/'), e.g. "
+                                      "'site-packages/*' or 'sqlalchemy/orm/query.py'; python-source's roots are the "
+                                      "stdlib and each site-packages directory; repeatable; the set records the "
+                                      "globs."),
     max_tokens: int = typer.Option(100_000, "--max-tokens", help="Training tokens to distill (context sets)."),
     projection: str = typer.Option("lmds", "--projection", help="lmds (Landmark MDS) or pca."),
     landmarks: int = typer.Option(512, "--landmarks", help="Number of LMDS landmarks."),
@@ -259,7 +265,7 @@ def build_cmd(
     settings = get_settings()
     options = BuildOptions(
         name=name, kind=kind, model=model or settings.model, corpus=[Path(c) for c in corpus or []],
-        include=list(include or []),
+        include=list(include or []), exclude=list(exclude or []),
         max_tokens=max_tokens, teacher_tokens=teacher_tokens, projection=projection, landmarks=landmarks, landmark_method=landmark_method,
         metric=metric, window=_parse_window(window), decay=decay, target=target, soft_k=soft_k,
         merge_radius=merge_radius, history_weight=history_weight, history_window=history_window, controls=controls, gate=gate,

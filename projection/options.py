@@ -59,6 +59,7 @@ class BuildOptions:
     model: str = "smollm2"
     corpus: list[Path] = field(default_factory=list)  # files, directories, or a built-in name (hartonomous.corpus.sources)
     include: list[str] = field(default_factory=list)  # globs on the names of the files in --corpus directories
+    exclude: list[str] = field(default_factory=list)  # globs on their paths relative to the root (and python-source's)
     max_tokens: int = 100_000
     projection: str = "lmds"
     landmarks: int = 512
@@ -193,7 +194,7 @@ class BuildOptions:
             raise UserError(f"--batch-tokens must be positive, got {self.batch_tokens}")
         if self.holdout_chars is not None and self.holdout_chars < 1:
             raise UserError(f"--holdout-chars must be positive, got {self.holdout_chars}")
-        resolve_source(self.corpus, self.include)   # the paths exist, or name a built-in corpus
+        resolve_source(self.corpus, self.include, self.exclude)   # the paths exist, or name a built-in corpus
         self._check_positions()
         try:
             validate_centroid(self.resolved_window(), self.resolved_decay())

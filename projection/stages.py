@@ -101,16 +101,20 @@ class Loaded:
 
 
 def load_texts(options: BuildOptions, tokenizer, ui: Reporter | None = None) -> Texts:
-    """The corpus (hartonomous.corpus.sources: --corpus, --include) tokenized: the holdout's calibration and test
-    halves as the corpus gives them, and for context sets the training tokens cut at --max-tokens (a
-    streamed corpus's documents are read and tokenized only as they are taken, under a progress bar in
-    tokens), each cut into chunks of --context-length. A streamed corpus keeps no training text, so
-    `train_text` is then empty (stats.corpus records where the text came from)."""
+    """The corpus (hartonomous.corpus.sources: --corpus, --include, --exclude) tokenized: the holdout's
+    calibration and test halves as the corpus gives them (one line says how many files --exclude left
+    out), and for context sets the training tokens cut at --max-tokens (a streamed corpus's documents
+    are read and tokenized only as they are taken, under a progress bar in tokens), each cut into
+    chunks of --context-length. A streamed corpus keeps no training text, so `train_text` is then empty
+    (stats.corpus records where the text came from)."""
     from hartonomous.corpus.sources import TrainingTokens, training_tokens
 
     is_context = options.kind == "context"
     corpus = load_corpus(options.corpus, options.max_tokens, options.holdout_chars, options.seed, train=is_context,
-                         include=options.include)
+                         include=options.include, exclude=options.exclude)
+    if options.exclude and corpus.stream is not None:
+        (ui or Reporter()).step(f"--exclude {' '.join(options.exclude)}: {corpus.stream.excluded:,} files left out "
+                                f"of the corpus, {corpus.stream.listed:,} listed")
     calibration_chunks = chunk_ids(tokenize(tokenizer, corpus.calibration_text)[0], options.context_length)
     test_chunks = chunk_ids(tokenize(tokenizer, corpus.test_text)[0], options.context_length)
     train = TrainingTokens(np.zeros(0, dtype=np.int64), "")

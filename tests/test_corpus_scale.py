@@ -242,7 +242,8 @@ def test_python_source_records_its_version_and_is_refused_with_other_packages(to
     assert any(d.startswith("numpy==") for d in entry.distributions)
     text = recorded_training_text(entry, corpus.holdout_text)
     assert tokenize(tokenizer, text.text)[0][:2000].tolist() == ids.tolist()
-    assert text.origin == {"kind": "builtin", "name": PYTHON_SOURCE, "version": entry.version, "files": []}
+    assert text.origin == {"kind": "builtin", "name": PYTHON_SOURCE, "version": entry.version, "files": [],
+                           "exclude": []}
     other = entry.model_copy(update={"version": "Python 3.11.7; 2 distributions, sha256 0123456789abcdef",
                                      "distributions": ["numpy==0.1", entry.distributions[0]]})
     with pytest.raises(CorpusUnavailable, match=r"not installed now: numpy==0.1; installed since: .*cannot be rebuilt"):

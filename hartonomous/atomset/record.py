@@ -40,12 +40,14 @@ CorpusStats = _section(
     "`sha256`; the sha256 of the training text (`train_sha256`) and the settings that cut it. `text` is the copy of "
     "the training text that builds before 2026-11-25 stored instead. `split` is how the holdout was cut: "
     "'segments' (absent in older sets) or 'documents' (streamed corpora: python-source, --corpus directories), "
-    "which also record the --include globs (`include`), python-source's installed `distributions` (name==version), "
-    "the files listed, the documents read (`documents`, `holdout_documents`, `train_documents`) with one sha256 "
-    "over their sorted (key, file sha256) list (`documents_sha256`), and the files `skipped` by reason.",
+    "which also record the --include globs (`include`), the --exclude globs (`exclude`) and how many files they left "
+    "out (`excluded`), python-source's installed `distributions` (name==version), the files listed (after "
+    "--exclude), the documents read (`documents`, `holdout_documents`, `train_documents`) with one sha256 over "
+    "their sorted (key, file sha256) list (`documents_sha256`), and the files `skipped` by reason.",
     source=str, text=str, name=str, version=str, files=(list[str], Field(default_factory=list)),
     sha256=(list[str], Field(default_factory=list)), train_sha256=str, train_tokens=int, train_segments=int,
     max_tokens=int, holdout_chars=int, context_length=int, seed=int, python=str, split=str, include=list[str],
+    exclude=list[str], excluded=int,
     distributions=list[str], listed_files=int, documents=int, documents_sha256=str, holdout_documents=int,
     train_documents=int, skipped=dict[str, int])
 HoldoutStats = _section(

@@ -10,7 +10,8 @@ split (`split`: "segments" or "documents", hartonomous.corpus.sources), the sha2
 - files named without a directory: every file's absolute path and sha256;
 - streamed corpora (python-source, or --corpus with a directory): python-source's name, version and
   installed distributions (`distributions`, name==version), or the given paths (absolute) and the
-  --include globs; the files listed (`listed_files`), and the documents the holdout and the training
+  --include globs; the --exclude globs (`exclude`) and how many files they left out (`excluded`);
+  the files listed after them (`listed_files`), and the documents the holdout and the training
   text were read from: their number (`documents`, `holdout_documents`, `train_documents`) and one
   sha256 over their sorted (key, file sha256) list (`documents_sha256`), not one entry per file;
   the files skipped among those opened, by reason (`skipped`; the last batch's read-ahead
@@ -78,7 +79,8 @@ def _streamed_origin(stream: DocumentStream) -> dict:
     source = stream.source
     count, digest = documents_sha256(stream)
     origin = {"name": source.name, "version": None, "files": [str(p.resolve()) for p in source.paths], "sha256": [],
-              "include": None if source.name else list(source.include), "split": "documents",
+              "include": None if source.name else list(source.include), "exclude": list(source.exclude),
+              "excluded": stream.excluded, "split": "documents",
               "listed_files": stream.listed, "documents": count, "documents_sha256": digest,
               "holdout_documents": len(stream.holdout), "train_documents": len(stream.taken),
               "skipped": dict(sorted(stream.skipped.items())), "train_sha256": stream.train_sha256}
@@ -137,9 +139,9 @@ def recorded_training_text(entry, holdout_text: str | None) -> TrainingText:
 
 
 def _streamed_training_text(entry, holdout_text: str | None) -> TrainingText:
-    """A streamed corpus's training text: the corpus listed and split again with the recorded seed and
-    --holdout-chars, and its first train_documents training documents, checked against the recorded
-    documents' sha256, holdout and training text sha256."""
+    """A streamed corpus's training text: the corpus listed (with the recorded --include and --exclude
+    globs) and split again with the recorded seed and --holdout-chars, and its first train_documents
+    training documents, checked against the recorded documents' sha256, holdout and training text sha256."""
     if entry.name == PYTHON_SOURCE:
         _check_python_source(entry)
         paths = [Path(PYTHON_SOURCE)]
@@ -150,7 +152,7 @@ def _streamed_training_text(entry, holdout_text: str | None) -> TrainingText:
                 raise CorpusUnavailable(f"the build corpus path {path} is not there any more")
     try:
         corpus = load_corpus(paths, int(entry.max_tokens), entry.holdout_chars, int(entry.seed or 0),
-                             include=entry.include or ())
+                             include=entry.include or (), exclude=entry.exclude or ())
     except UserError as exc:
         raise CorpusUnavailable(f"cannot rebuild the build corpus ({exc})") from None
     stream = corpus.stream
@@ -166,11 +168,12 @@ def _streamed_training_text(entry, holdout_text: str | None) -> TrainingText:
     if not texts:   # a token set reads no training text: the one a context set would read (as segmented corpora)
         texts = _take(stream, None, int(entry.max_tokens) * CHARS_PER_TOKEN_BOUND)
     if entry.name == PYTHON_SOURCE:
-        origin = {"kind": "builtin", "name": PYTHON_SOURCE, "version": entry.version, "files": []}
+        origin = {"kind": "builtin", "name": PYTHON_SOURCE, "version": entry.version, "files": [],
+                  "exclude": list(entry.exclude or [])}
     else:
         origin = {"kind": "paths", "name": None, "version": None,
                   "files": [{"path": str(p), "sha256": None} for p in paths], "include": list(entry.include or []),
-                  "documents": count, "documents_sha256": digest}
+                  "exclude": list(entry.exclude or []), "documents": count, "documents_sha256": digest}
     return TrainingText(f"{entry.source or corpus.description}, training split", SEPARATOR.join(texts), origin)
 
 

@@ -2,7 +2,11 @@
 
 `--corpus` (repeatable) takes UTF-8 files, directories (walked recursively, sorted; `--include
 GLOB` keeps the files whose name matches one of the globs; .git, .hg and .svn are not entered), or
-one of the built-in corpora, whose names are reserved (a file of that name is `./NAME`):
+one of the built-in corpora, whose names are reserved (a file of that name is `./NAME`).
+`--exclude GLOB` (repeatable; directories and python-source) leaves out every file whose path
+relative to its root (posix, e.g. `sqlalchemy/orm/query.py`) matches one of the globs (`fnmatch`,
+case-sensitive, `*` also matching `/`): it is neither training text nor holdout, as if it were not
+there. Files named on the command line are never excluded.
 
 python-docstrings  the default, also with no --corpus: every module, class and function docstring
                    of at least 40 characters of the running interpreter's standard library (`ast`,
@@ -11,6 +15,8 @@ python-docstrings  the default, also with no --corpus: every module, class and f
 python-source      the `*.py` source of the standard library and of the packages installed beside
                    the project (the interpreter's site-packages), without tests. Its version is the
                    Python version and the sha256 of the installed distributions' name==version list.
+                   Its roots are the stdlib and each site-packages directory (--exclude paths are
+                   relative to them: `json/decoder.py`, `numpy/*`).
 
 Segmented corpora (python-docstrings, and files named without a directory) are read whole and cut
 into segments (paragraph groups of at most `SEGMENT_CHARS`), shuffled with the seed; the first
@@ -116,11 +122,12 @@ class Corpus:
 @dataclass(frozen=True)
 class Source:
     """What --corpus names: a built-in corpus (`name`), or the user's files and directories with the
-    --include globs (`name` None)."""
+    --include globs (`name` None); the --exclude globs (directories and python-source)."""
 
     name: str | None
     paths: tuple[Path, ...] = ()
     include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     @property
     def streamed(self) -> bool:
@@ -138,8 +145,9 @@ class CorpusFile:
     named: bool = False
 
 
-def resolve_source(paths: Sequence[Path] | None, include: Sequence[str] = ()) -> Source:
-    """The corpus that --corpus PATH... and --include GLOB... name; a UserError says what is wrong."""
+def resolve_source(paths: Sequence[Path] | None, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Source:
+    """The corpus that --corpus PATH..., --include GLOB... and --exclude GLOB... name; a UserError says what
+    is wrong."""
     paths = [Path(p) for p in paths or []]
     reserved = [p for p in paths if str(p) in RESERVED]
     if reserved and len(paths) > 1:
@@ -148,8 +156,11 @@ def resolve_source(paths: Sequence[Path] | None, include: Sequence[str] = ()) ->
     if reserved and include:
         raise UserError(f"--include picks files in --corpus directories; the built-in corpus {reserved[0]} has "
                         "its own files")
+    if reserved and exclude and str(reserved[0]) != PYTHON_SOURCE:
+        raise UserError(f"--exclude leaves out files of --corpus directories or of python-source; the built-in "
+                        f"corpus {reserved[0]} is read from docstrings: pass --corpus python-source or a directory")
     if reserved:
-        return Source(str(reserved[0]))
+        return Source(str(reserved[0]), exclude=tuple(exclude))
     for path in paths:
         if path.exists():
             continue
@@ -159,17 +170,21 @@ def resolve_source(paths: Sequence[Path] | None, include: Sequence[str] = ()) ->
                         f"names: {', '.join(RESERVED)})")
     if include and not any(p.is_dir() for p in paths):
         raise UserError("--include picks files in --corpus directories, and no --corpus is a directory")
-    return Source(None, tuple(paths), tuple(include)) if paths else Source(PYTHON_DOCSTRINGS)
+    if exclude and not any(p.is_dir() for p in paths):
+        raise UserError("--exclude leaves out files of --corpus directories or of python-source, and no --corpus "
+                        "is one (a file named on the command line is read whole): pass a directory or python-source")
+    return Source(None, tuple(paths), tuple(include), tuple(exclude)) if paths else Source(PYTHON_DOCSTRINGS)
 
 
 def describe(source: Source) -> str:
     """A short name of the corpus for messages and stats: the built-in name and version, or the paths."""
     if source.name == PYTHON_DOCSTRINGS:
         return default_corpus_name()
+    excluding = f" (excluding {', '.join(source.exclude)})" if source.exclude else ""
     if source.name == PYTHON_SOURCE:
-        return f"{PYTHON_SOURCE} ({python_source_version()})"
+        return f"{PYTHON_SOURCE} ({python_source_version()})" + excluding
     names = ", ".join((p.name or str(p)) + ("/" if p.is_dir() else "") for p in source.paths)
-    return names + (f" ({', '.join(source.include)})" if source.include else "")
+    return names + (f" ({', '.join(source.include)})" if source.include else "") + excluding
 
 
 # --- python-docstrings ---------------------------------------------------------------------
@@ -281,14 +296,32 @@ def python_source_files() -> list[CorpusFile]:
 
 # --- listing and reading streamed corpora --------------------------------------------------
 
-def list_files(source: Source) -> list[CorpusFile]:
-    """Every file of a streamed corpus, sorted by key; reads no file except the named ones (checked to be
-    UTF-8 text). A directory without a matching file is a UserError."""
+def excluded(relative: str, globs: Sequence[str]) -> bool:
+    """Whether a file's posix path relative to its root matches one of the --exclude globs (fnmatch,
+    case-sensitive; `*` also matches `/`, so `pkg/*` is everything under pkg)."""
+    return any(fnmatch.fnmatchcase(relative, glob) for glob in globs)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files of a streamed corpus, sorted by key, and how many --exclude left out."""
+
+    files: list[CorpusFile]
+    excluded: int = 0
+
+
+def corpus_listing(source: Source) -> Listing:
+    """Every file of a streamed corpus that --exclude does not name, sorted by key; reads no file except
+    the named ones (checked to be UTF-8 text, never excluded). A directory without a matching file, or
+    whose every file is excluded, is a UserError."""
     from hartonomous.textfiles import read_user_text
 
     if source.name == PYTHON_SOURCE:
-        return python_source_files()
+        every = python_source_files()
+        kept = [f for f in every if not excluded(f.key.split("/", 1)[1], source.exclude)]
+        return Listing(kept, len(every) - len(kept))
     files: list[CorpusFile] = []
+    dropped = 0
     for i, path in enumerate(source.paths):
         if not path.is_dir():
             read_user_text(path, f"corpus file '{path}'")
@@ -299,8 +332,18 @@ def list_files(source: Source) -> list[CorpusFile]:
         if not found:
             raise UserError(f"corpus directory '{path}' has no files"
                             + (f" matching --include {' '.join(source.include)}" if source.include else ""))
-        files += [CorpusFile(f"{i}/{rel}", file) for rel, file in found]
-    return files
+        kept = [(rel, file) for rel, file in found if not excluded(rel, source.exclude)]
+        if not kept:
+            raise UserError(f"every file of corpus directory '{path}' matches --exclude "
+                            f"{' '.join(source.exclude)}; exclude fewer files or leave the directory out")
+        dropped += len(found) - len(kept)
+        files += [CorpusFile(f"{i}/{rel}", file) for rel, file in kept]
+    return Listing(files, dropped)
+
+
+def list_files(source: Source) -> list[CorpusFile]:
+    """The files of a streamed corpus (`corpus_listing`), without the count of those excluded."""
+    return corpus_listing(source).files
 
 
 def seeded_order(files: list[CorpusFile], seed: int) -> list[CorpusFile]:
@@ -382,13 +425,14 @@ def holdout_documents_limit(listed: int) -> int:
 class DocumentStream:
     """A streamed corpus's training documents in the seeded order, read only as they are handed out;
     records what the corpus read: the holdout's documents, the training documents taken (`take`) and the
-    sha256 of their text joined by blank lines, the files listed, and the files skipped among those read
-    (the last batch's read-ahead included)."""
+    sha256 of their text joined by blank lines, the files listed (after --exclude) and excluded, and the
+    files skipped among those read (the last batch's read-ahead included)."""
 
     def __init__(self, source: Source, listed: int, holdout: list[Document], passed: list[Document],
-                 rest: Iterator[Document], skipped: Counter) -> None:
+                 rest: Iterator[Document], skipped: Counter, excluded: int = 0) -> None:
         self.source = source
         self.listed = listed
+        self.excluded = excluded
         self.holdout = holdout
         self.skipped = skipped
         self.taken: list[tuple[str, str]] = []   # (key, sha256) of the training documents taken
@@ -413,7 +457,8 @@ class DocumentStream:
 def stream_corpus(source: Source, holdout_chars: int | None, seed: int) -> Corpus:
     """A streamed corpus: the files in the seeded order, the holdout cut by document (first document to
     the calibration half, then alternately), the rest left to the training stream."""
-    files = seeded_order(list_files(source), seed)
+    listing = corpus_listing(source)
+    files = seeded_order(listing.files, seed)
     skipped: Counter = Counter()
     docs = read_documents(files, skipped)
     limit = HOLDOUT_MAX_CHARS if holdout_chars is None else holdout_chars
@@ -424,7 +469,7 @@ def stream_corpus(source: Source, holdout_chars: int | None, seed: int) -> Corpu
     calibration = SEPARATOR.join(d.text for d in holdout[0::2])
     test = SEPARATOR.join(d.text for d in holdout[1::2])
     return Corpus(describe(source), calibration + SEPARATOR + test, calibration, test, len(holdout),
-                  stream=DocumentStream(source, len(files), holdout, passed, docs, skipped))
+                  stream=DocumentStream(source, len(files), holdout, passed, docs, skipped, listing.excluded))
 
 
 # --- segmented corpora ---------------------------------------------------------------------
@@ -492,15 +537,15 @@ def default_holdout_chars(total_chars: int, max_tokens: int) -> int:
 
 
 def load_corpus(files: list[Path] | None, max_tokens: int, holdout_chars: int | None = None,
-                seed: int = 0, train: bool = True, include: Sequence[str] = ()) -> Corpus:
-    """The corpus --corpus and --include name (no --corpus: python-docstrings), with its holdout.
+                seed: int = 0, train: bool = True, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Corpus:
+    """The corpus --corpus, --include and --exclude name (no --corpus: python-docstrings), with its holdout.
 
     A segmented corpus reads its training text now (about max_tokens' worth; none without `train`), a
     streamed one only as `training_tokens` takes it. Neither holdout depends on `train`, so token and
     context sets built from one corpus are evaluated on the same held-out text; a streamed holdout does
     not depend on max_tokens either.
     """
-    source = resolve_source(files, include)
+    source = resolve_source(files, include, exclude)
     if source.streamed:
         return stream_corpus(source, holdout_chars, seed)
     docs = file_documents(list(source.paths)) if source.paths else stdlib_documents()
