@@ -47,12 +47,20 @@
 --  5. Bad input raises SQLSTATE 22023 naming the argument, with next_token's checks and messages
 --     for the shared ones (ht_check_context, ht_check_sampler_args, ht_check_memory, ht_atom_set, a
 --     token id not in the set), and positions outside 1 .. min(n, 64).
--- Implementations: ht_kernel() = 'native' runs each row's arithmetic in C (htk_store of the
--- hartonomous_kernel extension 1.4, from htk_keys' keys over the positions read once); the
--- PL/pgSQL reference (ht_store_step over ht_context_centroid's keys) defines it. Both take the KNN
--- from ht_store_knn. They agree to rounding (tests/test_store_distribution.py: 1e-12).
--- Work per call: P KNNs and P key computations (O(m + W) each, sql/010_context_centroid.sql), the
--- context's positions read once on the native kernel.
+-- Implementations: the PL/pgSQL reference (ht_store_step over ht_context_centroid's keys and
+-- ht_store_knn's rows) defines it. ht_kernel() = 'native' runs it in C (hartonomous_kernel 1.4):
+--  - without memory, for a set of the rows layout, the whole call in one C call, htk_store_step,
+--    as next_token's htk_step: the keys of the last P prefixes from the session's context state
+--    (the keys of every prefix of the last contexts served, shared with next_token's C step; a
+--    context that extends a kept one computes its new tokens' keys only, one that leaves it, a
+--    new generation or a rejected draft's rollback, cuts the state back to the common prefix
+--    first), the KNN through next_token's prepared plan, each row's arithmetic htk_store's;
+--  - otherwise (memory, the tiles layout, bad input) each row's arithmetic in C (htk_store, from
+--    htk_keys' keys over the positions read once) over ht_store_knn's rows.
+-- Both native paths give the same rows bit for bit; they agree with the reference to rounding
+-- (tests/test_store_distribution.py: 1e-12).
+-- Work per call: P KNNs; keys: the tokens the kept state lacks in C (one a call for a growing
+-- context), else P key computations (O(m + W) each, sql/010_context_centroid.sql).
 
 
 CREATE OR REPLACE FUNCTION ht_store_knn(
@@ -212,6 +220,16 @@ DECLARE
     keys   double precision[];
     native boolean := ht_kernel() = 'native';
 BEGIN
+    IF store_distribution.memory IS FALSE AND native THEN
+        -- The whole call in C (htk_store_step) where it serves it: this function's own arguments,
+        -- a set of the rows layout holding every context token. Anything else, bad input
+        -- included, takes the checked path below; so does memory, as next_token's C step.
+        RETURN QUERY SELECT * FROM htk_store_step(context, atom_set, max_neighbors, history_weight,
+                                                  history_window, positions);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
     PERFORM ht_check_memory(store_distribution.memory, 'true reads the atom set''s memory of past generations beside its atoms; false (the default) does not.');
     PERFORM ht_check_context(context);
     PERFORM ht_check_sampler_args(1.0, 0, 1.0, NULL, max_neighbors, 1.0, history_weight, history_window);

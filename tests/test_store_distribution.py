@@ -7,6 +7,11 @@
 - positions = P gives the rows of P single calls; the features are the NumPy reference's
   (hartonomous/store.py store_step) on the same candidates; bad arguments raise 22023 naming them;
   the reader role may call it.
+- Without memory, the native kernel serves a call in C from the session's kept context state
+  (htk_store_step): a context growing by one token computes one key a call, whatever positions;
+  a context that leaves the kept one (a rollback, a new generation, a return) cuts it back to the
+  common prefix; every row is the per-prefix path's (htk_keys, ht_store_knn, htk_store) bit for
+  bit, and the reference's within 1e-12.
 """
 
 from __future__ import annotations
@@ -67,10 +72,13 @@ def db(server_url: str) -> Iterator[psycopg.Connection]:
 
 @pytest.fixture(scope="module")
 def sets(db) -> dict[str, AtomSetData]:
-    """A backoff and a gaussian set, each with a memory of two past generations."""
+    """A backoff and a gaussian set, and an exponential one whose keys come from running sums (no
+    window, decay 0.97), each with a memory of two past generations."""
     made = {"backoff": lattice_set("store_backoff", 2),
             "gaussian": random_set("store_gauss", 7, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6,
-                                   history_weight=1.5, history_window=8)}
+                                   history_weight=1.5, history_window=8),
+            "running": random_set("store_running", 9, kernel="exponential", bandwidth=0.2, decay=0.97,
+                                  history_weight=1.0, history_window=16)}
     for s in made.values():
         s.atom_set_id = add_set(db, s)
         db.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
@@ -268,3 +276,143 @@ def test_the_reader_role_may_call_it(db, sets) -> None:
                              "positions": 2}).fetchall()
     db.execute("ROLLBACK TO SAVEPOINT reader")
     assert [r[0] for r in got] == [2, 3] and all(r[1] for r in got)
+
+
+# --- the kept context state (htk_store_step) --------------------------------------------------------
+
+PER_PREFIX = """
+SELECT %(prefix_length)s, r.token_ids, r.probabilities, r.nearest_bandwidths, r.rung, r.matched_mass, r.candidates,
+       r.top_probability, r.entropy, r.stored_share, r.history_share, r.memory_share
+  FROM ht_atom_set(%(atom_set)s, %(history_weight)s, %(history_window)s) s,
+       LATERAL (SELECT htk_keys(ht_context_positions(s.id, %(prefix)s), s.centroid_window,
+                                s.centroid_decay, s.history_window) AS keys) k,
+       LATERAL ht_store_knn(s.id, ST_MakePoint(k.keys[1], k.keys[2], k.keys[3]), %(max_neighbors)s, false) n,
+       LATERAL htk_store(%(prefix)s, k.keys, n.token_ids, n.weights, n.distances, n.memory, s.kernel,
+                         s.bandwidth, s.centroid_decay, s.history_weight) r"""
+
+
+def per_prefix_rows(db, params: dict) -> list[tuple]:
+    """The rows of the per-prefix native path (the positions read, the keys computed, the KNN run in SQL
+    for each prefix): what store_distribution returns without the kept state."""
+    n = len(params["context"])
+    return [db.execute(PER_PREFIX, {**params, "prefix": params["context"][:length], "prefix_length": length})
+            .fetchone() for length in range(n - params["positions"] + 1, n + 1)]
+
+
+def keys_computed(db) -> int:
+    return db.execute("SELECT keys_computed FROM htk_stats()").fetchone()[0]
+
+
+@pytest.fixture
+def native(db, kernels) -> None:
+    if "" not in kernels:
+        pytest.skip("the kept context state is the native kernel's")
+    db.execute("SELECT set_config('hartonomous.kernel', '', true)")
+
+
+def store_params(s: AtomSetData, context: list[int], positions: int, history_weight: float | None = None) -> dict:
+    return {"context": context, "atom_set": s.name, "max_neighbors": 100, "history_weight": history_weight,
+            "history_window": None, "memory": False, "positions": positions}
+
+
+@pytest.mark.parametrize("which", ["backoff", "gaussian", "running"])
+@pytest.mark.parametrize("positions", [1, 8])
+def test_a_growing_context_computes_one_key_a_call_and_gives_the_per_prefix_rows(db, sets, native, which,
+                                                                                   positions) -> None:
+    """As generation calls it: ctx[:n] for n = 20 .. 44. After the first call each computes the new
+    token's key only (the other P - 1 prefixes' keys are kept), and its rows are the per-prefix path's,
+    bit for bit, and the reference's within 1e-12."""
+    s = sets[which]
+    rng = np.random.default_rng(11 + positions)
+    context = [int(t) for t in rng.integers(0, 9, 44)]
+    for n in range(20, 45):
+        params = store_params(s, context[:n], positions)
+        before = keys_computed(db)
+        got = rows(db, "", params)
+        if n > 20:
+            assert keys_computed(db) - before == 1, n
+        assert got == per_prefix_rows(db, params)
+        if n % 8 == 0:
+            for got_row, want_row in zip(got, rows(db, "plpgsql", params)):
+                assert_same_row(got_row, want_row)
+
+
+@pytest.mark.parametrize("which", ["backoff", "gaussian", "running"])
+def test_a_context_that_leaves_the_kept_one_cuts_it_back(db, sets, native, which) -> None:
+    """A rejected draft rolled back and replaced, a new generation, and the first context again: each
+    computes the keys of the tokens past the common prefix only, and gives the per-prefix rows."""
+    s = sets[which]
+    rng = np.random.default_rng(23)
+    context = [int(t) for t in rng.integers(0, 9, 40)]
+    rows(db, "", store_params(s, context, 4))
+    changed = 5
+    rolled_back = context[:-changed] + [(t + 1) % 9 for t in context[-changed:]]    # the last 5 differ
+    other = [int(t) for t in rng.integers(0, 9, 30)]
+    other[0] = (context[0] + 1) % 9                                 # shares no prefix with the first
+    for ctx, new_keys in ((rolled_back, changed), (other, len(other)), (context, changed)):
+        params = store_params(s, ctx, 4)
+        before = keys_computed(db)
+        got = rows(db, "", params)
+        assert keys_computed(db) - before == new_keys, ctx
+        assert got == per_prefix_rows(db, params)
+        for got_row, want_row in zip(got, rows(db, "plpgsql", params)):
+            assert_same_row(got_row, want_row)
+
+
+def test_positions_and_history_arguments_read_the_kept_keys(db, sets, native) -> None:
+    """positions = P for P = 1 .. 16 and history on or off over one kept context: no key computed
+    after the first call, every row the per-prefix path's, and the P rows those of P single calls."""
+    s = sets["gaussian"]
+    context = [int(t) for t in np.random.default_rng(31).integers(0, 9, 16)]
+    rows(db, "", store_params(s, context, 1))
+    before = keys_computed(db)
+    for history_weight in (None, 0.0, 2.0):
+        for positions in (1, 2, 7, 16):
+            params = store_params(s, context, positions, history_weight)
+            got = rows(db, "", params)
+            assert got == per_prefix_rows(db, params)
+            assert [r[0] for r in got] == list(range(17 - positions, 17))
+    assert keys_computed(db) == before
+    many = rows(db, "", store_params(s, context, 16))
+    assert many == [rows(db, "", store_params(s, context[:n], 1))[0] for n in range(1, 17)]
+
+
+def test_memory_and_a_foreign_token_take_the_checked_path(db, sets, native) -> None:
+    """With memory the C step does not serve the call (as next_token's): no key is computed there. A
+    token the set lacks is named by the checked path."""
+    s = sets["backoff"]
+    before = keys_computed(db)
+    got = rows(db, "", {**store_params(s, [8, 7, 6, 5], 2), "memory": True})
+    assert keys_computed(db) == before and [r[0] for r in got] == [3, 4]
+    db.execute("SAVEPOINT foreign_token")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="^context"):
+        rows(db, "", store_params(s, [1, 2, 999], 1))
+    db.execute("ROLLBACK TO SAVEPOINT foreign_token")
+
+
+STEP = "SELECT prefix_length FROM htk_store_step(%s::integer[], %s, %s, %s::float8, %s, %s)"
+
+
+@pytest.mark.parametrize("argument, value", [
+    (0, None), (0, []), (0, [1, None]), (0, [[1, 2], [3, 4]]), (0, [1, 2, 999]), (1, "no such set"),
+    (2, None), (2, 0), (2, 100001), (3, -1.0), (3, float("nan")), (3, float("inf")), (4, -1), (4, 4097),
+    (5, None), (5, 0), (5, 4),
+])
+def test_the_c_step_serves_nothing_it_should_not(db, sets, native, argument, value) -> None:
+    """htk_store_step answers no rows where store_distribution's checked path must answer (and raise):
+    each bad argument, an unknown set, a token the set lacks."""
+    good = [[1, 2, 3], sets["gaussian"].name, 100, None, None, 2]
+    assert [r[0] for r in db.execute(STEP, good).fetchall()] == [2, 3]
+    bad = [value if i == argument else v for i, v in enumerate(good)]
+    assert db.execute(STEP, bad).fetchall() == []
+
+
+def test_the_reader_role_is_served_in_c(db, sets, native) -> None:
+    db.execute("SAVEPOINT reader_c")
+    db.execute("SET LOCAL ROLE hartonomous_reader")
+    params = store_params(sets["backoff"], [8, 7, 6, 5, 4], 3)
+    got = db.execute(STORE, params).fetchall()
+    served = db.execute("SELECT count(*) FROM htk_store_step(%(context)s, %(atom_set)s, %(max_neighbors)s, "
+                        "%(history_weight)s, %(history_window)s, %(positions)s)", params).fetchone()[0]
+    db.execute("ROLLBACK TO SAVEPOINT reader_c")
+    assert served == 3 and [r[0] for r in got] == [3, 4, 5] and got == per_prefix_rows(db, params)

@@ -1,6 +1,7 @@
 -- hartonomous_kernel 1.4: next_token's keys, kernel and sampler in C; sql/060_kernel.sql, sql/020_next_token.sql
 -- and sql/090_store.sql call them. Every kernel (gaussian, exponential, backoff) is served; the kernel is an argument by name.
--- Every function checks its own arguments (SQLSTATE 22023 naming the argument); htk_step returns NULL instead.
+-- Every function checks its own arguments (SQLSTATE 22023 naming the argument); htk_step returns NULL and
+-- htk_store_step no rows instead.
 \echo Use "CREATE EXTENSION hartonomous_kernel" to load this file. \quit
 
 CREATE FUNCTION htk_keys(positions double precision[], centroid_window integer,
@@ -143,3 +144,19 @@ COMMENT ON FUNCTION htk_store(integer[], double precision[], integer[], double p
                               double precision[], boolean[], text, double precision, double precision,
                               double precision) IS
     'store_distribution''s row for one prefix from its keys and KNN rows (knn_memory flags the memory''s atoms): the kernel''s own distribution over every candidate and its features (sql/090_store.sql).';
+
+CREATE FUNCTION htk_store_step(
+    context integer[], atom_set text, max_neighbors integer, history_weight double precision,
+    history_window integer, positions integer)
+RETURNS TABLE(prefix_length integer, token_ids integer[], probabilities double precision[],
+              nearest_bandwidths double precision, rung integer, matched_mass double precision,
+              candidates integer, top_probability double precision, entropy double precision,
+              stored_share double precision, history_share double precision,
+              memory_share double precision)
+AS 'MODULE_PATHNAME', 'htk_store_step'
+LANGUAGE C STABLE PARALLEL RESTRICTED
+SET search_path = public, pg_temp
+SET enable_sort = off;
+
+COMMENT ON FUNCTION htk_store_step(integer[], text, integer, double precision, integer, integer) IS
+    'store_distribution without memory in one C call with its own arguments (the atom set read here), the keys from the session''s context state and the KNN through SPI (rows layout); no rows for anything it does not serve (bad input, the tiles layout, a foreign token): store_distribution then takes its checked path (sql/090_store.sql).';

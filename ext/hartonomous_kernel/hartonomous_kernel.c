@@ -23,6 +23,8 @@
  *   htk_next_token    one next_token step for a set's own parameters (the loops, sql/060_kernel.sql)
  *   htk_step          next_token with its own arguments; NULL for anything it does not serve
  *   htk_step_logits   htk_logits for a context, with the backend's state
+ *   htk_store_step    store_distribution without memory, with its own arguments and the backend's
+ *                     state; no rows for anything it does not serve (from 1.4)
  *   htk_stats         this backend's counters and the memory it keeps
  *
  * Every entry point is executable by any role that may run next_token, so each checks its own
@@ -50,6 +52,7 @@
 #include "tcop/dest.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "utils/tuplestore.h"
 #include "utils/memutils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -74,6 +77,7 @@ PG_FUNCTION_INFO_V1(htk_logits_1_3);
 PG_FUNCTION_INFO_V1(htk_next_token_1_3);
 PG_FUNCTION_INFO_V1(htk_step_logits_1_3);
 PG_FUNCTION_INFO_V1(htk_store);
+PG_FUNCTION_INFO_V1(htk_store_step);
 
 /* Direct windowed sums up to this many elements per key; longer windows use the recursion. */
 #define DIRECT_WINDOW 64
@@ -1200,57 +1204,43 @@ htk_logits_1_3(PG_FUNCTION_ARGS)
  * below -744): matched_mass = exp(M + ln sum e) (0 below e^-744), the shares are each source's sum
  * of e over sum e. No candidate: empty arrays, candidates 0, matched_mass 0, the rest NULL.
  */
-Datum
-htk_store(PG_FUNCTION_ARGS)
+/*
+ * store_distribution's row for one prefix of n_ctx tokens, for checked inputs: its centre, the
+ * m history keys (key k, 1-based, at hist + 3 (k - 1): the atom of element n_ctx - m + k) and its
+ * KNN rows (knn_mem[i]: row i is a memory atom; NULL: none is). values/nulls: htk_store's eleven
+ * columns. The one arithmetic of htk_store and htk_store_step.
+ */
+static void
+store_row(const int32 *ctx, int n_ctx, const double *center, const double *hist, int m, const int32 *knn_ids,
+		  const double *knn_w, const double *knn_d, const bool *knn_mem, int n_knn, Kernel kernel,
+		  double bandwidth, double decay, double history_weight, Datum *values, bool *nulls)
 {
-	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
-		"knn_memory", "kernel", "bandwidth", "centroid_decay", "", NULL};
-	StepArrays	a;
-	Kernel		kernel;
-	double		bandwidth, decay, history_weight, nearest = get_float8_infinity();
-	bool	   *mem;
-	int			n_mem, n = 0, n_cands = 0, after;
+	double		nearest = get_float8_infinity();
+	int			n = 0, n_cands = 0, after;
 	Term	   *terms;
 	Cand	   *cands;
-	TupleDesc	tupdesc;
-	Datum		values[11];
-	bool		nulls[11];
-
-	require_args(fcinfo, args);
-	step_arrays(fcinfo, &a);
-	mem = (bool *) array_items(PG_GETARG_ARRAYTYPE_P(5), BOOLOID, &n_mem, "knn_memory");
-	if (n_mem != a.n_knn)
-		BAD_ARG("knn_memory must be as long as knn_token_ids (%d), got %d", a.n_knn, n_mem);
-	kernel = kernel_arg(PG_GETARG_TEXT_PP(6));
-	bandwidth = PG_GETARG_FLOAT8(7);
-	check_positive("bandwidth", bandwidth);
-	decay = PG_GETARG_FLOAT8(8);
-	check_decay(decay);
-	check_backoff_decay(kernel, decay);
-	history_weight = PG_ARGISNULL(9) ? 0.0 : PG_GETARG_FLOAT8(9);
-	check_nonnegative("history_weight", history_weight);
 
 	/* Every candidate: the KNN rows, then the history atoms. */
-	terms = palloc(sizeof(Term) * (a.n_knn + a.m + 1));
-	for (int i = 0; i < a.n_knn; i++)
+	terms = palloc(sizeof(Term) * (n_knn + m + 1));
+	for (int i = 0; i < n_knn; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		terms[n].tid = a.knn_ids[i];
-		terms[n].c = log(a.knn_w[i]) - kernel_term(a.knn_d[i], kernel, bandwidth);
-		terms[n].d = a.knn_d[i];
+		terms[n].tid = knn_ids[i];
+		terms[n].c = log(knn_w[i]) - kernel_term(knn_d[i], kernel, bandwidth);
+		terms[n].d = knn_d[i];
 		terms[n].hist = false;
-		terms[n].mem = mem[i];
+		terms[n].mem = knn_mem != NULL && knn_mem[i];
 		n++;
 	}
-	after = a.n_ctx - a.m;
-	for (int k = 1; k <= a.m && history_weight > 0; k++)
+	after = n_ctx - m;
+	for (int k = 1; k <= m && history_weight > 0; k++)
 	{
-		const double *key = a.keys + 3 * k;
-		double		dx = key[0] - a.keys[0], dy = key[1] - a.keys[1], dz = key[2] - a.keys[2];
+		const double *key = hist + 3 * (k - 1);
+		double		dx = key[0] - center[0], dy = key[1] - center[1], dz = key[2] - center[2];
 		double		d = sqrt(dx * dx + dy * dy + dz * dz);
 
 		CHECK_FOR_INTERRUPTS();
-		terms[n].tid = a.ctx[after + k - 1];
+		terms[n].tid = ctx[after + k - 1];
 		terms[n].c = log(history_weight) - kernel_term(d, kernel, bandwidth);
 		terms[n].d = d;
 		terms[n].hist = true;
@@ -1260,7 +1250,7 @@ htk_store(PG_FUNCTION_ARGS)
 	for (int i = 0; i < n; i++)
 		nearest = fmin(nearest, terms[i].d);
 
-	memset(nulls, true, sizeof(nulls));
+	memset(nulls, true, sizeof(bool) * 11);
 	values[4] = Float8GetDatum(0.0);	/* matched_mass */
 	values[5] = Int32GetDatum(0);		/* candidates */
 	nulls[4] = nulls[5] = false;
@@ -1331,6 +1321,40 @@ htk_store(PG_FUNCTION_ARGS)
 		values[1] = PointerGetDatum(float8_array(NULL, 0));
 	}
 	nulls[0] = nulls[1] = false;
+	pfree(terms);
+	pfree(cands);
+}
+
+Datum
+htk_store(PG_FUNCTION_ARGS)
+{
+	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
+		"knn_memory", "kernel", "bandwidth", "centroid_decay", "", NULL};
+	StepArrays	a;
+	Kernel		kernel;
+	double		bandwidth, decay, history_weight;
+	bool	   *mem;
+	int			n_mem;
+	TupleDesc	tupdesc;
+	Datum		values[11];
+	bool		nulls[11];
+
+	require_args(fcinfo, args);
+	step_arrays(fcinfo, &a);
+	mem = (bool *) array_items(PG_GETARG_ARRAYTYPE_P(5), BOOLOID, &n_mem, "knn_memory");
+	if (n_mem != a.n_knn)
+		BAD_ARG("knn_memory must be as long as knn_token_ids (%d), got %d", a.n_knn, n_mem);
+	kernel = kernel_arg(PG_GETARG_TEXT_PP(6));
+	bandwidth = PG_GETARG_FLOAT8(7);
+	check_positive("bandwidth", bandwidth);
+	decay = PG_GETARG_FLOAT8(8);
+	check_decay(decay);
+	check_backoff_decay(kernel, decay);
+	history_weight = PG_ARGISNULL(9) ? 0.0 : PG_GETARG_FLOAT8(9);
+	check_nonnegative("history_weight", history_weight);
+
+	store_row(a.ctx, a.n_ctx, a.keys, a.keys + 3, a.m, a.knn_ids, a.knn_w, a.knn_d, mem, a.n_knn, kernel,
+			  bandwidth, decay, history_weight, values, nulls);
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		raise_bad("htk_store: must be called as a function returning a record");
 	tupdesc = BlessTupleDesc(tupdesc);
@@ -2473,61 +2497,33 @@ static SPIPlanPtr default_set_plan = NULL;
 	" s.history_weight, s.history_window, s.kernel = 'backoff', s.xmin, s.ctid," \
 	" s.layout IS DISTINCT FROM 'tiles' FROM atom_sets s"
 
-Datum
-htk_step(PG_FUNCTION_ARGS)
+/* An atom set's row as the C steps read it (ht_atom_set's values, before the caller's overrides). */
+typedef struct
 {
-	ArrayType  *ctx_arr;
-	int			n_ctx, top_k, max_neighbors, window = 0, history;
-	int32	   *ctx;
-	double		temperature, top_p, radius, penalty, history_weight, decay, bandwidth;
-	bool		has_top_k, has_top_p, has_radius, has_window, gaussian, backoff, rows, served = false, isnull;
+	SetVersion	version;
+	bool		has_window;
+	int			window;
+	double		decay;
 	Kernel		kernel;
-	Datum		result = (Datum) 0, arg;
-	MemoryContext caller;
+	double		bandwidth;
+	double		history_weight;
+	int			history;
+	bool		rows;			/* the rows layout */
+} SetRow;
+
+/*
+ * The atom set named by argument `name_arg` of fcinfo (NULL: the default one), as ht_atom_set reads
+ * it; false where there is not exactly one. Inside SPI.
+ */
+static bool
+read_set_row(FunctionCallInfo fcinfo, int name_arg, SetRow *s)
+{
 	HeapTuple	row;
 	TupleDesc	desc;
-	SetVersion	version;
+	Datum		arg;
+	bool		isnull, gaussian, backoff;
 
-	/* next_token's rules (ht_check_context, ht_check_sampler_args); anything else: NULL. */
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(5) || PG_ARGISNULL(7))
-		PG_RETURN_NULL();
-	ctx_arr = PG_GETARG_ARRAYTYPE_P(0);
-	if (ARR_ELEMTYPE(ctx_arr) != INT4OID || ARR_NDIM(ctx_arr) != 1 || ARR_DIMS(ctx_arr)[0] < 1
-		|| (ARR_HASNULL(ctx_arr) && array_contains_nulls(ctx_arr)))
-		PG_RETURN_NULL();
-	n_ctx = ARR_DIMS(ctx_arr)[0];
-	ctx = (int32 *) ARR_DATA_PTR(ctx_arr);
-	temperature = PG_GETARG_FLOAT8(1);
-	if (!(temperature == 0.0 || (temperature >= 1e-6 && temperature <= 1e6)))
-		PG_RETURN_NULL();
-	has_top_k = !PG_ARGISNULL(2);
-	top_k = has_top_k ? PG_GETARG_INT32(2) : 0;
-	if (top_k < 0)
-		PG_RETURN_NULL();
-	has_top_p = !PG_ARGISNULL(3);
-	top_p = has_top_p ? PG_GETARG_FLOAT8(3) : 1.0;
-	if (!(top_p > 0.0 && top_p <= 1.0))
-		PG_RETURN_NULL();
-	has_radius = !PG_ARGISNULL(4);
-	radius = has_radius ? PG_GETARG_FLOAT8(4) : 0.0;
-	if (!(radius >= 0.0))
-		PG_RETURN_NULL();
-	max_neighbors = PG_GETARG_INT32(5);
-	if (max_neighbors < 1 || max_neighbors > MAX_NEIGHBORS)
-		PG_RETURN_NULL();
-	penalty = PG_GETARG_FLOAT8(7);
-	if (!(penalty >= 1e-6 && penalty <= 1e6))
-		PG_RETURN_NULL();
-	if (!PG_ARGISNULL(8) && !(PG_GETARG_FLOAT8(8) >= 0.0 && isfinite(PG_GETARG_FLOAT8(8))))
-		PG_RETURN_NULL();
-	if (!PG_ARGISNULL(9) && (PG_GETARG_INT32(9) < 0 || PG_GETARG_INT32(9) > MAX_HISTORY_WINDOW))
-		PG_RETURN_NULL();
-
-	caller = CurrentMemoryContext;
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "htk: SPI_connect failed");
-	/* The atom set's row (ht_atom_set): by name, or the default one. */
-	if (PG_ARGISNULL(6))
+	if (PG_ARGISNULL(name_arg))
 	{
 		if (default_set_plan == NULL)
 		{
@@ -2552,47 +2548,219 @@ htk_step(PG_FUNCTION_ARGS)
 				elog(ERROR, "htk: preparing the atom set lookup failed");
 			set_by_name_plan = plan;
 		}
-		arg = PG_GETARG_DATUM(6);
+		arg = PG_GETARG_DATUM(name_arg);
 		if (SPI_execute_plan(set_by_name_plan, &arg, NULL, true, 2) != SPI_OK_SELECT)
 			elog(ERROR, "htk: reading atom_sets failed");
 	}
 	if (SPI_processed != 1)
-	{
-		SPI_finish();
-		PG_RETURN_NULL();
-	}
+		return false;
 	row = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	version.id = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
+	s->version.id = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
 	arg = SPI_getbinval(row, desc, 2, &isnull);	/* centroid_window: NULL is no window */
-	has_window = !isnull;
-	if (has_window)
-		window = DatumGetInt32(arg);
-	decay = DatumGetFloat8(SPI_getbinval(row, desc, 3, &isnull));
+	s->has_window = !isnull;
+	s->window = isnull ? 0 : DatumGetInt32(arg);
+	s->decay = DatumGetFloat8(SPI_getbinval(row, desc, 3, &isnull));
 	gaussian = DatumGetBool(SPI_getbinval(row, desc, 4, &isnull));
-	bandwidth = DatumGetFloat8(SPI_getbinval(row, desc, 5, &isnull));
-	history_weight = PG_ARGISNULL(8) ? DatumGetFloat8(SPI_getbinval(row, desc, 6, &isnull)) : PG_GETARG_FLOAT8(8);
-	history = PG_ARGISNULL(9) ? DatumGetInt32(SPI_getbinval(row, desc, 7, &isnull)) : PG_GETARG_INT32(9);
-	if (!(history_weight > 0))
-		history = 0;
+	s->bandwidth = DatumGetFloat8(SPI_getbinval(row, desc, 5, &isnull));
+	s->history_weight = DatumGetFloat8(SPI_getbinval(row, desc, 6, &isnull));
+	s->history = DatumGetInt32(SPI_getbinval(row, desc, 7, &isnull));
 	backoff = DatumGetBool(SPI_getbinval(row, desc, 8, &isnull));
-	version.xmin = DatumGetTransactionId(SPI_getbinval(row, desc, 9, &isnull));
-	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 10, &isnull)), &version.ctid);
-	rows = DatumGetBool(SPI_getbinval(row, desc, 11, &isnull));
-	/* the set's own values are checked by atom_sets' constraints; these keep the C safe regardless */
-	if (rows && decay > 0.0 && decay <= 1.0 && (!has_window || window >= 1) && (!backoff || decay < 1.0)
-		&& bandwidth > 0.0 && isfinite(bandwidth) && history_weight >= 0.0 && isfinite(history_weight)
-		&& history >= 0 && history <= MAX_HISTORY_WINDOW)
+	s->version.xmin = DatumGetTransactionId(SPI_getbinval(row, desc, 9, &isnull));
+	ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 10, &isnull)), &s->version.ctid);
+	s->rows = DatumGetBool(SPI_getbinval(row, desc, 11, &isnull));
+	s->kernel = backoff ? KERNEL_BACKOFF : gaussian ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+	return true;
+}
+
+/*
+ * Whether the C steps serve a set with these values (its own, the history overridden by the
+ * caller's): the rows layout and values the C may run on. The set's own values are checked by
+ * atom_sets' constraints; this keeps the C safe regardless.
+ */
+static bool
+set_row_served(const SetRow *s)
+{
+	return s->rows && s->decay > 0.0 && s->decay <= 1.0 && (!s->has_window || s->window >= 1)
+		&& (s->kernel != KERNEL_BACKOFF || s->decay < 1.0) && s->bandwidth > 0.0 && isfinite(s->bandwidth)
+		&& s->history_weight >= 0.0 && isfinite(s->history_weight) && s->history >= 0
+		&& s->history <= MAX_HISTORY_WINDOW;
+}
+
+/* A context as next_token accepts it (ht_check_context): its items, or NULL. */
+static int32 *
+step_context(FunctionCallInfo fcinfo, int arg, int *n_ctx)
+{
+	ArrayType  *a;
+
+	if (PG_ARGISNULL(arg))
+		return NULL;
+	a = PG_GETARG_ARRAYTYPE_P(arg);
+	if (ARR_ELEMTYPE(a) != INT4OID || ARR_NDIM(a) != 1 || ARR_DIMS(a)[0] < 1
+		|| (ARR_HASNULL(a) && array_contains_nulls(a)))
+		return NULL;
+	*n_ctx = ARR_DIMS(a)[0];
+	return (int32 *) ARR_DATA_PTR(a);
+}
+
+/* The history arguments as ht_check_sampler_args accepts them (NULL: the set's): false if not. */
+static bool
+history_args_ok(FunctionCallInfo fcinfo, int weight_arg, int window_arg)
+{
+	if (!PG_ARGISNULL(weight_arg) && !(PG_GETARG_FLOAT8(weight_arg) >= 0.0 && isfinite(PG_GETARG_FLOAT8(weight_arg))))
+		return false;
+	if (!PG_ARGISNULL(window_arg) && (PG_GETARG_INT32(window_arg) < 0 || PG_GETARG_INT32(window_arg) > MAX_HISTORY_WINDOW))
+		return false;
+	return true;
+}
+
+/* The caller's history arguments over the set's (ht_atom_set): no window without a weight. */
+static void
+override_history(FunctionCallInfo fcinfo, int weight_arg, int window_arg, SetRow *s)
+{
+	if (!PG_ARGISNULL(weight_arg))
+		s->history_weight = PG_GETARG_FLOAT8(weight_arg);
+	if (!PG_ARGISNULL(window_arg))
+		s->history = PG_GETARG_INT32(window_arg);
+	if (!(s->history_weight > 0))
+		s->history = 0;
+}
+
+Datum
+htk_step(PG_FUNCTION_ARGS)
+{
+	int			n_ctx = 0, top_k, max_neighbors;
+	int32	   *ctx;
+	double		temperature, top_p, radius, penalty;
+	bool		has_top_k, has_top_p, has_radius, served = false;
+	Datum		result = (Datum) 0;
+	MemoryContext caller;
+	SetRow		s;
+
+	/* next_token's rules (ht_check_context, ht_check_sampler_args); anything else: NULL. */
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(5) || PG_ARGISNULL(7))
+		PG_RETURN_NULL();
+	ctx = step_context(fcinfo, 0, &n_ctx);
+	if (ctx == NULL)
+		PG_RETURN_NULL();
+	temperature = PG_GETARG_FLOAT8(1);
+	if (!(temperature == 0.0 || (temperature >= 1e-6 && temperature <= 1e6)))
+		PG_RETURN_NULL();
+	has_top_k = !PG_ARGISNULL(2);
+	top_k = has_top_k ? PG_GETARG_INT32(2) : 0;
+	if (top_k < 0)
+		PG_RETURN_NULL();
+	has_top_p = !PG_ARGISNULL(3);
+	top_p = has_top_p ? PG_GETARG_FLOAT8(3) : 1.0;
+	if (!(top_p > 0.0 && top_p <= 1.0))
+		PG_RETURN_NULL();
+	has_radius = !PG_ARGISNULL(4);
+	radius = has_radius ? PG_GETARG_FLOAT8(4) : 0.0;
+	if (!(radius >= 0.0))
+		PG_RETURN_NULL();
+	max_neighbors = PG_GETARG_INT32(5);
+	if (max_neighbors < 1 || max_neighbors > MAX_NEIGHBORS)
+		PG_RETURN_NULL();
+	penalty = PG_GETARG_FLOAT8(7);
+	if (!(penalty >= 1e-6 && penalty <= 1e6))
+		PG_RETURN_NULL();
+	if (!history_args_ok(fcinfo, 8, 9))
+		PG_RETURN_NULL();
+
+	caller = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	/* The atom set's row (ht_atom_set): by name, or the default one. */
+	if (read_set_row(fcinfo, 6, &s))
 	{
-		kernel = backoff ? KERNEL_BACKOFF : gaussian ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
-		served = native_step(fcinfo, caller, version.id, &version, has_window, window, decay, history, kernel,
-							 bandwidth, history_weight, ctx, n_ctx, temperature, has_top_k, top_k,
-							 has_top_p, top_p, has_radius, radius, max_neighbors, penalty, &result);
+		override_history(fcinfo, 8, 9, &s);
+		if (set_row_served(&s))
+			served = native_step(fcinfo, caller, s.version.id, &s.version, s.has_window, s.window, s.decay,
+								 s.history, s.kernel, s.bandwidth, s.history_weight, ctx, n_ctx, temperature,
+								 has_top_k, top_k, has_top_p, top_p, has_radius, radius, max_neighbors,
+								 penalty, &result);
 	}
 	SPI_finish();
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
+}
+
+/*
+ * store_distribution in one C call where it can serve it: htk_store_step(context, atom_set,
+ * max_neighbors, history_weight, history_window, positions) -> store_distribution's rows, for its
+ * own arguments without memory (next_token's C step reads the stored atoms only). The keys of the
+ * last `positions` prefixes come from the session's context state (the kept context extended, or
+ * cut back where this one leaves it: only keys of tokens not kept are computed), the KNN from
+ * next_token's prepared plan, each row from store_row: the rows of the checked path (htk_keys'
+ * keys, ht_store_knn's rows, htk_store), bit for bit. No rows for anything it does not serve (bad
+ * input, the tiles layout, a set without token_blocks, a token the set lacks): store_distribution
+ * then takes its checked path, whose messages stay the one source of what bad input is told.
+ */
+#define STORE_MAX_POSITIONS 64
+
+Datum
+htk_store_step(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			n_ctx = 0, max_neighbors, positions;
+	int32	   *ctx;
+	MemoryContext caller;
+	SetRow		s;
+	PositionCache *slot = NULL;
+	ContextState scratch, *st = NULL;
+
+	InitMaterializedSRF(fcinfo, 0);
+	/* store_distribution's rules (ht_check_context, ht_check_sampler_args, positions); else no rows */
+	ctx = step_context(fcinfo, 0, &n_ctx);
+	if (ctx == NULL || PG_ARGISNULL(2) || PG_ARGISNULL(5))
+		return (Datum) 0;
+	max_neighbors = PG_GETARG_INT32(2);
+	positions = PG_GETARG_INT32(5);
+	if (max_neighbors < 1 || max_neighbors > MAX_NEIGHBORS || !history_args_ok(fcinfo, 3, 4)
+		|| positions < 1 || positions > Min(n_ctx, STORE_MAX_POSITIONS))
+		return (Datum) 0;
+
+	caller = CurrentMemoryContext;
+	memset(&scratch, 0, sizeof(scratch));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "htk: SPI_connect failed");
+	if (read_set_row(fcinfo, 1, &s))
+	{
+		override_history(fcinfo, 3, 4, &s);
+		if (set_row_served(&s))
+			slot = cached_set(s.version.id, &s.version, true);
+	}
+	MemoryContextSwitchTo(caller);
+	if (slot != NULL)
+		st = context_state(slot, s.has_window, s.window, s.decay, ctx, n_ctx,
+						   grid_cell(s.kernel == KERNEL_GAUSSIAN, s.bandwidth), &scratch);
+	for (int len = n_ctx - positions + 1; st != NULL && len <= n_ctx; len++)
+	{
+		/* prefix len: its centre is the key of prefix len, history key k that of prefix len - m + k - 1 */
+		int			m = s.history > 0 && len > 1 ? Min(s.history, len - 1) : 0, n_knn = 0;
+		const double *center = st->keys + 3 * (len - 1);
+		int32	   *knn_ids;
+		double	   *knn_w, *knn_d;
+		Datum		values[12];
+		bool		nulls[12];
+
+		knn_rows(s.version.id, center, max_neighbors, false, 0.0, &knn_ids, &knn_w, &knn_d, &n_knn);
+		MemoryContextSwitchTo(caller);	/* SPI left its own context current */
+		values[0] = Int32GetDatum(len);
+		nulls[0] = false;
+		store_row(ctx, len, center, st->keys + 3 * (len - m - 1), m, knn_ids, knn_w, knn_d, NULL, n_knn,
+				  s.kernel, s.bandwidth, s.decay, s.history_weight, values + 1, nulls + 1);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		pfree(knn_ids);
+		pfree(knn_w);
+		pfree(knn_d);
+	}
+	if (scratch.mcxt != NULL)
+		MemoryContextDelete(scratch.mcxt);
+	SPI_finish();
+	trim_kept(state_limit(), NULL, NULL);
+	return (Datum) 0;
 }
 
 /* This backend's counters of the native steps and the memory it keeps: htk_stats() -> one row. */
