@@ -81,11 +81,17 @@ def score_walk(walk, gate) -> dict:
     return out
 
 
+def walk_text_into(together, walk) -> None:
+    """Append one text's walk to a combined one (its positions keep their text index)."""
+    for key, values in vars(walk).items():
+        getattr(together, key).extend(values)
+
+
 def main() -> None:
     import psycopg
 
     from hartonomous.atomset import load_atom_set
-    from hartonomous.augment.calibrate import WINDOW, walk_text
+    from hartonomous.augment.calibrate import WINDOW, Walk, walk_text
     from hartonomous.augment.gates import load_gate
     from hartonomous.compare.atomset import holdout_text
     from hartonomous.corpus import teacher
@@ -98,6 +104,7 @@ def main() -> None:
     parser.add_argument("--text", action="append", default=[], type=Path, help="Another text to score (repeatable).")
     parser.add_argument("--max-positions", type=int, default=None, help="Per text (default: all).")
     parser.add_argument("--max-neighbors", type=int, default=100)
+    parser.add_argument("--no-test-split", action="store_true", help="Score the --text files only.")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -112,19 +119,27 @@ def main() -> None:
         info = load_atom_set(conn, args.atom_set)
         gate = load_gate(conn, info.name)
         report["gate"] = gate.as_dict()
-        texts = {"test split": holdout_text(info, "test").text}
+        texts = {} if args.no_test_split else {"test split": holdout_text(info, "test").text}
         texts.update({str(t): t.read_text(encoding="utf-8") for t in args.text})
-        for name, text in texts.items():
+        together = Walk()                      # every --text file in one walk (their own blocks)
+        for index, (name, text) in enumerate(texts.items()):
             ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
             if args.max_positions:
                 ids = ids[:args.max_positions + 1]
             start = time.perf_counter()
-            walk = walk_text(conn, model, teacher.windows(ids, WINDOW), info.name, max_neighbors=args.max_neighbors)
+            walk = walk_text(conn, model, teacher.windows(ids, WINDOW), info.name, max_neighbors=args.max_neighbors,
+                             text_index=index)
+            if name != "test split":
+                walk_text_into(together, walk)
             result = score_walk(walk, gate)
             result["seconds"] = round(time.perf_counter() - start, 1)
             report["texts"][name] = result
             print(json.dumps({name: {k: result[k] for k in ("positions", "perplexity_change", "top1_change",
                                                              "mean_weight")}}, indent=1), flush=True)
+        if len(args.text) > 1:
+            report["texts"]["all --text files"] = score_walk(together, gate)
+            print(json.dumps({"all --text files": report["texts"]["all --text files"]["perplexity_change"]}),
+                  flush=True)
         report["machine"] = describe_machine(conn, "cpu", "smollm2")
     report["machine"]["load"] = {"start": load_start, "end": load_average()}
     if args.json:
