@@ -2,4 +2,4 @@
 \echo Use "ALTER EXTENSION hartonomous_kernel UPDATE TO '1.3'" to load this file. \quit
 
 DROP FUNCTION htk_store(integer[], double precision[], integer[], double precision[], double precision[], boolean[], text, double precision, double precision, double precision);
-DROP FUNCTION htk_store_step(integer[], text, integer, double precision, integer, integer);
+DROP FUNCTION IF EXISTS htk_store_step(integer[], text, integer, double precision, integer, integer);
