@@ -84,6 +84,7 @@ def test_counting_features_mirror_the_stores_feature_for_feature():
     assert row["store_entropy"] == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
     assert row["history_share"] == 0.4 and row["memory_share"] == 0.0
     assert row["exact_top"] == 0.6 and row["agree"] == 1.0
+    assert row["exact_on_store_top"] == pytest.approx(math.log(0.6))     # the model's p of the counts' top token
     assert row["exact_entropy"] == pytest.approx(-(exact * np.log(exact)).sum())
     assert dict(zip(FEATURES, feature_row(step, exact, window=4)))["exact_match"] == 0.0
     empty = dict(zip(FEATURES, feature_row(CountingStep(Sparse.empty(), 0, 0), exact, window=3)))

@@ -95,8 +95,10 @@ def test_feature_row_reads_each_feature_from_its_source():
     assert row["exact_top"] == 0.6
     assert row["exact_entropy"] == pytest.approx(-(exact * np.log(exact)).sum())
     assert row["agree"] == 1.0                                # both put token 1 first
+    assert row["exact_on_store_top"] == pytest.approx(math.log(0.6))   # the model's p of the store's top token
     row = dict(zip(FEATURES, feature_row(step([2], [1.0], near=0.0), exact)))
     assert row["exact_match"] == 1.0 and row["agree"] == 0.0 and row["store_entropy"] == 0.0
+    assert row["exact_on_store_top"] == pytest.approx(math.log(0.3))
 
 
 def gate_for_tests() -> Gate:
@@ -170,3 +172,11 @@ def test_a_gate_is_dropped_with_its_set(server_url):
 def test_a_gate_with_non_finite_values_cannot_be_built():
     with pytest.raises(ValueError, match="finite"):
         Gate(FEATURES, (0.0,) * F, (1.0,) * F, (math.nan,) * F, 0.0, 1.0, 1.0, 1)
+
+
+def test_a_gate_of_another_version_is_refused_with_how_to_refit(server_url):
+    with tiny_atom_set(server_url) as name, psycopg.connect(server_url, autocommit=True) as conn:
+        old = Gate(FEATURES[:-1], (0.0,) * (F - 1), (1.0,) * (F - 1), (0.5,) * (F - 1), 0.0, 1.0, 1.5, 10, version=1)
+        save_gate(conn, name, old)
+        with pytest.raises(UserError, match=f"version 1.*refit it: hartonomous gate fit {name}"):
+            load_gate(conn, name)

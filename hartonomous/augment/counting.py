@@ -13,7 +13,8 @@ hartonomous.compare.cache) instead of the atom store. It uses the same logistic 
 - history_share -> the cache's weight where the cache mixture used the cache (the context's own
   share, as the store's history atoms; 1 where the ∞-gram had nothing), else 0;
 - memory_share -> 0 (counting keeps no memory of past generations);
-- exact_top, exact_entropy, agree -> exactly as gate.feature_row.
+- exact_top, exact_entropy, agree, exact_on_store_top -> exactly as gate.feature_row (the last:
+  ln of the exact model's probability of the counting distribution's top token).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hartonomous.augment.gate import ENDORSEMENT_FLOOR
 from hartonomous.compare.cache import CachedNGram, longest_match, mix
 from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse, argmax
@@ -69,11 +71,13 @@ def feature_row(step: CountingStep, exact_probs: np.ndarray, window: int | None)
     nz = exact_probs[exact_probs > 0]
     e_entropy = float(-(nz * np.log(nz)).sum())
     if len(step.dist) == 0:
-        return np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, e_top, e_entropy, 0.0])
+        return np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, e_top, e_entropy, 0.0, math.log(ENDORSEMENT_FLOOR)])
     probs = step.dist.probs[step.dist.probs > 0]
     whole = float(window is not None and step.match_length >= window)
+    top = argmax(step.dist)
     row = np.array([float(step.match_length), whole, math.log1p(max(step.occurrences, 0)),
                     float(step.dist.probs.max()), float(-(probs * np.log(probs)).sum()), float(step.cache_share),
-                    0.0, e_top, e_entropy, float(argmax(step.dist) == e_top_id)])
+                    0.0, e_top, e_entropy, float(top == e_top_id),
+                    math.log(max(float(exact_probs[top]), ENDORSEMENT_FLOOR))])
     return row
 

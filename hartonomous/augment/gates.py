@@ -10,7 +10,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from hartonomous.atomset import AtomSet
-from hartonomous.augment.gate import Gate
+from hartonomous.augment.gate import FEATURES, GATE_VERSION, Gate
 from hartonomous.errors import UserError
 
 LOAD_GATE_SQL = ("SELECT g.features, g.means, g.scales, g.coefficients, g.intercept, g.calibration_loss, "
@@ -42,6 +42,10 @@ def load_gate(conn: psycopg.Connection, atom_set: str) -> Gate:
     if row is None:
         raise UserError(f"atom set '{atom_set}' has no gate for the augmented path; {fit_hint(atom_set)}")
     features, means, scales, coefficients, intercept, cal_loss, exact_loss, positions, split, version, details = row
+    if version != GATE_VERSION or tuple(features) != FEATURES:
+        raise UserError(f"atom set '{atom_set}' has a gate of version {version} ({len(features)} features), this "
+                        f"code reads version {GATE_VERSION} ({len(FEATURES)} features); refit it: hartonomous gate "
+                        f"fit {atom_set}")
     return Gate(tuple(features), tuple(means), tuple(scales), tuple(coefficients), float(intercept),
                 float(cal_loss), float(exact_loss), int(positions), split, int(version), dict(details or {}))
 
