@@ -8,9 +8,9 @@ teacher-forced distribution and the store's (store_distribution) at every positi
 (hartonomous.augment.calibrate.walk_text: windows of 1,024 tokens), the set's stored gate (fitted
 on the calibration split: never on these texts), then per position the NLL of the real next token,
 whether the argmax is it, and the top probability. Intervals: compare's block bootstrap (blocks of
-32 consecutive positions of one window), the paired difference augmented − exact for NLL and top-1
+32 consecutive positions of one text), the paired difference augmented − exact for NLL and top-1
 (the relative perplexity change is exp of the NLL difference − 1, with its interval).
-Expected calibration error: 10 equal-width bins of the top probability.
+Expected calibration error: compare's (hartonomous.compare.real_text, 10 equal-width bins).
 """
 
 from __future__ import annotations
@@ -25,21 +25,7 @@ import numpy as np
 
 from hartonomous.augment.gate import FEATURES
 from hartonomous.compare.intervals import BLOCK, bootstrap_interval, paired_test
-
-ECE_BINS = 10
-
-
-def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Σ_b (n_b / n) |accuracy_b − mean confidence_b| over equal-width bins of the top probability."""
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    which = np.clip(np.digitize(confidence, edges[1:-1], right=True), 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        inside = which == b
-        if inside.any():
-            total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
-    return float(total)
-
+from hartonomous.compare.real_text import expected_calibration_error
 
 def interval(values, groups, transform=None) -> dict:
     i = bootstrap_interval(values, groups, transform=transform)
@@ -56,7 +42,7 @@ def score_walk(walk, gate) -> dict:
     for name, s in scored.items():
         out[name] = {"perplexity": interval(s["nll"], groups, math.exp), "top1": interval(s["top1"], groups),
                      "ece": expected_calibration_error(s["confidence"], s["top1"])}
-    # Where the store's evidence came from: positions whose whole key window matched (D ~ 0), and
+    # Where the store's evidence came from: positions whose whole key window matched (D / h <= 1e-12), and
     # whether the matched mass was mostly the text's own history or the stored corpus.
     x = walk.matrix()
     history = x[:, FEATURES.index("history_share")] >= 0.5
@@ -90,7 +76,7 @@ def walk_text_into(together, walk) -> None:
 def main() -> None:
     import psycopg
 
-    from hartonomous.atomset import load_atom_set
+    from hartonomous.atomset import load_atom_set, model_name_for
     from hartonomous.augment.calibrate import WINDOW, Walk, walk_text
     from hartonomous.augment.gates import load_gate
     from hartonomous.compare.atomset import holdout_text
@@ -110,14 +96,17 @@ def main() -> None:
 
     url = reader_url()
     load_start = load_average()
-    model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
     report = {"command": "python -m benchmarks.augmented_quality " + " ".join(
                   [f"--atom-set {args.atom_set}"] + [f"--text {t}" for t in args.text]
-                  + ([f"--max-positions {args.max_positions}"] if args.max_positions else [])),
+                  + ([f"--max-positions {args.max_positions}"] if args.max_positions else [])
+                  + ([f"--max-neighbors {args.max_neighbors}"] if args.max_neighbors != 100 else [])
+                  + (["--no-test-split"] if args.no_test_split else [])),
               "atom_set": args.atom_set, "max_neighbors": args.max_neighbors, "texts": {}}
     with psycopg.connect(url, autocommit=True) as conn:
         info = load_atom_set(conn, args.atom_set)
         gate = load_gate(conn, info.name)
+        model_name = model_name_for(info)
+        model, tokenizer = load_model(model_name, "cpu"), load_tokenizer(model_name)
         report["gate"] = gate.as_dict()
         texts = {} if args.no_test_split else {"test split": holdout_text(info, "test").text}
         texts.update({str(t): t.read_text(encoding="utf-8") for t in args.text})
@@ -140,7 +129,7 @@ def main() -> None:
             report["texts"]["all --text files"] = score_walk(together, gate)
             print(json.dumps({"all --text files": report["texts"]["all --text files"]["perplexity_change"]}),
                   flush=True)
-        report["machine"] = describe_machine(conn, "cpu", "smollm2")
+        report["machine"] = describe_machine(conn, "cpu", model_name)
     report["machine"]["load"] = {"start": load_start, "end": load_average()}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=float) + "\n")

@@ -8,8 +8,8 @@ context centroid contributes
     backoff:      w_a if d_a <= R, else nothing, where R = h * decay^j is the smallest radius of
                   the ladder h, h*decay, h*decay^2, ... (j = floor(ln(D / h) / ln decay), any integer)
                   that holds the nearest candidate, at distance D, and never below the tolerance
-                  h * BACKOFF_TOLERANCE (1e-12 h); D within that tolerance counts as 0, and R is then
-                  the tolerance itself
+                  t = min(1e-12 h, 1e-14) (`backoff_tolerance`); D within t counts as 0, and R is
+                  then t itself
 and a token's logit is log(sum of its atoms' contributions), computed with log-sum-exp.
 
 The backoff kernel is for deep keys (hartonomous.lattice): there a key contracts by `decay` per
@@ -20,6 +20,10 @@ ones. A Gaussian of fixed h instead fixes the match length it counts (docs/fidel
 The tolerance absorbs rounding where it would otherwise decide the cut: a history key that equals
 the centroid in exact arithmetic (a context repeating with a period that divides the window) lies at
 0 in one implementation and at ~1e-17 in another (SQL keys come from running sums); both are kept.
+It is capped at 1e-14 so that it never merges matches the keys can tell apart: on the lattice
+(coordinates up to 18, contraction 1/128) a mismatch k tokens back moves the key by at least
+~128^-k, 2e-13 at k = 6, well above it; at k = 7 (1.8e-15) the move is at the level of float64
+rounding of the keys' coordinates (~4e-15) and cannot be told from a whole-window match anyway.
 The SQL function computes exactly this; tests compare the two.
 """
 
@@ -31,16 +35,22 @@ from scipy.special import logsumexp
 KERNELS = ("gaussian", "exponential", "backoff")
 
 
-BACKOFF_TOLERANCE = 1e-12   # relative to the bandwidth: the same in SQL (ht_backoff_radius) and C
+BACKOFF_TOLERANCE = 1e-12   # relative to the bandwidth, capped at BACKOFF_TOLERANCE_CAP: the same in SQL
+BACKOFF_TOLERANCE_CAP = 1e-14   # (ht_backoff_radius) and C (backoff_tolerance)
+
+
+def backoff_tolerance(bandwidth: float) -> float:
+    """t = min(bandwidth * 1e-12, 1e-14): a nearest distance within it counts as 0."""
+    return min(bandwidth * BACKOFF_TOLERANCE, BACKOFF_TOLERANCE_CAP)
 
 
 def backoff_radius(nearest: np.ndarray | float, bandwidth: float, decay: float) -> np.ndarray:
     """R = max(t, bandwidth * decay^floor(ln(D / bandwidth) / ln decay)) for each nearest distance D,
-    t = bandwidth * BACKOFF_TOLERANCE; R = t where D <= t (D counts as 0)."""
+    t = backoff_tolerance(bandwidth); R = t where D <= t (D counts as 0)."""
     if not 0.0 < decay < 1.0:
         raise ValueError(f"the backoff kernel needs a centroid decay in (0, 1), got {decay}")
     d = np.asarray(nearest, dtype=np.float64)
-    tolerance = bandwidth * BACKOFF_TOLERANCE
+    tolerance = backoff_tolerance(bandwidth)
     away = d > tolerance
     rung = np.floor(np.log(np.where(away, d, bandwidth) / bandwidth) / np.log(decay))
     return np.where(away, np.maximum(tolerance, bandwidth * np.power(decay, rung)), tolerance)

@@ -42,7 +42,7 @@ def store_step(token_ids: Sequence[int], distances: Sequence[float], weights: Se
     """store_distribution's row from one prefix's candidate atoms (every KNN row and history atom,
     no search radius): their tokens, distances to the centroid, weights and sources ('stored',
     'history' or 'memory'); `decay` is the set's centroid decay (the backoff kernel's ladder)."""
-    from hartonomous.kernel import BACKOFF_TOLERANCE, backoff_radius, log_contributions, token_logits
+    from hartonomous.kernel import backoff_radius, backoff_tolerance, log_contributions, token_logits
 
     tokens = np.asarray(token_ids, dtype=np.int64)
     d = np.asarray(distances, dtype=np.float64)
@@ -59,7 +59,7 @@ def store_step(token_ids: Sequence[int], distances: Sequence[float], weights: Se
         if decay is None:
             raise ValueError("the backoff kernel needs the atom set's centroid decay")
         radius = backoff_radius(nearest, bandwidth, decay)
-        if nearest > bandwidth * BACKOFF_TOLERANCE:
+        if nearest > backoff_tolerance(bandwidth):
             rung = int(np.floor(np.log(nearest / bandwidth) / np.log(decay)))
     c = log_contributions(d, w, kernel, bandwidth, radius=radius)
     counts = np.isfinite(c)

@@ -36,8 +36,8 @@
 --     (exponential, the original's exp(-d) score), or, for the backoff kernel, w if d <= R and
 --     nothing otherwise, where R = ht_backoff_radius(D, h, decay): the smallest of h, h decay,
 --     h decay^2, ... (any integer power of the set's centroid decay) that holds the nearest
---     candidate, at distance D. A tolerance of h * 1e-12 absorbs rounding: D <= h * 1e-12 counts as
---     0 and R is never below h * 1e-12 (so R = h * 1e-12 then). A history key that equals the
+--     candidate, at distance D. A tolerance t = least(h * 1e-12, 1e-14) absorbs rounding: D <= t
+--     counts as 0 and R is never below t (so R = t then). A history key that equals the
 --     centre in exact arithmetic (a context repeating with a period that divides the window) lies
 --     at 0 in C and at ~1e-17 here (keys from running sums): both are kept. On deep keys
 --     (hartonomous/lattice.py) that rung holds exactly the candidates sharing the longest suffix
@@ -181,11 +181,12 @@ SET search_path = public, pg_temp
 AS $$
 -- The backoff kernel's radius (hartonomous/kernel.py backoff_radius): the smallest of the radii
 -- h, h d, h d^2, ... (any integer power of the set's decay d) that holds the nearest candidate, at
--- distance p_nearest, and never below the tolerance h * 1e-12; the tolerance itself when p_nearest
--- is within it (it counts as 0); NULL when there is no candidate.
+-- distance p_nearest, and never below the tolerance t = least(h * 1e-12, 1e-14); t itself when
+-- p_nearest is within it (it counts as 0); NULL when there is no candidate. The cap 1e-14 keeps
+-- matches the keys can tell apart distinct (hartonomous/kernel.py's docstring has the numbers).
 SELECT CASE WHEN p_nearest IS NULL THEN NULL
-            WHEN p_nearest <= p_bandwidth * 1e-12 THEN p_bandwidth * 1e-12
-            ELSE greatest(p_bandwidth * 1e-12,
+            WHEN p_nearest <= least(p_bandwidth * 1e-12, 1e-14) THEN least(p_bandwidth * 1e-12, 1e-14)
+            ELSE greatest(least(p_bandwidth * 1e-12, 1e-14),
                           p_bandwidth * power(p_decay, floor(ln(p_nearest / p_bandwidth) / ln(p_decay)))) END
 $$;
 

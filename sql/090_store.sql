@@ -38,7 +38,7 @@
 --     nearest_bandwidths  D / h, D the distance of the nearest candidate, stored, memory or
 --                         history (before the backoff cut);
 --     rung                backoff kernel: j = floor(ln(D / h) / ln(decay)), R = h decay^j; NULL when D
---                         counts as 0 (D <= h * 1e-12, the backoff tolerance) and for other kernels;
+--                         counts as 0 (D <= least(h * 1e-12, 1e-14), the backoff tolerance) and for other kernels;
 --     matched_mass        sum of w K(d) = exp(M + ln(sum e)) (0 where that exponent is below -744);
 --     candidates          how many candidate atoms count;
 --     top_probability     max(probabilities); entropy: -sum p ln p in nats (p > 0);
@@ -177,7 +177,7 @@ BEGIN
           FROM softmax s
     )
     SELECT d.ids, d.ps, n.d / p_bandwidth,
-           CASE WHEN p_kernel = 'backoff' AND n.d > p_bandwidth * 1e-12
+           CASE WHEN p_kernel = 'backoff' AND n.d > least(p_bandwidth * 1e-12, 1e-14)
                 THEN floor(ln(n.d / p_bandwidth) / ln(p_decay))::integer END,
            CASE WHEN m.n = 0 OR m.m + ln(m.total) < -744 THEN 0 ELSE exp(m.m + ln(m.total)) END,
            m.n, d.top_p, d.h,

@@ -109,11 +109,13 @@ def backoff_cut_is_close(s: AtomSetData, cand: Candidates) -> bool:
     is rounding's to decide. History atoms count even at |d - R| = 0: SQL computes their keys by
     running sums, which agree with the centroid to rounding, not bit for bit (sql/010), so a history
     key that equals the context's centroid in exact arithmetic (a context repeating with a period
-    that divides the window) may lie at 0 here and at 1e-17 there, outside a radius of 0."""
+    that divides the window) may lie at 0 here and at 1e-17 there. Candidates well within the
+    tolerance (kernel.backoff_tolerance) count as 0 in every implementation and are not close."""
     if s.kernel != "backoff" or len(cand.distances) == 0:
         return False
     gap = np.abs(cand.distances - kernel.backoff_radius(cand.distances.min(), s.bandwidth, s.decay))
-    return bool(np.any((gap < EPS) & (cand.history | (gap > 0))))
+    counted_as_zero = cand.distances <= kernel.backoff_tolerance(s.bandwidth) / 2   # kept everywhere
+    return bool(np.any((gap < EPS) & ~counted_as_zero & (cand.history | (gap > 0))))
 
 
 def near_a_boundary(logits: torch.Tensor, context: list[int], *, temperature: float, top_k: int | None,

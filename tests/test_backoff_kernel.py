@@ -39,8 +39,11 @@ WINDOW = 8
 
 def test_the_radius_is_the_smallest_rung_of_the_ladder_that_holds_the_nearest_candidate() -> None:
     h, d = 64.0, 1 / 8
-    assert backoff_radius(0.0, h, d) == h * 1e-12          # D = 0: the tolerance
-    assert backoff_radius(h * 1e-13, h, d) == h * 1e-12    # within the tolerance D counts as 0
+    t = min(h * 1e-12, 1e-14)
+    assert backoff_radius(0.0, h, d) == t                  # D = 0: the tolerance
+    assert backoff_radius(t / 10, h, d) == t               # within the tolerance D counts as 0
+    # the cap: on a wide ladder (h = 63.5) a 6-token match (D ~ 2e-13) is not merged with D = 0
+    assert backoff_radius(0.0, 63.5, 1 / 128) == 1e-14 < 2e-13
     assert backoff_radius(50.0, h, d) == 64.0            # inside the top rung
     assert backoff_radius(7.0, h, d) == 8.0              # h d
     assert backoff_radius(0.9, h, d) == 1.0              # h d^2

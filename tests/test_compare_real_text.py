@@ -52,12 +52,13 @@ def test_the_mixtures_top1_and_confidence_are_those_of_the_mixed_distribution():
     rows = [(exact, 1, [1, 3], [0.6, 0.4]),      # λ 0.5: [0.25, 0.45, 0.1, 0.2] -> 1 (the target), 0.45
             (exact, 1, [1, 3], [0.6, 0.4]),      # λ 0.1: [0.45, 0.33, 0.18, 0.04] -> 0, 0.45
             (exact, 3, [3], [1.0]),              # λ 0.8: [0.1, 0.06, 0.04, 0.8] -> 3 (the target), 0.8
-            (exact, 0, [], [])]                  # no second distribution: the exact argmax, scaled by 1 − λ
+            (exact, 0, [], [])]                  # no second distribution: λ is 0 there, the exact model's
     lam = np.array([0.5, 0.1, 0.8, 0.3])
     scores = rt.mixture_scores(_walk(rows), lam)
     for i, (e, target, ids, probs) in enumerate(rows):
-        mixed = (1 - lam[i]) * e
-        mixed[ids] += lam[i] * np.asarray(probs)
+        weight = lam[i] if ids else 0.0
+        mixed = (1 - weight) * e
+        mixed[ids] += weight * np.asarray(probs)
         assert scores.top1[i] == float(int(np.argmax(mixed)) == target)
         assert scores.confidence[i] == pytest.approx(mixed.max())
         assert scores.nll[i] == pytest.approx(-math.log(mixed[target]))

@@ -1,7 +1,7 @@
 -- hartonomous_kernel 1.3 -> 1.4: htk_store, store_distribution's row for one prefix (sql/090_store.sql),
 -- and htk_store_step, its whole call in C with the session's context state;
--- and the backoff kernel's tolerance (a nearest distance within bandwidth * 1e-12 counts as 0, the
--- radius is never below it), which the library applies to every signature.
+-- and the backoff kernel's tolerance (a nearest distance within min(bandwidth * 1e-12, 1e-14) counts
+-- as 0, the radius is never below it), which the library applies to every signature.
 \echo Use "ALTER EXTENSION hartonomous_kernel UPDATE" to load this file. \quit
 
 CREATE FUNCTION htk_store(

@@ -539,22 +539,30 @@ kernel_term(double d, Kernel kernel, double bandwidth)
 }
 
 /*
- * The backoff kernel's tolerance, relative to the bandwidth: a nearest distance within it counts as
- * 0, and the radius is never below it. A history key that equals the centre in exact arithmetic
- * lies at 0 in one implementation and at ~1e-17 in another (keys from running sums); both are kept.
+ * The backoff kernel's tolerance t = min(h * 1e-12, 1e-14) (hartonomous/kernel.py backoff_tolerance):
+ * a nearest distance within it counts as 0, and the radius is never below it. A history key that
+ * equals the centre in exact arithmetic lies at 0 in one implementation and at ~1e-17 in another
+ * (keys from running sums); both are kept. The cap keeps matches the keys can tell apart distinct.
  */
 #define BACKOFF_TOLERANCE 1e-12
+#define BACKOFF_TOLERANCE_CAP 1e-14
+
+static double
+backoff_tolerance(double bandwidth)
+{
+	return fmin(bandwidth * BACKOFF_TOLERANCE, BACKOFF_TOLERANCE_CAP);
+}
 
 /*
  * The backoff kernel's radius (sql/020_next_token.sql ht_backoff_radius, the same arithmetic): the
  * smallest of h, h d, h d^2, ... (any integer power of the decay d) that holds the nearest
- * candidate, at distance nearest, and never below h * BACKOFF_TOLERANCE; that tolerance when the
+ * candidate, at distance nearest, and never below backoff_tolerance(h); that tolerance when the
  * nearest distance is within it (counts as 0).
  */
 static double
 backoff_radius(double nearest, double bandwidth, double decay)
 {
-	double		tolerance = bandwidth * BACKOFF_TOLERANCE;
+	double		tolerance = backoff_tolerance(bandwidth);
 
 	if (!(nearest > tolerance))
 		return tolerance;
@@ -1258,7 +1266,7 @@ store_row(const int32 *ctx, int n_ctx, const double *center, const double *hist,
 	{
 		values[2] = Float8GetDatum(nearest / bandwidth);
 		nulls[2] = false;
-		if (kernel == KERNEL_BACKOFF && nearest > bandwidth * BACKOFF_TOLERANCE)
+		if (kernel == KERNEL_BACKOFF && nearest > backoff_tolerance(bandwidth))
 		{
 			values[3] = Int32GetDatum((int32) floor(log(nearest / bandwidth) / log(decay)));
 			nulls[3] = false;

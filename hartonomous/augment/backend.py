@@ -89,7 +89,8 @@ class AugmentedBackend:
         self.max_neighbors, self.history_weight, self.history_window = max_neighbors, history_weight, history_window
         self.memory, self.fixed_weight = bool(memory), weight
         self.model = exact.model
-        self.native = sqlcalls.kernel(conn) == "native" and atom_set.layout != "tiles"
+        # store_distribution's C step keeps per-session state for a growing context (rows layout, no memory)
+        self.native = sqlcalls.kernel(conn) == "native" and atom_set.layout != "tiles" and not self.memory
 
     @property
     def atom_set_name(self) -> str:
@@ -162,9 +163,9 @@ class AugmentedBackend:
         """λ per row: the override, else the gate on each step's features (exact_probs: (rows, V)
         float64, the exact model's distribution at T = 1)."""
         if self.fixed_weight is not None:
-            return np.full(len(steps), float(self.fixed_weight))
+            return np.where([bool(s.token_ids) for s in steps], float(self.fixed_weight), 0.0)
         rows = np.stack([feature_row(s, p) for s, p in zip(steps, exact_probs.cpu().numpy())])
-        return self.gate.weights(rows)
+        return np.where([bool(s.token_ids) for s in steps], self.gate.weights(rows), 0.0)   # no store: exact
 
     def _mix(self, logits: torch.Tensor, ids: list[int], draft: list[int], sampler: SamplerArgs,
              state: AugmentedState | None) -> torch.Tensor:

@@ -71,13 +71,21 @@ class Walk:
     def matrix(self) -> np.ndarray:
         return np.stack(self.features) if self.features else np.empty((0, len(FEATURES)))
 
+    def has_store(self) -> np.ndarray:
+        """Where the store had a distribution (elsewhere the path is the exact model's: λ = 0)."""
+        return np.array([len(ids) > 0 for ids in self.store_ids], dtype=bool)
+
     def fit(self, split: str = "calibration") -> Gate:
-        return fit_gate(self.matrix(), np.asarray(self.p_exact), np.asarray(self.p_store), split=split)
+        """The gate fitted on the positions where the store had a distribution (only they inform λ)."""
+        keep = self.has_store()
+        return fit_gate(self.matrix()[keep], np.asarray(self.p_exact)[keep], np.asarray(self.p_store)[keep],
+                        split=split)
 
     def scores(self, lam: np.ndarray) -> dict[str, np.ndarray]:
         """Per position, for the mixture at the given λ (n,): nll of the target, whether the
-        mixture's argmax is the target, and the mixture's top probability (for calibration)."""
-        lam = np.asarray(lam, dtype=np.float64)
+        mixture's argmax is the target, and the mixture's top probability (for calibration).
+        λ is 0 where the store had nothing, as on the path."""
+        lam = np.where(self.has_store(), np.asarray(lam, dtype=np.float64), 0.0)
         nll = mixture_loss(lam, np.asarray(self.p_exact), np.asarray(self.p_store))
         top1, confidence = np.empty(len(self)), np.empty(len(self))
         for i in range(len(self)):
@@ -118,6 +126,7 @@ def walk_text(conn, model, windows: Sequence[Sequence[int]], atom_set: str, *, m
     if log_probs is None:
         forced = teacher.teacher_force(model, [w for w, _ in pairs], log_probs=True)
         pairs = [(w, lp) for (w, _), lp in zip(pairs, forced.log_probs)]
+    offset = 0                                                 # positions count on across windows
     for ids, log_p in pairs:
         ids = [int(t) for t in ids]
         rows = np.asarray(log_p, dtype=np.float64)
@@ -131,9 +140,10 @@ def walk_text(conn, model, windows: Sequence[Sequence[int]], atom_set: str, *, m
                 probs = np.exp(rows[t])
                 probs /= probs.sum()
                 walk.add(probs, ids[t + 1], step.token_ids, step.probabilities, feature_row(step, probs),
-                         text_index, t)
+                         text_index, offset + t)
             if on_positions:
                 on_positions(last - first)
+        offset += n
     return walk
 
 

@@ -5,9 +5,10 @@ log-loss of the mixture against the real next token, −log((1 − λ) p_exact(y
 the atom set's calibration split only (hartonomous.splits), with a small L2 penalty on w. Features
 (one row per step, `feature_row`):
 
-- closeness: −ln(max(D / h, 1e-6)) for the nearest candidate at distance D (h the bandwidth): on
-  deep keys the matched suffix's depth (each token deeper is −ln of the contraction more);
-- exact_match: 1 when D / h ≤ 1e-6 (the whole key window matched);
+- closeness: −ln(max(D / h, 1e-15)) for the nearest candidate at distance D (h the bandwidth): on
+  deep keys the matched suffix's depth (each token deeper is −ln of the contraction more: 4.85
+  per token at 1/128; the floor lies below every depth the keys can tell apart);
+- exact_match: 1 when D / h ≤ 1e-12 (the key matched to rounding: the whole window);
 - ln_mass: ln(1 + the counting candidates' mass) (how much the store saw there);
 - store_top, store_entropy: the store distribution's top probability and Shannon entropy (nats);
 - history_share, memory_share: the context's own and past generations' share of that mass;
@@ -16,9 +17,9 @@ the atom set's calibration split only (hartonomous.splits), with a small L2 pena
 - exact_on_store_top: ln of the exact model's probability of the store's most probable token (how
   far the model itself endorses the store's guess; floored at 1e-12).
 
-Version 2 added exact_on_store_top (measured: off-domain prose +4.0 % -> +2.6 % perplexity against
-the exact model, code slightly better; docs/augmented.md). A stored gate of another version or
-feature list is refused with how to refit it.
+Version 2 added exact_on_store_top; version 3 lowered closeness's floor from 1e-6 (which made every
+match of 4+ tokens on code-src-1e7 look alike) and exact_match's threshold with it. A stored gate
+of another version or feature list is refused with how to refit it (docs/augmented.md).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from scipy.special import entr, expit
 
 FEATURES = ("closeness", "exact_match", "ln_mass", "store_top", "store_entropy", "history_share",
             "memory_share", "exact_top", "exact_entropy", "agree", "exact_on_store_top")
-GATE_VERSION = 2
+GATE_VERSION = 3
 L2 = 1e-3                       # on the standardised coefficients; ~11 of them on 5-8K positions
-CLOSENESS_FLOOR = 1e-6          # D / h below this counts as an exact match
+CLOSENESS_FLOOR = 1e-15         # D / h is floored here for closeness
+EXACT_MATCH = 1e-12             # D / h at or below this: the key matched to rounding
 PROBABILITY_FLOOR = 1e-300      # p_exact(y) of float32 log-probs can underflow; keeps the log finite
 ENDORSEMENT_FLOOR = 1e-12       # exact_on_store_top's floor
 MIN_POSITIONS = 2 * (len(FEATURES) + 1)   # fewer calibration positions than this fit no gate
@@ -92,7 +94,7 @@ def feature_row(step, exact_probs: np.ndarray) -> np.ndarray:
     endorsement = math.log(max(float(exact_probs[s_top_id]), ENDORSEMENT_FLOOR))
     near = step.nearest_bandwidths if step.nearest_bandwidths is not None else math.inf
     closeness = -math.log(max(near, CLOSENESS_FLOOR)) if math.isfinite(near) else -math.log(1e6)
-    return np.array([closeness, float(near <= CLOSENESS_FLOOR), math.log1p(max(step.matched_mass or 0.0, 0.0)),
+    return np.array([closeness, float(near <= EXACT_MATCH), math.log1p(max(step.matched_mass or 0.0, 0.0)),
                      float(step.top_probability), float(step.entropy), float(step.history_share or 0.0),
                      float(step.memory_share or 0.0), e_top, e_entropy, float(s_top_id == e_top_id), endorsement])
 
