@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import typer
 from rich.console import Console
@@ -14,13 +15,7 @@ console = Console()
 
 def _describe(name: str, gate) -> dict:
     return {"atom_set": name, **gate.as_dict(),
-            "calibration_perplexity": {"exact": _exp(gate.exact_loss), "augmented": _exp(gate.calibration_loss)}}
-
-
-def _exp(x: float) -> float:
-    import math
-
-    return math.exp(x)
+            "calibration_perplexity": {"exact": math.exp(gate.exact_loss), "augmented": math.exp(gate.calibration_loss)}}
 
 
 @gate_app.command("fit")

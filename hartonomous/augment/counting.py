@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hartonomous.augment.gate import ENDORSEMENT_FLOOR
+from hartonomous.augment.gate import exact_side
 from hartonomous.compare.cache import CachedNGram, longest_match, mix
 from hartonomous.compare.infinigram import InfiniGram
 from hartonomous.compare.metrics import Sparse, argmax
@@ -65,19 +65,11 @@ class CountingModel:
 def feature_row(step: CountingStep, exact_probs: np.ndarray, window: int | None) -> np.ndarray:
     """The gate's features (hartonomous.augment.gate.FEATURES order) for a counting step; `window` is the atom set's
     centroid window (None: no whole-key indicator, 0)."""
-    exact_probs = np.asarray(exact_probs, dtype=np.float64)
-    e_top_id = int(np.argmax(exact_probs))
-    e_top = float(exact_probs[e_top_id])
-    nz = exact_probs[exact_probs > 0]
-    e_entropy = float(-(nz * np.log(nz)).sum())
     if len(step.dist) == 0:
-        return np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, e_top, e_entropy, 0.0, math.log(ENDORSEMENT_FLOOR)])
+        return np.array([0.0] * 7 + exact_side(exact_probs, None))
     probs = step.dist.probs[step.dist.probs > 0]
     whole = float(window is not None and step.match_length >= window)
-    top = argmax(step.dist)
-    row = np.array([float(step.match_length), whole, math.log1p(max(step.occurrences, 0)),
-                    float(step.dist.probs.max()), float(-(probs * np.log(probs)).sum()), float(step.cache_share),
-                    0.0, e_top, e_entropy, float(top == e_top_id),
-                    math.log(max(float(exact_probs[top]), ENDORSEMENT_FLOOR))])
-    return row
+    return np.array([float(step.match_length), whole, math.log1p(max(step.occurrences, 0)),
+                     float(step.dist.probs.max()), float(-(probs * np.log(probs)).sum()), float(step.cache_share),
+                     0.0, *exact_side(exact_probs, argmax(step.dist))])
 
