@@ -29,6 +29,7 @@ GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with
                       "with corpus labels and a gate: hartonomous gate fit SET).")
 GENERATE_PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
 NEXT_TOKEN_PATHS = ("spatial", "exact", "augmented")
+SPECULATIVE_TARGETS = ("exact", "augmented")   # hartonomous.client.SPECULATIVE_TARGETS (not imported: light CLI)
 MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 MAX_TREE_WIDTH = 16       # hartonomous.speculative.MAX_TREE_WIDTH (likewise)
 
@@ -88,7 +89,8 @@ def with_options(command: Callable) -> Callable:
 
 
 def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS, draft_tokens: int = 4,
-            risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1):
+            risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1,
+            speculative_target: str | None = None):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
     from hartonomous.speculative.memory import REMEMBERED_PATHS
@@ -100,18 +102,28 @@ def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS
         raise UserError(f"--draft-tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
     if not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise UserError(f"--tree-width must be between 1 and {MAX_TREE_WIDTH}, got {tree_width}")
+    if speculative_target is not None:
+        if speculative_target not in SPECULATIVE_TARGETS:
+            raise UserError(f"--speculative-target must be {' or '.join(SPECULATIVE_TARGETS)}, "
+                            f"got '{speculative_target}'")
+        if path != "speculative":
+            raise UserError(f"--speculative-target is for --path speculative, not {path}")
+    augmented = path == "augmented" or speculative_target == "augmented"    # the output holds the store's guesses
     weight = client_options.get("augment_weight")
     if weight is not None:
-        if path != "augmented":
-            raise UserError(f"--augment-weight is for --path augmented, not {path}")
+        if not augmented:
+            raise UserError(f"--augment-weight is for --path augmented (or speculative with --speculative-target "
+                            f"augmented), not {path}")
         if not (0.0 <= weight <= 1.0):              # false for NaN too
             raise UserError(f"--augment-weight must be in [0, 1] (for experiments; leave it out and the atom "
                             f"set's gate decides λ), got {weight}")
-    if remember and path not in REMEMBERED_PATHS:
+    if remember and (path not in REMEMBERED_PATHS or augmented):
+        what = "the augmented target's" if path == "speculative" else f"the {path} path's"
         raise UserError(f"--remember keeps only the exact model's words: use it with --path "
-                        f"{' or '.join(REMEMBERED_PATHS)} (the {path} path's output holds the store's own guesses)")
+                        f"{' or '.join(REMEMBERED_PATHS)} ({what} output holds the store's own guesses)")
     return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                  risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width)
+                  risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width,
+                  speculative_target=speculative_target or "exact")
 
 
 def _stats_line(result, runtime: str | None = None) -> str:
@@ -134,7 +146,9 @@ def _speculative_line(stats) -> str:
     """The speculative statistics: how much drafting helped and where the time went."""
     rate = f"{stats.acceptance_rate:.2f}" if stats.acceptance_rate is not None else "n/a"
     per_forward = f"{stats.tokens_per_forward:.2f}" if stats.tokens_per_forward is not None else "n/a"
-    return (f"[speculative] {stats.rounds} rounds, {stats.accepted}/{stats.drafted} drafts accepted "
+    target = getattr(stats, "target", "exact")
+    verified = "" if target == "exact" else f" (verified against the {target} path)"
+    return (f"[speculative] {stats.rounds} rounds{verified}, {stats.accepted}/{stats.drafted} drafts accepted "
             f"(acceptance {rate}), {per_forward} tokens per forward; draft {stats.draft_s:.2f} s, "
             f"verify {stats.verify_s:.2f} s, decide {stats.decide_s:.2f} s")
 
@@ -170,6 +184,11 @@ def register(app: typer.Typer) -> None:
         tree_width: int = typer.Option(1, "--tree-width",
                                        help="Speculative: let rounds draft trees of up to this many branches "
                                             "(1 = chains)."),
+        speculative_target: Optional[str] = typer.Option(
+            None, "--speculative-target",
+            help="Speculative: verify the drafts against exact (the default: the exact path's output) or "
+                 "augmented (the augmented path's output, chains only; needs what --path augmented needs; "
+                 "never remembered)."),
         risk_threshold: float = typer.Option(0.5, "--risk-threshold",
                                              help="Hybrid: spatial step when the predicted risk is below this "
                                                   "(0: always exact; inf: always spatial)."),
@@ -197,7 +216,7 @@ def register(app: typer.Typer) -> None:
                              cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
                              **sampler_options)
         with _client(prompt, path, client_options, GENERATE_PATHS, draft_tokens,
-                     risk_threshold, memory, remember, tree_width) as client:
+                     risk_threshold, memory, remember, tree_width, speculative_target) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
             if stream and not as_json:

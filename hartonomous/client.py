@@ -31,6 +31,13 @@ built with corpus labels and have a gate: `hartonomous gate fit SET`); `augment_
 instead (experiments: 0 is the exact path bit for bit, 1 the store alone); `result.stats` is an
 AugmentedStats (mean λ, how often the store's top token was picked). Its output holds the store's
 guesses, so it is never remembered.
+The augmented path refuses an atom set built from another model than the exact one (by the model
+key the set recorded at build time, `build --model`, against `model`; a client handed a loaded
+`exact_model` without `model` checks the vocabulary size only).
+`speculative_target="augmented"` makes `path="speculative"` verify the spatial drafts against the
+augmented distribution instead of the exact one (hartonomous.augment.backend.AugmentedBackend.score;
+the same set checks as `path="augmented"`, chains only): the augmented path's output;
+`result.stats.target` says which target ran, and it is never remembered.
 `max_tree_width` > 1 lets speculative rounds draft trees (one `draft_tree` call, verified
 in one forward with a 4D attention mask; hartonomous.speculative.decoding); off by default, since on a
 2-core CPU they measured slower than chains (docs/benchmarks.md).
@@ -42,6 +49,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from hartonomous.engine import Engine, GenerationResult, Session, check_prompt
@@ -50,6 +58,7 @@ from hartonomous.generation_config import GenerationConfig
 from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
 
 PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
+SPECULATIVE_TARGETS = ("exact", "augmented")    # the distribution a speculative round verifies against
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))
 
 
@@ -73,19 +82,22 @@ class Client:
                  runtime: str | None = None, exact_model=None, draft_tokens: int = 4, max_draft_tokens: int = 8,
                  risk_threshold: float = 0.5,
                  memory: bool = False, remember: "bool | MemoryWriter" = False, max_tree_width: int = 1,
-                 spatial_memory: bool = False, augment_weight: float | None = None):
+                 spatial_memory: bool = False, augment_weight: float | None = None,
+                 speculative_target: str = "exact"):
         self.database_url, self._conn = database_url, connection
         self.atom_set, self.search_radius, self.max_neighbors = atom_set, search_radius, max_neighbors
         self.history_weight, self.history_window = history_weight, history_window
         self.spatial_tokenizer = spatial_tokenizer
         self.model, self.device, self.dtype, self.runtime = model, device, dtype, runtime
         self._exact_model = exact_model
+        self._exact_model_given = exact_model is not None   # then `model` (if any) names it; nothing loads it
         self.draft_tokens, self.max_draft_tokens = draft_tokens, max_draft_tokens
         self.max_tree_width = max_tree_width     # > 1: speculative rounds may draft trees this wide
         from hartonomous.backends.hybrid import check_threshold
 
         self.risk_threshold = check_threshold(risk_threshold)
         self.augment_weight = check_augment_weight(augment_weight)   # None: the set's gate decides λ
+        self.speculative_target = check_speculative_target(speculative_target)
         self.memory = bool(memory)                   # the speculative drafter reads the memory
         self.spatial_memory = bool(spatial_memory)   # the spatial path's next_token reads it too
         self._writer, self._owns_writer = None, False
@@ -114,15 +126,23 @@ class Client:
                 backend = self._augmented_backend()
             else:
                 backend = self._speculative_backend()
-            hook = _settle_augmented if path == "augmented" else self._remembering(path)
+            if path == "augmented":
+                hook = _settle_augmented
+            elif path == "speculative":
+                hook = _with_target(self.speculative_target, self._remembering(path))
+            else:
+                hook = self._remembering(path)
             self._engines[key] = Engine(backend, on_result=hook)
         return self._engines[key]
 
     def _remembering(self, path: str):
         """With a memory writer: the engine's on_result hook that remembers the path's completed
         generations in the atom set's memory; only for REMEMBERED_PATHS (the spatial and hybrid
-        paths' outputs hold the store's own guesses: never)."""
+        paths' outputs hold the store's own guesses: never; nor the speculative path verifying
+        against the augmented target, whose output is the augmented path's)."""
         if self._writer is None or path not in REMEMBERED_PATHS:
+            return None
+        if path == "speculative" and self.speculative_target != "exact":
             return None
         writer = self._writer
 
@@ -133,16 +153,21 @@ class Client:
         return remember
 
     def _speculative_backend(self):
-        """The exact model verifying drafts of a spatial backend of its own (same atom set options),
-        draft lengths shaped by the exact model's forward costs measured here (hartonomous/speculative/draft_cost.py)."""
+        """The exact model (or, with speculative_target="augmented", the augmented path) verifying
+        drafts of a spatial backend of its own (same atom set options), draft lengths shaped by the
+        exact model's forward costs measured here (hartonomous/speculative/draft_cost.py)."""
         from hartonomous.config import get_settings
         from hartonomous.speculative.draft_cost import costs_cache_dir, forward_costs
         from hartonomous.speculative.decoding import SpeculativeBackend
 
-        exact = self._exact_backend()
+        if self.speculative_target == "augmented":
+            target = self._augmented_backend()
+            exact = target.exact
+        else:
+            target = exact = self._exact_backend()
         # Measured once per runtime and CPU (~6 s for SmolLM2 on 2 cores), then read from the home's cache.
         costs = forward_costs(exact.model, costs_cache_dir(get_settings().home)) if exact.model.use_cache else None
-        return SpeculativeBackend(exact, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
+        return SpeculativeBackend(target, self._spatial_beside(exact), draft_tokens=self.draft_tokens,
                                   max_draft_tokens=self.max_draft_tokens, costs=costs, memory=self.memory,
                                   max_tree_width=self.max_tree_width)
 
@@ -155,7 +180,8 @@ class Client:
 
     def _augmented_backend(self):
         """The exact model mixed with the atom set's store by the set's gate (hartonomous.augment).
-        The set is checked before the model loads: corpus labels, a gate, then the vocabulary."""
+        The set is checked before the model loads: corpus labels, a gate, the model it was built
+        from; then the vocabulary."""
         from hartonomous.atomset import load_atom_set
         from hartonomous.augment.backend import AugmentedBackend, check_compatible
         from hartonomous.augment.gates import check_corpus_labels, load_gate
@@ -164,6 +190,7 @@ class Client:
         info = load_atom_set(conn, self.atom_set)
         check_corpus_labels(info)
         gate = load_gate(conn, info.name)
+        check_same_model(info, self._exact_model_key())
         exact = self._exact_backend()
         check_compatible(info, exact.model)
         return AugmentedBackend(exact, conn, info, gate, max_neighbors=self.max_neighbors,
@@ -221,6 +248,15 @@ class Client:
     def exact_runtime(self) -> str | None:
         """The runtime of the exact model this client loaded (torch, int4, llama); None before it loads one."""
         return getattr(self._exact_model, "runtime", None) if self._exact_model is not None else None
+
+    def _exact_model_key(self) -> str | None:
+        """The exact model as a load name ('smollm2' or a folder): the one this client loads, or the
+        `model` named beside a handed-in `exact_model`; None where a loaded model came unnamed."""
+        if self._exact_model_given:
+            return self.model
+        from hartonomous.config import get_settings
+
+        return self.model or get_settings().model
 
     def _exact_backend(self):
         from hartonomous.backends.exact import ExactBackend
@@ -302,6 +338,59 @@ def _settle_augmented(result) -> None:
     """The augmented result's statistics count the last pick too (the engine never feeds it back)."""
     if result.stats is not None:
         result.stats.settle(result.token_ids)
+
+
+class TargetedStats:
+    """A speculative generation's statistics (SpeculativeStats) that also name the distribution its
+    drafts were verified against: `target`, and "target" in `as_dict()`."""
+
+    def __init__(self, stats: Any, target: str):
+        self.stats, self.target = stats, target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stats, name)
+
+    def as_dict(self) -> dict:
+        return {**self.stats.as_dict(), "target": self.target}
+
+
+def _with_target(target: str, then):
+    """The speculative engine's on_result hook: the result's stats name the target, then `then` runs."""
+    def hook(result) -> None:
+        if result.stats is not None and not isinstance(result.stats, TargetedStats):
+            result.stats = TargetedStats(result.stats, target)
+        if then is not None:
+            then(result)
+
+    return hook
+
+
+def check_speculative_target(target: str) -> str:
+    """What `path="speculative"` verifies drafts against: the exact model or the augmented path."""
+    if not isinstance(target, str) or target not in SPECULATIVE_TARGETS:
+        raise InvalidArgument("speculative_target", f"speculative_target must be one of "
+                                                    f"{', '.join(SPECULATIVE_TARGETS)}, got {target!r}")
+    return target
+
+
+def _model_identity(key: str) -> str:
+    """A model key as one spelling: a folder by its resolved path, 'smollm2' (or anything else) as is."""
+    from hartonomous.model import SMOLLM2
+
+    path = Path(key).expanduser()
+    return str(path.resolve()) if key != SMOLLM2 and path.is_dir() else key
+
+
+def check_same_model(atom_set, model_key: str | None) -> None:
+    """The set's store predicts the tokens of the model it was built from: refuse another exact
+    model, even one with the same vocabulary (a set without a recorded model key, or an unnamed
+    loaded model, is left to the vocabulary check)."""
+    built = atom_set.model_key
+    if not built or not model_key or _model_identity(built) == _model_identity(model_key):
+        return
+    raise UserError(f"atom set '{atom_set.name}' was built from model '{built}' but the exact model is "
+                    f"'{model_key}'; the augmented path mixes the two, so use --model {built} "
+                    f"(Client(model=...)) or an atom set built from '{model_key}' (build --model {model_key})")
 
 
 def check_augment_weight(weight: float | None) -> float | None:

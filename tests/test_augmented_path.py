@@ -4,9 +4,12 @@ On a real database with a context set built with corpus labels from the tiny mod
 text, a hand-written gate beside it, and the tiny random-weight model as the exact model:
 λ = 0 is the exact path, λ = 1 the store (SQL store_distribution) under the same sampler, a
 λ in between the mixture; events carry λ and whether the store's top token won; result.stats
-sums them up; a set without a gate or without corpus labels, and a λ outside [0, 1], are
-refused by the Client, the CLI (one line, non-zero exit) and HTTP (422 naming the field); the
-path is never remembered; `bench --augmented` measures it beside the exact path.
+sums them up; a set without a gate or without corpus labels, a set built from another model than
+the exact one, and a λ outside [0, 1], are refused by the Client, the CLI (one line, non-zero
+exit) and HTTP (400, or 422 naming the field); the path is never remembered; `bench --augmented`
+measures it beside the exact path. Speculative decoding with the augmented target
+(`speculative_target="augmented"`) gives the augmented path's greedy output, says so in its
+stats, is never remembered, and bad targets are refused everywhere.
 """
 
 from __future__ import annotations
@@ -48,9 +51,16 @@ GATE = Gate(FEATURES, means=(0.0,) * len(FEATURES), scales=(1.0,) * len(FEATURES
 
 
 @pytest.fixture(scope="module")
-def corpus_set(server_url, tmp_path_factory):
-    """A context set labelled with its corpus's own next tokens (`build --target corpus`), with the
-    hand-picked gate (not a fitted one: what λ is must not depend on a fit)."""
+def tiny_dir(tmp_path_factory):
+    """The tiny model as a local model folder: the model the corpus set is built from (`--model`)."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def corpus_set(server_url, tmp_path_factory, tiny_dir):
+    """A context set labelled with its corpus's own next tokens (`build --target corpus`), built from
+    the tiny model's folder, with the hand-picked gate (not a fitted one: what λ is must not depend
+    on a fit)."""
     from projection.build import BuildOptions, build
 
     model, tokenizer = tiny_model(0)
@@ -58,8 +68,9 @@ def corpus_set(server_url, tmp_path_factory):
     corpus.write_text("\n".join(TRAIN_TEXT))
     name = f"tiny-corpus-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url) as conn:
-        build(conn, BuildOptions(name=name, kind="context", model="tiny", corpus=[corpus], max_tokens=3000,
-                                 landmarks=64, target="corpus", gate=False), model=model, tokenizer=tokenizer)
+        build(conn, BuildOptions(name=name, kind="context", model=str(tiny_dir), corpus=[corpus],
+                                 max_tokens=3000, landmarks=64, target="corpus", gate=False),
+              model=model, tokenizer=tokenizer)
     with psycopg.connect(server_url, autocommit=True) as conn:
         save_gate(conn, name, GATE)
     yield name
@@ -208,6 +219,29 @@ def test_a_weight_outside_zero_to_one_is_refused_by_the_client(weight):
     assert err.value.name == "augment_weight"
 
 
+@pytest.fixture(scope="module")
+def other_dir(tmp_path_factory):
+    """Another model folder with the same vocabulary (the same tiny weights, saved elsewhere)."""
+    return save_tiny_model(tmp_path_factory.mktemp("other"))
+
+
+def test_a_set_built_from_another_model_is_refused_naming_both(server_url, corpus_set, tiny_dir, other_dir):
+    handed_in = dict(exact_model=ExactModel(*tiny_model(0)))
+    for options, exact in [(dict(model=str(other_dir)), str(other_dir)),      # refused before it loads
+                           (dict(model="smollm2", **handed_in), "smollm2")]:  # a loaded model named by `model`
+        with Client(database_url=server_url, atom_set=corpus_set, **options) as c, \
+                pytest.raises(UserError) as err:
+            c.generate(PROMPTS[0], "augmented", max_new_tokens=2)
+        message = str(err.value)
+        assert f"built from model '{tiny_dir}'" in message and f"the exact model is '{exact}'" in message
+        assert f"--model {tiny_dir}" in message and "\n" not in message
+        if "exact_model" not in options:
+            assert c.exact_runtime is None                                    # no model was loaded to find out
+    spelled_otherwise = tiny_dir.parent / "." / tiny_dir.name                 # the same folder is the same model
+    with Client(database_url=server_url, atom_set=corpus_set, model=str(spelled_otherwise), device="cpu") as c:
+        assert len(c.generate(PROMPTS[0], "augmented", max_new_tokens=2, stop_at_eos=False).token_ids) == 2
+
+
 def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
     assert "augmented" not in REMEMBERED_PATHS
     writer = MemoryWriter(server_url)
@@ -226,11 +260,6 @@ def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
 
 @pytest.fixture
 def database_env(server_url, monkeypatch):
@@ -299,6 +328,13 @@ def test_cli_refuses_a_set_it_cannot_augment_in_one_line(request, capsys, databa
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_refuses_a_set_of_another_model_in_one_line(capsys, database_env, corpus_set, tiny_dir, other_dir):
+    code, out, err = run_cli(capsys, "generate", PROMPTS[0], "--path", "augmented", "--atom-set", corpus_set,
+                             "--model", str(other_dir), "--device", "cpu", "--max-new-tokens", "2")
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1
+    assert f"built from model '{tiny_dir}'" in err and f"the exact model is '{other_dir}'" in err
+
+
 # -- HTTP and SSE --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -350,6 +386,131 @@ def test_a_weight_outside_zero_to_one_is_422_naming_the_field(http, endpoint, we
     response = http.post(endpoint, json={"prompt": PROMPTS[0], "path": "augmented", "augment_weight": weight})
     assert response.status_code == 422
     assert "augment_weight" in [d["field"] for d in response.json()["detail"]]
+
+
+def test_a_set_of_another_model_is_a_400_naming_both(reader_url, corpus_set, tiny_dir):
+    """A server whose exact model is named otherwise than the set's refuses it, as it refuses a set
+    without a gate (a user mistake: 400)."""
+    from server_helpers import WAIT_S, live_app
+
+    server, _ = live_app(reader_url, corpus_set, model="smollm2")
+    with server as url, httpx.Client(base_url=url, timeout=WAIT_S) as h:
+        bodies = [{"path": "augmented"}, {"path": "speculative", "speculative_target": "augmented"}]
+        responses = [h.post("/api/generate", json={"prompt": PROMPTS[0], "max_new_tokens": 2, **b}) for b in bodies]
+        exact = h.post("/api/generate", json={"prompt": PROMPTS[0], "max_new_tokens": 2, "path": "exact"})
+    for response in responses:
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert f"built from model '{tiny_dir}'" in error and "the exact model is 'smollm2'" in error
+    assert exact.status_code == 200                   # the exact path reads no store: nothing to refuse
+
+
+# -- speculative decoding with the augmented target -----------------------------------------------------
+
+GREEDY = dict(max_new_tokens=12, temperature=0.0, stop_at_eos=False)
+
+
+@pytest.mark.parametrize("weight", [None, 0.7])
+def test_speculative_with_the_augmented_target_gives_the_augmented_paths_greedy_tokens(server_url, corpus_set,
+                                                                                       weight):
+    differs = []
+    with client(server_url, corpus_set, speculative_target="augmented", augment_weight=weight, draft_tokens=3) as c:
+        for prompt in PROMPTS:
+            augmented = c.generate(prompt, "augmented", **GREEDY)
+            speculative = c.generate(prompt, "speculative", **GREEDY)
+            assert speculative.token_ids == augmented.token_ids and speculative.text == augmented.text
+            assert speculative.path == "speculative" and speculative.stats.target == "augmented"
+            assert speculative.stats.as_dict()["target"] == "augmented" and speculative.stats.rounds > 0
+            differs.append(c.generate(prompt, "exact", **GREEDY).token_ids != augmented.token_ids)
+    if weight is not None:
+        assert any(differs), "with λ = 0.7 the store changes the greedy output somewhere (else this proves nothing)"
+
+
+def test_the_exact_target_stays_the_default_and_says_so(server_url, corpus_set):
+    with client(server_url, corpus_set) as c:
+        result = c.generate(PROMPTS[0], "speculative", **GREEDY)
+        assert result.token_ids == c.generate(PROMPTS[0], "exact", **GREEDY).token_ids
+    assert result.stats.target == "exact" and result.stats.as_dict()["target"] == "exact"
+
+
+def test_the_augmented_target_verifies_chains_only(server_url, corpus_set):
+    with client(server_url, corpus_set, speculative_target="augmented", max_tree_width=3) as c, \
+            pytest.raises(UserError, match="the augmented target verifies chains only"):
+        c.generate(PROMPTS[0], "speculative", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("target", ["store", "Augmented", "", None, 1])
+def test_an_unknown_speculative_target_is_refused_by_the_client(target):
+    with pytest.raises(InvalidArgument) as err:
+        Client(speculative_target=target)
+    assert err.value.name == "speculative_target" and "exact, augmented" in str(err.value)
+
+
+def test_the_augmented_target_is_never_remembered(server_url, corpus_set):
+    writer = MemoryWriter(server_url)
+    writer.forget(corpus_set)
+    options = dict(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
+    try:
+        with client(server_url, corpus_set, remember=writer, speculative_target="augmented") as c:
+            result = c.generate(PROMPTS[0], "speculative", **options)
+            assert result.path in REMEMBERED_PATHS and len(result.token_ids) == 6     # the path alone would be
+            assert writer.status(corpus_set).atoms == 0 and writer.failed == 0
+        with client(server_url, corpus_set, remember=writer) as c:                  # the exact target is
+            c.generate(PROMPTS[0], "speculative", **options)
+            assert writer.status(corpus_set).atoms == 6
+    finally:
+        writer.forget(corpus_set)
+        writer.close()
+
+
+def test_cli_speculative_with_the_augmented_target(capsys, database_env, corpus_set, tiny_dir):
+    args = ["generate", PROMPTS[1], "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos", "--atom-set",
+            corpus_set, "--model", str(tiny_dir), "--device", "cpu"]
+    code, out, _ = run_cli(capsys, *args, "--path", "augmented", "--json")
+    code2, out2, _ = run_cli(capsys, *args, "--path", "speculative", "--speculative-target", "augmented", "--json")
+    assert code == code2 == 0
+    assert json.loads(out2)["token_ids"] == json.loads(out)["token_ids"]
+    assert json.loads(out2)["stats"]["target"] == "augmented"
+    code, _, err = run_cli(capsys, *args, "--path", "speculative", "--speculative-target", "augmented")
+    assert code == 0 and "(verified against the augmented path)" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--path", "speculative", "--speculative-target", "store"], "--speculative-target must be exact or augmented"),
+    (["--path", "augmented", "--speculative-target", "augmented"], "--speculative-target is for --path speculative"),
+    (["--path", "speculative", "--speculative-target", "augmented", "--remember"],
+     "--remember keeps only the exact model's words"),
+])
+def test_cli_refuses_a_bad_speculative_target_in_one_line(capsys, extra, message):
+    code, out, err = run_cli(capsys, "generate", PROMPTS[0], *extra)
+    assert code == 1 and not out
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_speculative_with_the_augmented_target_over_http(http):
+    body = {"prompt": PROMPTS[0], "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    augmented = http.post("/api/generate", json={**body, "path": "augmented"})
+    speculative = http.post("/api/generate", json={**body, "path": "speculative", "speculative_target": "augmented"})
+    plain = http.post("/api/generate", json={**body, "path": "speculative"})
+    assert augmented.status_code == speculative.status_code == plain.status_code == 200, speculative.text
+    assert speculative.json()["token_ids"] == augmented.json()["token_ids"]
+    assert speculative.json()["stats"]["target"] == "augmented" and plain.json()["stats"]["target"] == "exact"
+    events = sse(http, {**body, "path": "speculative", "speculative_target": "augmented", "details": True})
+    result = next(data for event, data in events if event == "result")
+    assert result["token_ids"] == augmented.json()["token_ids"] and result["stats"]["target"] == "augmented"
+
+
+@pytest.mark.parametrize("endpoint, body", [
+    ("/api/generate", {"path": "speculative", "speculative_target": "store"}),
+    ("/api/generate/stream", {"path": "speculative", "speculative_target": 3}),
+    ("/api/generate", {"path": "augmented", "speculative_target": "augmented"}),
+    ("/api/generate", {"speculative_target": "exact"}),                          # the spatial path by default
+    ("/api/next_token", {"path": "exact", "speculative_target": "augmented"}),
+])
+def test_a_bad_speculative_target_is_422_naming_the_field(http, endpoint, body):
+    response = http.post(endpoint, json={"prompt": PROMPTS[0], **body})
+    assert response.status_code == 422
+    assert "speculative_target" in [d["field"] for d in response.json()["detail"]]
 
 
 # -- bench --augmented ---------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
 def _client(runtime: Runtime, req):
     return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
                           req.history_window, getattr(req, "draft_tokens", 4), getattr(req, "risk_threshold", 0.5),
-                          req.augment_weight)
+                          req.augment_weight, getattr(req, "speculative_target", None))
 
 
 def _config(req, *prompts: str) -> GenerationConfig:

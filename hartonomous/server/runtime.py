@@ -96,6 +96,7 @@ class Runtime:
         self.config = config or ServerConfig()
         self.spatial_tokenizer = spatial_tokenizer
         self._exact = SharedModel(exact_model) if exact_model is not None else None
+        self._exact_given = exact_model is not None    # then config.model (if set) names it
         self._exact_error: str | None = None
         self._exact_lock = threading.Lock()
         self.pool = None
@@ -189,6 +190,15 @@ class Runtime:
                 log.info("exact model loaded on the %s runtime", model.runtime)
         return self._exact
 
+    def exact_model_key(self) -> str | None:
+        """The exact model's load name ('smollm2' or a folder), which the augmented path checks atom
+        sets against: the one this server loads, or config.model beside a handed-in model (else None)."""
+        if self._exact_given:
+            return self.config.model
+        from hartonomous.config import get_settings
+
+        return self.config.model or get_settings().model
+
     def _needs_transformers(self) -> bool:
         """Whether this server loads anything through transformers (then its lazy imports are resolved
         once, before the workers start): not for SmolLM2 on the int4 or llama runtime, whose generation
@@ -235,9 +245,10 @@ class Runtime:
     def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
                max_neighbors: int = 100, history_weight: float | None = None,
                history_window: int | None = None, draft_tokens: int = 4,
-               risk_threshold: float = 0.5, augment_weight: float | None = None) -> Iterator[Any]:
+               risk_threshold: float = 0.5, augment_weight: float | None = None,
+               speculative_target: str | None = None) -> Iterator[Any]:
         """A Client for one request: its own pooled connection (spatial), the shared model (exact), or
-        both (speculative, hybrid, augmented)."""
+        both (speculative, hybrid, augmented; `speculative_target` None: the exact model)."""
         from hartonomous.client import Client
 
         memory = {"memory": self.memory_writer is not None, "remember": self.memory_writer or False}
@@ -253,7 +264,9 @@ class Runtime:
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
                         draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                        risk_threshold=risk_threshold, augment_weight=augment_weight, **memory) as client:
+                        risk_threshold=risk_threshold, augment_weight=augment_weight,
+                        speculative_target=speculative_target or "exact",
+                        model=self.exact_model_key() if exact is not None else None, **memory) as client:
                 yield client
 
     # -- bookkeeping ---------------------------------------------------------------------

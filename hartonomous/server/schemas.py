@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
@@ -29,6 +29,7 @@ INT64 = 2**63
 PathName = Literal["spatial", "exact", "augmented"]
 GenerationPath = Literal["spatial", "exact", "speculative", "hybrid", "augmented"]  # speculative, hybrid: generation only
 CautiousMode = Literal["flatten", "signal", "abstain"]
+SpeculativeTarget = Literal["exact", "augmented"]      # hartonomous.client.SPECULATIVE_TARGETS
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS,
                               description=f"Text to continue (at most {MAX_PROMPT_CHARS} characters, "
@@ -93,6 +94,10 @@ class GenerationOptions(SamplerParams):
                                                         "gate; `stats` has the mean λ).")
     draft_tokens: int = Field(4, ge=1, le=MAX_DRAFT_TOKENS,
                               description="Speculative: tokens drafted in the first round (then adaptive).")
+    speculative_target: SpeculativeTarget | None = Field(
+        None, description="Speculative only: what the drafts are verified against, exact (the exact model; "
+                          "null means this) or augmented (the augmented path's distribution: its output, chains "
+                          "only, never remembered); `stats.target` says which ran.")
     max_new_tokens: int = Field(GenerationConfig.max_new_tokens, ge=1, le=MAX_NEW_TOKENS_PER_REQUEST,
                                 description=f"At most {MAX_NEW_TOKENS_PER_REQUEST} per request.")
     seed: int | None = Field(None, ge=-INT64, le=INT64 - 1, description="Reproducible sampling; random if null.")
@@ -125,6 +130,15 @@ class GenerationOptions(SamplerParams):
                                                                                        "a step explores.")
     cautious_risk: float = Field(GenerationConfig.cautious_risk, ge=0, le=1, description="Adaptive: risk from "
                                                                                          "which a step is cautious.")
+
+    @field_validator("speculative_target")
+    @classmethod
+    def _speculative_only(cls, target: str | None, info: ValidationInfo) -> str | None:
+        """A target belongs to the speculative path: given with another path, it is a 422 naming it."""
+        path = info.data.get("path")
+        if target is not None and path is not None and path != "speculative":
+            raise ValueError(f"speculative_target is for path 'speculative', not '{path}'")
+        return target
 
     def config_options(self) -> dict:
         """Keyword options for hartonomous.client.make_config."""
@@ -189,6 +203,7 @@ class SpeculativeStatsOut(BaseModel):
     draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a tree
     acceptance_rate: float | None = None
     tokens_per_forward: float | None = None
+    target: SpeculativeTarget = "exact"   # what the drafts were verified against
 
 
 class HybridStatsOut(BaseModel):
