@@ -128,8 +128,8 @@ class Client:
                 backend = self._speculative_backend()
             if path == "augmented":
                 hook = _settle_augmented
-            elif path == "speculative":
-                hook = _with_target(self.speculative_target, self._remembering(path))
+            elif path == "speculative" and self.speculative_target == "augmented":
+                hook = None                   # its output holds the store's guesses: never remembered
             else:
                 hook = self._remembering(path)
             self._engines[key] = Engine(backend, on_result=hook)
@@ -338,31 +338,6 @@ def _settle_augmented(result) -> None:
     """The augmented result's statistics count the last pick too (the engine never feeds it back)."""
     if result.stats is not None:
         result.stats.settle(result.token_ids)
-
-
-class TargetedStats:
-    """A speculative generation's statistics (SpeculativeStats) that also name the distribution its
-    drafts were verified against: `target`, and "target" in `as_dict()`."""
-
-    def __init__(self, stats: Any, target: str):
-        self.stats, self.target = stats, target
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stats, name)
-
-    def as_dict(self) -> dict:
-        return {**self.stats.as_dict(), "target": self.target}
-
-
-def _with_target(target: str, then):
-    """The speculative engine's on_result hook: the result's stats name the target, then `then` runs."""
-    def hook(result) -> None:
-        if result.stats is not None and not isinstance(result.stats, TargetedStats):
-            result.stats = TargetedStats(result.stats, target)
-        if then is not None:
-            then(result)
-
-    return hook
 
 
 def check_speculative_target(target: str) -> str:

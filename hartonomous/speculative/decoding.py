@@ -132,6 +132,7 @@ class SpeculativeStats:
     sources_s: float = 0.0      # draft_sources calls (only when the kept drafts' sources were asked for)
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
     draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; trees > 1)
+    target: str = "exact"       # the distribution the drafts were verified against: exact | augmented
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -213,7 +214,7 @@ class SpeculativeRun:
         self.stop_token_ids = list(stop_token_ids)
         self.cancel = cancel
         self.sources = sources
-        self.stats = SpeculativeStats()
+        self.stats = SpeculativeStats(target=backend.exact.name)
         self._tokens = self._rounds()
 
     def __iter__(self) -> Iterator[tuple[int, float, float, str, str | None]]:
