@@ -1,7 +1,8 @@
 """The augmented path: the exact model and the atom store, mixed by the set's gate at every step.
 
 Per step: the exact runtime's logits (KV cache, as the exact path), the store's distribution with
-its features (SQL store_distribution, one call), λ from the gate, then `mixture.mixed_probs`. For
+its features (SQL store_distribution, one call, asked for on the store's own thread while the exact
+model runs its forward), λ from the gate, then `mixture.mixed_probs`. For
 speculative decoding with the augmented distribution as the target, `score` verifies a draft: one
 exact forward and one store call for all k + 1 positions (store_distribution's `positions`).
 """
@@ -9,6 +10,7 @@ exact forward and one store call for all k + 1 positions (store_distribution's `
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +33,8 @@ class AugmentedState:
     weight: float | None = None        # this step's λ (after `distribution`)
     store_top: int | None = None       # this step's most probable store token (None: the store had none)
     stats: "AugmentedStats" = field(default_factory=lambda: AugmentedStats())
+    # The store's rows for the next step, asked for while the exact model runs its forward: (ids, future)
+    pending: tuple[list[int], Future] | None = field(default=None, repr=False)
 
     @property
     def ids(self) -> list[int]:
@@ -91,6 +95,8 @@ class AugmentedBackend:
         self.model = exact.model
         # store_distribution's C step keeps per-session state for a growing context (rows layout, no memory)
         self.native = sqlcalls.kernel(conn) == "native" and atom_set.layout != "tiles" and not self.memory
+        # Every store call runs on this one thread, so the connection is never used by two at once.
+        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="augmented-store")
 
     @property
     def atom_set_name(self) -> str:
@@ -102,22 +108,45 @@ class AugmentedBackend:
     # -- one step at a time ----------------------------------------------------------------
 
     def start(self, prompt_ids: list[int]) -> AugmentedState:
-        return AugmentedState(self.exact.start(prompt_ids))
+        ids = [int(i) for i in prompt_ids]
+        pending = self._ask_store(ids)                 # the database works while the prompt is prefilled
+        try:
+            state = AugmentedState(self.exact.start(ids))
+        except BaseException:
+            pending[1].cancel()
+            raise
+        state.pending = pending
+        return state
 
     def distribution(self, state: AugmentedState, sampler: SamplerArgs) -> Distribution:
         if state.exact.logits is None:
             state.exact.logits = self.exact.score_logits(state.exact, [])[0]
-        probs = self._mix(state.exact.logits[None], state.ids, [], sampler, state)[0]
+        steps = None
+        if state.pending is not None:
+            asked, future = state.pending
+            state.pending = None
+            steps = future.result() if asked == state.ids else None
+        probs = self._mix(state.exact.logits[None], state.ids, [], sampler, state, steps)[0]
         if state.weight is not None and not math.isnan(state.weight):
             state.stats.record(state.weight, state.store_top)
         return ordered_distribution(probs)
 
     def advance(self, state: AugmentedState, token_id: int) -> None:
+        """Append a token: the store's next rows are asked for on the store's own thread while the
+        exact model runs its forward on this one (the two depend only on the token), so a step costs
+        about the larger of the two, not their sum."""
         state.stats.pick(int(token_id))
+        if state.pending is not None:                   # a step whose distribution was never asked for
+            state.pending[1].cancel()
+        state.pending = self._ask_store(state.ids + [int(token_id)])
         self.exact.advance(state.exact, token_id)
 
     def close(self) -> None:
+        self._store_thread.shutdown(wait=True)
         self.exact.close()
+
+    def _ask_store(self, ids: list[int]) -> tuple[list[int], Future]:
+        return list(ids), self._store_thread.submit(self.store_steps, list(ids), 1)
 
     # -- speculative verification (the target distribution is the augmented one) -------------
 
@@ -159,19 +188,24 @@ class AugmentedBackend:
                                                  positions=take)
         return steps
 
-    def weights(self, steps, exact_probs: torch.Tensor) -> np.ndarray:
+    def weights(self, steps, exact_probs: torch.Tensor, entropies: torch.Tensor | None = None) -> np.ndarray:
         """λ per row: the override, else the gate on each step's features (exact_probs: (rows, V)
-        float64, the exact model's distribution at T = 1)."""
+        float64, the exact model's distribution at T = 1; entropies: theirs, if known)."""
         if self.fixed_weight is not None:
             return np.where([bool(s.token_ids) for s in steps], float(self.fixed_weight), 0.0)
-        rows = np.stack([feature_row(s, p) for s, p in zip(steps, exact_probs.cpu().numpy())])
+        h = [None] * len(steps) if entropies is None else entropies.tolist()
+        rows = np.stack([feature_row(s, p, e) for s, p, e in zip(steps, exact_probs.cpu().numpy(), h)])
         return np.where([bool(s.token_ids) for s in steps], self.gate.weights(rows), 0.0)   # no store: exact
 
     def _mix(self, logits: torch.Tensor, ids: list[int], draft: list[int], sampler: SamplerArgs,
-             state: AugmentedState | None) -> torch.Tensor:
-        steps = self.store_steps(ids + draft, len(draft) + 1)
-        exact_probs = torch.softmax(logits.detach().to(torch.float64), -1)
-        lams = self.weights(steps, exact_probs)
+             state: AugmentedState | None, steps: list | None = None) -> torch.Tensor:
+        if steps is None:
+            steps = self._store_thread.submit(self.store_steps, ids + draft, len(draft) + 1).result()
+        l64 = logits.detach().to(torch.float64)
+        lse = torch.logsumexp(l64, -1, keepdim=True)
+        exact_probs = torch.exp(l64 - lse)                         # softmax, and H = lse − Σ p l below
+        entropies = lse[:, 0] - (exact_probs * l64).sum(-1)       # finite logits: no 0 · −inf terms
+        lams = self.weights(steps, exact_probs, entropies)
         rows = []
         for j, (step, lam) in enumerate(zip(steps, lams)):
             rows.append(mixed_probs(logits[j], step.token_ids, step.probabilities, float(lam),

@@ -80,30 +80,33 @@ class Gate:
         return out
 
 
-def exact_side(exact_probs: np.ndarray, other_top: int | None) -> list[float]:
+def exact_side(exact_probs: np.ndarray, other_top: int | None, entropy: float | None = None) -> list[float]:
     """The features read from the exact model's distribution (V,) at T = 1, given the other
     distribution's most probable token (None: it has none): exact_top, exact_entropy, agree,
-    exact_on_store_top. Shared with the counting baseline's gate (hartonomous.augment.counting)."""
+    exact_on_store_top. `entropy`: the distribution's Shannon entropy when the caller has it (the
+    augmented backend gets it from the logits for one dot product). Shared with the counting
+    baseline's gate (hartonomous.augment.counting)."""
     exact_probs = np.asarray(exact_probs, dtype=np.float64)
     e_top_id = int(np.argmax(exact_probs))
+    h = float(entr(exact_probs).sum()) if entropy is None else float(entropy)
     if other_top is None:
-        return [float(exact_probs[e_top_id]), float(entr(exact_probs).sum()), 0.0, math.log(ENDORSEMENT_FLOOR)]
-    return [float(exact_probs[e_top_id]), float(entr(exact_probs).sum()), float(other_top == e_top_id),
+        return [float(exact_probs[e_top_id]), h, 0.0, math.log(ENDORSEMENT_FLOOR)]
+    return [float(exact_probs[e_top_id]), h, float(other_top == e_top_id),
             math.log(max(float(exact_probs[other_top]), ENDORSEMENT_FLOOR))]
 
 
-def feature_row(step, exact_probs: np.ndarray) -> np.ndarray:
+def feature_row(step, exact_probs: np.ndarray, exact_entropy: float | None = None) -> np.ndarray:
     """The gate's features (FEATURES order) for one step: `step` a hartonomous.store.StoreStep,
-    `exact_probs` the exact model's full distribution at T = 1 (V,)."""
+    `exact_probs` the exact model's full distribution at T = 1 (V,) (and its entropy, if known)."""
     if not step.token_ids:
-        return np.array([0.0] * 7 + exact_side(exact_probs, None))
+        return np.array([0.0] * 7 + exact_side(exact_probs, None, exact_entropy))
     probs = np.asarray(step.probabilities, dtype=np.float64)
     s_top_id = int(step.token_ids[int(np.argmax(probs))])      # ascending ids: ties -> lowest id
     near = step.nearest_bandwidths if step.nearest_bandwidths is not None else math.inf
     closeness = -math.log(max(near, CLOSENESS_FLOOR)) if math.isfinite(near) else -math.log(1e6)
     return np.array([closeness, float(near <= EXACT_MATCH), math.log1p(max(step.matched_mass or 0.0, 0.0)),
                      float(step.top_probability), float(step.entropy), float(step.history_share or 0.0),
-                     float(step.memory_share or 0.0), *exact_side(exact_probs, s_top_id)])
+                     float(step.memory_share or 0.0), *exact_side(exact_probs, s_top_id, exact_entropy)])
 
 
 def mixture_loss(lam: np.ndarray, p_exact: np.ndarray, p_store: np.ndarray) -> np.ndarray:
