@@ -112,7 +112,7 @@ _KERNEL = "2026-11-26-bench-kernel-3.json"               # next_token's cost per
 _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-source, deep keys, held-out files
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
-_AUGMENTED = "2026-11-28-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
+_AUGMENTED = "2026-11-27-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
