@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from hartonomous.atomset.record import BuildStats, CorpusStats
+from hartonomous.compare.schema import report_schema
 from hartonomous.corpus.origin import CorpusUnavailable, origin_stats, recorded_training_text
 from hartonomous.corpus.sources import (PYTHON_SOURCE, SEPARATOR, corpus_listing, list_files, load_corpus,
                                         resolve_source, tokenize, training_tokens)
@@ -117,6 +119,9 @@ def test_the_set_records_the_globs_and_compare_reads_the_same_training_text_agai
     assert text.text.count(SEPARATOR) + 1 == entry.train_documents and "FILE<vendor/" not in text.text
     assert tokenize(tokenizer, text.text)[0][:400].tolist() == ids.tolist()
     assert text.origin["exclude"] == EXCLUDE
+    # compare's report carries this origin: the report schema accepts it (a directory corpus: "paths")
+    origin_schema = report_schema()["properties"]["baselines"]["properties"]["distillation"]["properties"]["origin"]
+    jsonschema.validate(text.origin, origin_schema)
     ignored = entry.model_copy(update={"exclude": None})   # read again without the globs: other documents
     with pytest.raises(CorpusUnavailable):
         recorded_training_text(ignored, corpus.holdout_text)
