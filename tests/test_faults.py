@@ -143,7 +143,9 @@ def test_a_restart_between_steps_resumes_the_generation(up, atom_set) -> None:
 
 
 def test_a_restart_during_an_in_database_generation_reruns_it(up, atom_set) -> None:
-    options = dict(seed=8, max_new_tokens=1500, stop_at_eos=False, in_database=True)
+    # The longest generation allowed: the restart must land while generate_tokens runs, and a short
+    # one can finish before the stop does on a loaded machine (the test then sees no reconnect).
+    options = dict(seed=8, max_new_tokens=4096, stop_at_eos=False, in_database=True)
     expected = _undisturbed(up, atom_set, **options)
     client = _client(up, atom_set)
     restarter = _after(0, lambda: (_wait_for_query(up, "generate_tokens"), up.down(), time.sleep(1), up.up()))
