@@ -118,3 +118,29 @@ def reader_url(server_url: str) -> str:
     params = conninfo_to_dict(server_url)
     params.update(user="hartonomous_reader", password=password)
     return make_conninfo(**params)
+
+
+@pytest.fixture
+def database_env(server_url: str, monkeypatch) -> Iterator[str]:
+    """The CLI's settings point at the session database (HARTONOMOUS_DATABASE_URL) for one test."""
+    from hartonomous.config import reload_settings
+
+    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", server_url)
+    reload_settings()
+    yield server_url
+    monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
+    reload_settings()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`):
+    on a machine whose cores are busy, two threads wait for each other at every matmul (the tiny
+    model: milliseconds per matmul; the int4 kernel: 1.8 s a decode step instead of 25 ms). Timing is
+    not tested there."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

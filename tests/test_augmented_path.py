@@ -29,14 +29,15 @@ from hartonomous import sqlcalls
 from hartonomous.augment.gate import FEATURES, Gate, feature_row
 from hartonomous.augment.gates import save_gate
 from hartonomous.client import Client
-from hartonomous.config import reload_settings
 from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
-from test_speculative import one_torch_thread, tiny_exact_backend  # noqa: F401
+from test_speculative import tiny_exact_backend
 from tiny_model import TRAIN_TEXT, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 PROMPTS = ["The capital of France is", "def add(a, b):"]
 SAMPLED = dict(max_new_tokens=12, temperature=1.0, top_k=40, top_p=0.9, seed=7, stop_at_eos=False)
@@ -260,15 +261,6 @@ def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def database_env(server_url, monkeypatch):
-    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", server_url)
-    reload_settings()
-    yield server_url
-    monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
-    reload_settings()
-
 
 def test_cli_generate_reports_the_mean_weight_and_store_top_picks(capsys, database_env, corpus_set, tiny_dir):
     args = ["generate", PROMPTS[0], "--path", "augmented", "--seed", "3", "--max-new-tokens", "6", "--ignore-eos",

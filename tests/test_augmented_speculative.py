@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
-import numpy as np
 import psycopg
 import pytest
 import torch
@@ -37,12 +36,7 @@ SAMPLER = SamplerArgs(temperature=1.3, top_k=4, top_p=1.0, repetition_penalty=1.
 RUNS = 1200
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
 @pytest.fixture(scope="module")

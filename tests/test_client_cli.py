@@ -31,15 +31,6 @@ def atom_set(server_url, tiny_dir):
 
 
 @pytest.fixture
-def database_env(server_url, monkeypatch):
-    monkeypatch.setenv("HARTONOMOUS_DATABASE_URL", server_url)
-    reload_settings()
-    yield server_url
-    monkeypatch.delenv("HARTONOMOUS_DATABASE_URL")
-    reload_settings()
-
-
-@pytest.fixture
 def client(server_url, atom_set, tiny_dir):
     with Client(database_url=server_url, atom_set=atom_set, model=str(tiny_dir), device="cpu") as c:
         yield c

@@ -20,9 +20,11 @@ from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.risk import RiskModel
-from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, one_torch_thread,  # noqa: F401
-                              spatial, tiny_exact_backend)
+from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, spatial,  # noqa: F401
+                              tiny_exact_backend)
 from tiny_model import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 GREEDY = GenerationConfig(max_new_tokens=24, temperature=0.0, stop_at_eos=False)
 SAMPLED = GenerationConfig(max_new_tokens=24, temperature=1.0, top_k=40, top_p=0.9, seed=5, stop_at_eos=False)

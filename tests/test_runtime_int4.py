@@ -36,14 +36,7 @@ AGREEMENT, MEDIAN_DELTA, POSITIONS = 0.93, 0.15, 300
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """On a machine whose cores are busy, two threads of the int4 kernel wait for each other at every
-    matmul (measured: 1.8 s a decode step instead of 25 ms). Timing is not tested here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
 def top2_gap(logits: torch.Tensor) -> torch.Tensor:

@@ -32,14 +32,7 @@ GREEDY = GenerationConfig(max_new_tokens=32, temperature=0.0, stop_at_eos=False)
 SAMPLED = GenerationConfig(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0.9, seed=11, stop_at_eos=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from threads; on a loaded machine a multi-token forward on two
-    threads waits for a descheduled one (milliseconds per matmul). Timing is not tested here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
 @pytest.fixture(scope="module")
