@@ -37,6 +37,158 @@
 --         it read in the order of rule 2: exactly the rows layout's atoms. Work: the tiles that
 --         reach within b of c, a handful at 10^6 atoms (docs/benchmarks.md), each one buffer.
 
+-- Routing on Citus (migration 0018, docs/scale-out.md). On a set that routes
+-- (atom_sets.route_spread: a lattice set, every key within route_spread < 1/2 of its cell's
+-- centre on each axis), atoms.route and memory_atoms.route hold the cell code of the atom's
+-- position (ht_route_cell of its rounded coordinates), and on a Citus coordinator both tables are
+-- distributed by it: a cell's atoms lie on one shard. There (ht_routes() is true) the KNN first
+-- reads only the cell of the centre c, a router query to one worker (ht_knn_routed), and keeps
+-- that answer only where it is provably the fan-out's:
+--   an atom of another cell differs from c's cell by at least 1 on some axis and lies within
+--   route_spread of its own cell's centre, so it is at least
+--       sep = 1 - route_spread - max_i |c_i - round(c_i)|
+--   from c. The cell's answer is the whole one when (a) the radius is below sep, or (b) it holds
+--   k atoms and the k-th is nearer than sep (no other atom can displace one), or (c) the kernel
+--   is backoff and the radius it cuts at, from the cell's nearest atom, is below sep (a nearer
+--   history atom only lowers it): every atom the kernel counts is in the cell, and the atoms of
+--   other cells the fan-out would add are not counted.
+-- Otherwise the call fans out to every shard, as on a set that does not route. Each decision is
+-- counted for the session (knn_routing()). On a single node ht_routes() is false and nothing of
+-- this runs.
+
+CREATE OR REPLACE FUNCTION ht_routes()
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS 'SELECT false' -- ht_routes: true where installed on a Citus coordinator
+;
+
+COMMENT ON FUNCTION ht_routes() IS
+    'Whether the KNN of a set that routes reads its cell first (true where sql/ was installed on a Citus coordinator: hartonomous/db/citus.py).';
+
+
+CREATE OR REPLACE FUNCTION ht_route_cell(p_x double precision, p_y double precision, p_z double precision)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN ((round(p_x)::bigint + 1048576) * 4398046511104)
+       + ((round(p_y)::bigint + 1048576) * 2097152) + (round(p_z)::bigint + 1048576);
+
+COMMENT ON FUNCTION ht_route_cell(double precision, double precision, double precision) IS
+    'The routing key of a point of a set that routes: its rounded coordinates (each within 2^20 of 0, rounding half to even) packed 21 bits each; hartonomous/atomset/routing.py computes the same for the build.';
+
+
+CREATE OR REPLACE FUNCTION ht_count_knn(p_routed boolean)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = public, pg_temp
+AS $$
+SELECT set_config(v.name, (coalesce(nullif(current_setting(v.name, true), ''), '0')::bigint + 1)::text, false)
+  FROM (VALUES (CASE WHEN p_routed THEN 'hartonomous.knn_routed' ELSE 'hartonomous.knn_fanned_out' END)) AS v(name);
+$$;
+
+
+CREATE OR REPLACE FUNCTION knn_routing(OUT routed bigint, OUT fanned_out bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = public, pg_temp
+AS $$
+SELECT coalesce(nullif(current_setting('hartonomous.knn_routed', true), ''), '0')::bigint,
+       coalesce(nullif(current_setting('hartonomous.knn_fanned_out', true), ''), '0')::bigint;
+$$;
+
+COMMENT ON FUNCTION knn_routing() IS
+    'This session''s KNNs of sets that route, on a Citus coordinator: answered by one cell (one worker) and fanned out to every shard because the cell''s answer could not be proven whole (sql/015_knn.sql). SET hartonomous.knn_routed = 0 (and knn_fanned_out) to start over.';
+
+
+CREATE OR REPLACE FUNCTION ht_knn_routed(
+    p_set_id integer, p_center geometry, p_k integer, p_radius double precision, p_memory boolean,
+    OUT token_ids integer[], OUT weights double precision[], OUT distances double precision[],
+    OUT memory boolean[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_sort = off
+AS $$
+-- ht_knn's rows (rule 4's order, memory[i]: row i is a memory atom, stored atoms first at a full
+-- tie) from the centre's cell alone where that is provably the whole answer (top of file); all
+-- NULL where the set does not route or the answer is not proven, and the caller fans out.
+#variable_conflict use_column
+DECLARE
+    s     record;
+    cx    double precision := ST_X(p_center);
+    cy    double precision := ST_Y(p_center);
+    cz    double precision := ST_Z(p_center);
+    v_cell bigint;
+    v_box  geometry;
+    v_sep  double precision;
+    n      integer;
+BEGIN
+    SELECT a.route_spread, a.kernel, a.bandwidth, a.centroid_decay INTO s FROM atom_sets a WHERE a.id = p_set_id;
+    IF s.route_spread IS NULL OR greatest(abs(cx), abs(cy), abs(cz)) >= 1048575 THEN
+        RETURN;
+    END IF;
+    v_cell := ht_route_cell(cx, cy, cz);
+    -- The cell's cube: its atoms lie inside; the GiST scan stops at its border.
+    v_box := ST_MakeLine(ST_MakePoint(round(cx) - 0.5, round(cy) - 0.5, round(cz) - 0.5),
+                         ST_MakePoint(round(cx) + 0.5, round(cy) + 0.5, round(cz) + 0.5));
+    -- (1e-9 to spare for rounding, as in C)
+    v_sep := 1 - s.route_spread - greatest(abs(cx - round(cx)), abs(cy - round(cy)), abs(cz - round(cz))) - 1e-9;
+    IF NOT p_memory THEN
+        SELECT coalesce(array_agg(n.tid ORDER BY n.d, n.tid, n.w), '{}'),
+               coalesce(array_agg(n.w ORDER BY n.d, n.tid, n.w), '{}'),
+               coalesce(array_agg(n.d ORDER BY n.d, n.tid, n.w), '{}')
+          INTO token_ids, weights, distances
+          FROM (SELECT n.tid, n.w, n.d
+                  FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
+                          FROM atoms a
+                         WHERE a.atom_set_id = p_set_id AND a.route = v_cell AND a.position &&& v_box
+                         ORDER BY a.position <<->> p_center) n
+                 WHERE p_radius IS NULL OR n.d <= p_radius
+                 ORDER BY n.d, n.tid, n.w
+                 LIMIT p_k) n;
+        memory := array_fill(false, ARRAY[cardinality(token_ids)]);
+    ELSE
+        SELECT coalesce(array_agg(u.tid ORDER BY u.d, u.tid, u.w, u.mem), '{}'),
+               coalesce(array_agg(u.w ORDER BY u.d, u.tid, u.w, u.mem), '{}'),
+               coalesce(array_agg(u.d ORDER BY u.d, u.tid, u.w, u.mem), '{}'),
+               coalesce(array_agg(u.mem ORDER BY u.d, u.tid, u.w, u.mem), '{}')
+          INTO token_ids, weights, distances, memory
+          FROM (SELECT u.tid, u.w, u.d, u.mem
+                  FROM ((SELECT n.tid, n.w, n.d, false AS mem
+                           FROM (SELECT a.token_id AS tid, a.weight AS w, a.position <<->> p_center AS d
+                                   FROM atoms a
+                                  WHERE a.atom_set_id = p_set_id AND a.route = v_cell AND a.position &&& v_box
+                                  ORDER BY a.position <<->> p_center) n
+                          WHERE p_radius IS NULL OR n.d <= p_radius
+                          ORDER BY n.d, n.tid, n.w
+                          LIMIT p_k)
+                        UNION ALL
+                        (SELECT n.tid, n.w, n.d, true
+                           FROM (SELECT m.token_id AS tid, m.weight AS w, m.position <<->> p_center AS d
+                                   FROM memory_atoms m
+                                  WHERE m.atom_set_id = p_set_id AND m.route = v_cell AND m.position &&& v_box
+                                  ORDER BY m.position <<->> p_center) n
+                          WHERE p_radius IS NULL OR n.d <= p_radius
+                          ORDER BY n.d, n.tid, n.w
+                          LIMIT p_k)) u
+                 ORDER BY u.d, u.tid, u.w, u.mem
+                 LIMIT p_k) u;
+    END IF;
+    n := cardinality(token_ids);
+    IF (p_radius IS NOT NULL AND p_radius < v_sep)
+       OR (n >= p_k AND distances[p_k] < v_sep)
+       OR (s.kernel = 'backoff' AND n > 0
+           AND ht_backoff_radius(distances[1], s.bandwidth, s.centroid_decay) < v_sep) THEN
+        PERFORM ht_count_knn(true);
+        RETURN;
+    END IF;
+    PERFORM ht_count_knn(false);
+    token_ids := NULL;
+    weights := NULL;
+    distances := NULL;
+    memory := NULL;
+END
+$$;
+
 -- ht_knn and ht_knn_arrays gained p_memory; CREATE OR REPLACE cannot change a signature, so the
 -- versions a database installed before are dropped.
 DROP FUNCTION IF EXISTS ht_knn(integer, geometry, integer, double precision);
@@ -77,7 +229,15 @@ DECLARE
     -- are the squares guarded (to the same 0).
     sq0   constant double precision := 1.5717277847026288e-162;
     tiny  constant boolean := least(abs(ST_X(p_center)), abs(ST_Y(p_center)), abs(ST_Z(p_center))) < 1e-145;
+    routed record;
 BEGIN
+    IF ht_routes() THEN  -- a Citus coordinator: the centre's cell alone where that is the whole answer
+        SELECT * INTO routed FROM ht_knn_routed(p_set_id, p_center, p_k, p_radius, p_memory);
+        IF routed.token_ids IS NOT NULL THEN
+            RETURN QUERY SELECT u.tid, u.w, u.d FROM unnest(routed.token_ids, routed.weights, routed.distances) AS u(tid, w, d);
+            RETURN;
+        END IF;
+    END IF;
     IF p_memory THEN
         -- Rule 4: the p_k nearest of the stored atoms and the memory's together. Each side's p_k
         -- nearest (the memory by its own GiST nd index, with rule 2's order) hold them all.
@@ -167,7 +327,18 @@ AS $$
 -- (sql/060_kernel.sql). The rows layout runs ht_knn's own query here, aggregated in place (no
 -- set-returning call between: ~0.07 ms less per call); the tiles layout reads ht_knn.
 -- tests/test_layouts.py and tests/test_kernel_native.py check both against ht_knn's rows.
+DECLARE
+    routed record;
 BEGIN
+    IF ht_routes() THEN  -- a Citus coordinator: the centre's cell alone where that is the whole answer
+        SELECT * INTO routed FROM ht_knn_routed(p_set_id, p_center, p_k, p_radius, p_memory);
+        IF routed.token_ids IS NOT NULL THEN
+            token_ids := routed.token_ids;
+            weights := routed.weights;
+            distances := routed.distances;
+            RETURN;
+        END IF;
+    END IF;
     IF NOT p_memory AND (SELECT s.layout FROM atom_sets s WHERE s.id = p_set_id) IS DISTINCT FROM 'tiles' THEN
         SELECT coalesce(array_agg(n.tid ORDER BY n.d, n.tid, n.w), '{}'),
                coalesce(array_agg(n.w ORDER BY n.d, n.tid, n.w), '{}'),

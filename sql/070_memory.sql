@@ -126,6 +126,7 @@ DECLARE
     v_have  bigint;
     v_gen   bigint;
     v_part  text;
+    v_spread double precision;
 BEGIN
     SELECT * INTO s FROM ht_memory_set(remember.atom_set);
     PERFORM ht_check_context(remember.context, 'context');
@@ -168,8 +169,22 @@ BEGIN
     SELECT count(*) INTO v_have FROM memory_atoms m WHERE m.atom_set_id = s.id;
     evicted := ht_memory_evict(s.id, v_have + v_g - v_bound);
     v_gen := nextval('memory_generation_seq');
-    INSERT INTO memory_atoms (atom_set_id, generation, step, position, token_id, weight, path)
-    SELECT s.id, v_gen, k.i - 1, k.key, remember.generated[k.i], v_w, remember.path
+    -- route (migration 0018): on a set that routes, the key's cell (sql/015_knn.sql); every key of
+    -- such a set lies within route_spread of its cell's centre, and a key that did not would make
+    -- the routed KNN's proof wrong, so it is refused rather than stored.
+    SELECT a.route_spread INTO v_spread FROM atom_sets a WHERE a.id = s.id;
+    IF v_spread IS NOT NULL AND EXISTS (
+            SELECT 1 FROM unnest(c.history_keys) AS k(key)
+             WHERE greatest(abs(ST_X(k.key) - round(ST_X(k.key))), abs(ST_Y(k.key) - round(ST_Y(k.key))),
+                            abs(ST_Z(k.key) - round(ST_Z(k.key)))) > v_spread) THEN
+        RAISE EXCEPTION 'a key of this generation lies farther than route_spread (%) from its lattice cell in atom set %',
+            v_spread, quote_literal(s.name)
+            USING HINT = 'The set''s route_spread does not hold for its keys; rebuild the set.';
+    END IF;
+    INSERT INTO memory_atoms (atom_set_id, generation, step, position, token_id, weight, path, route)
+    SELECT s.id, v_gen, k.i - 1, k.key, remember.generated[k.i], v_w, remember.path,
+           CASE WHEN v_spread IS NOT NULL THEN ht_route_cell(ST_X(k.key), ST_Y(k.key), ST_Z(k.key))
+                ELSE v_gen * 1048576 + k.i END
       FROM unnest(c.history_keys) WITH ORDINALITY AS k(key, i);
     generation := v_gen;
     remembered := v_g;

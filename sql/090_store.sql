@@ -81,6 +81,16 @@ AS $$
 DECLARE
     k record;
 BEGIN
+    IF ht_routes() THEN  -- a Citus coordinator: the centre's cell alone where that is the whole answer
+        SELECT * INTO k FROM ht_knn_routed(p_set_id, p_center, p_k, NULL, p_memory);
+        IF k.token_ids IS NOT NULL THEN
+            token_ids := k.token_ids;
+            weights := k.weights;
+            distances := k.distances;
+            memory := k.memory;
+            RETURN;
+        END IF;
+    END IF;
     SELECT * INTO k FROM ht_knn_arrays(p_set_id, p_center, p_k, NULL, false);
     IF NOT p_memory THEN
         token_ids := k.token_ids;

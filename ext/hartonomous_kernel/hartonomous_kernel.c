@@ -1671,41 +1671,27 @@ knn_destroy(DestReceiver *self)
 {
 }
 
-static void
-knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
-		 int32 **ids, double **ws, double **ds, int *n)
+/* A KNN plan (prepared once per session as a generic plan) of these parameter types. */
+static SPIPlanPtr
+knn_prepare(const char *sql, int nargs, Oid *argtypes)
 {
-	ParamListInfo params = makeParamList(5);
-	Oid			types[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "htk: keeping the KNN plan failed");
+	return plan;
+}
+
+/* Run a KNN plan (its rows: token id, weight, distance) into arrays, ht_knn's tie rule at the k-th row. */
+static void
+knn_execute(SPIPlanPtr plan, ParamListInfo params, int k, bool has_radius, double radius,
+			int32 **ids, double **ws, double **ds, int *n)
+{
 	KnnReceiver receiver;
 	SPIExecuteOptions options;
 
-	if (knn_plan == NULL)
-	{
-		Oid			argtypes[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
-		SPIPlanPtr	plan = SPI_prepare_cursor(
-			"SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
-			"  FROM atoms a WHERE a.atom_set_id = $1"
-			" ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) FETCH FIRST $5 ROWS WITH TIES",
-			5, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-		if (plan == NULL)
-			elog(ERROR, "htk: preparing the KNN failed: %s", SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "htk: keeping the KNN plan failed");
-		knn_plan = plan;
-	}
-	params->params[0].value = Int32GetDatum(set_id);
-	params->params[1].value = Float8GetDatum(center[0]);
-	params->params[2].value = Float8GetDatum(center[1]);
-	params->params[3].value = Float8GetDatum(center[2]);
-	params->params[4].value = Int32GetDatum(k);
-	for (int i = 0; i < 5; i++)
-	{
-		params->params[i].isnull = false;
-		params->params[i].pflags = PARAM_FLAG_CONST;
-		params->params[i].ptype = types[i];
-	}
 	memset(&receiver, 0, sizeof(receiver));
 	receiver.pub.receiveSlot = knn_receive;
 	receiver.pub.rStartup = knn_startup;
@@ -1722,7 +1708,7 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
 	options.params = params;
 	options.read_only = true;
 	options.dest = (DestReceiver *) &receiver;
-	if (SPI_execute_plan_extended(knn_plan, &options) < 0)	/* SPI_OK_UTILITY: rows went to the receiver */
+	if (SPI_execute_plan_extended(plan, &options) < 0)	/* SPI_OK_UTILITY: rows went to the receiver */
 		elog(ERROR, "htk: the KNN failed");
 	*ids = receiver.ids;
 	*ws = receiver.ws;
@@ -1747,6 +1733,163 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
 			(*ds)[i] = rows[i].d;
 		}
 		*n = k;
+	}
+}
+
+static ParamListInfo
+knn_params(int n, const Oid *types, const Datum *values)
+{
+	ParamListInfo params = makeParamList(n);
+
+	for (int i = 0; i < n; i++)
+	{
+		params->params[i].value = values[i];
+		params->params[i].isnull = false;
+		params->params[i].pflags = PARAM_FLAG_CONST;
+		params->params[i].ptype = types[i];
+	}
+	return params;
+}
+
+/*
+ * Routing on Citus (sql/015_knn.sql has the rule and why it is exact; this is the same rule). Where
+ * ht_routes() is true (sql/ installed on a Citus coordinator) and the set routes
+ * (atom_sets.route_spread), the KNN first reads the centre's lattice cell alone, a router query to
+ * one worker, and keeps that answer where it is provably the fan-out's; otherwise it fans out. The
+ * decisions are counted in the session's hartonomous.knn_routed / knn_fanned_out (knn_routing()).
+ */
+#define ROUTE_OFFSET ((int64) 1 << 20)
+#define ROUTE_MARGIN 1e-9		/* sep is compared with this much to spare for rounding */
+#define ROUTE_CACHE 16
+
+typedef struct
+{
+	int32		set_id;
+	bool		routes;
+	double		spread;
+	bool		backoff;
+	double		bandwidth;
+	double		decay;
+} RouteInfo;
+
+static int	routing_state = -1;	/* ht_routes() in this session: -1 not read yet */
+static RouteInfo route_cache[ROUTE_CACHE];
+static int	route_cached = 0;
+static SPIPlanPtr knn_cell_plan = NULL;
+
+static bool
+routing_on(void)
+{
+	if (routing_state < 0)
+	{
+		bool		isnull;
+
+		if (SPI_execute("SELECT CASE WHEN to_regprocedure('ht_routes()') IS NOT NULL THEN ht_routes() END",
+						true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "htk: reading ht_routes() failed");
+		routing_state = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
+			&& !isnull ? 1 : 0;
+	}
+	return routing_state == 1;
+}
+
+static const RouteInfo *
+route_info(int32 set_id)
+{
+	Oid			argtypes[1] = {INT4OID};
+	Datum		arg = Int32GetDatum(set_id);
+	RouteInfo  *r;
+	bool		isnull;
+	Datum		spread;
+
+	for (int i = 0; i < Min(route_cached, ROUTE_CACHE); i++)
+		if (route_cache[i].set_id == set_id)
+			return &route_cache[i];
+	r = &route_cache[route_cached++ % ROUTE_CACHE];
+	memset(r, 0, sizeof(*r));
+	r->set_id = set_id;
+	if (SPI_execute_with_args("SELECT s.route_spread, s.kernel = 'backoff', s.bandwidth, s.centroid_decay"
+							  "  FROM atom_sets s WHERE s.id = $1", 1, argtypes, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "htk: reading atom_sets failed");
+	if (SPI_processed == 1)
+	{
+		HeapTuple	row = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+
+		spread = SPI_getbinval(row, desc, 1, &isnull);
+		r->routes = !isnull;
+		r->spread = isnull ? 0.0 : DatumGetFloat8(spread);
+		r->backoff = DatumGetBool(SPI_getbinval(row, desc, 2, &isnull));
+		r->bandwidth = DatumGetFloat8(SPI_getbinval(row, desc, 3, &isnull));
+		r->decay = DatumGetFloat8(SPI_getbinval(row, desc, 4, &isnull));
+	}
+	return r;
+}
+
+static void
+count_knn(bool routed)
+{
+	const char *name = routed ? "hartonomous.knn_routed" : "hartonomous.knn_fanned_out";
+	const char *now = GetConfigOption(name, true, false);
+	char		next[32];
+
+	snprintf(next, sizeof(next), INT64_FORMAT, (int64) ((now != NULL && *now != '\0' ? strtoll(now, NULL, 10) : 0) + 1));
+	SetConfigOption(name, next, PGC_USERSET, PGC_S_SESSION);
+}
+
+/* ht_knn's rows (the k nearest stored atoms of the set to the centre), routed where that is exact. */
+static void
+knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radius,
+		 int32 **ids, double **ws, double **ds, int *n)
+{
+	if (routing_on())
+	{
+		const RouteInfo *r = route_info(set_id);
+
+		if (r->routes && fmax(fabs(center[0]), fmax(fabs(center[1]), fabs(center[2]))) < ROUTE_OFFSET - 1)
+		{
+			Oid			types[12] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID, INT8OID,
+									 FLOAT8OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, FLOAT8OID};
+			double		c[3] = {rint(center[0]), rint(center[1]), rint(center[2])};
+			double		sep = 1.0 - r->spread - fmax(fabs(center[0] - c[0]),
+													 fmax(fabs(center[1] - c[1]), fabs(center[2] - c[2])));
+			int64		cell = (((int64) c[0] + ROUTE_OFFSET) << 42) + (((int64) c[1] + ROUTE_OFFSET) << 21)
+				+ ((int64) c[2] + ROUTE_OFFSET);
+			Datum		values[12] = {Int32GetDatum(set_id), Float8GetDatum(center[0]), Float8GetDatum(center[1]),
+									  Float8GetDatum(center[2]), Int32GetDatum(k), Int64GetDatum(cell),
+									  Float8GetDatum(c[0] - 0.5), Float8GetDatum(c[1] - 0.5),
+									  Float8GetDatum(c[2] - 0.5), Float8GetDatum(c[0] + 0.5),
+									  Float8GetDatum(c[1] + 0.5), Float8GetDatum(c[2] + 0.5)};
+
+			if (knn_cell_plan == NULL)
+				knn_cell_plan = knn_prepare(
+					"SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
+					"  FROM atoms a WHERE a.atom_set_id = $1 AND a.route = $6"
+					"   AND a.position &&& ST_MakeLine(ST_MakePoint($7, $8, $9), ST_MakePoint($10, $11, $12))"
+					" ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) FETCH FIRST $5 ROWS WITH TIES",
+					12, types);
+			knn_execute(knn_cell_plan, knn_params(12, types, values), k, has_radius, radius, ids, ws, ds, n);
+			sep -= ROUTE_MARGIN;
+			if ((has_radius && radius < sep) || (*n >= k && (*ds)[k - 1] < sep)
+				|| (r->backoff && *n > 0 && backoff_radius((*ds)[0], r->bandwidth, r->decay) < sep))
+			{
+				count_knn(true);
+				return;
+			}
+			count_knn(false);
+		}
+	}
+	{
+		Oid			types[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
+		Datum		values[5] = {Int32GetDatum(set_id), Float8GetDatum(center[0]), Float8GetDatum(center[1]),
+								 Float8GetDatum(center[2]), Int32GetDatum(k)};
+
+		if (knn_plan == NULL)
+			knn_plan = knn_prepare("SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
+								   "  FROM atoms a WHERE a.atom_set_id = $1"
+								   " ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) FETCH FIRST $5 ROWS WITH TIES",
+								   5, types);
+		knn_execute(knn_plan, knn_params(5, types, values), k, has_radius, radius, ids, ws, ds, n);
 	}
 }
 

@@ -2,9 +2,14 @@
 
 One home for the decisions (docs/scale-out.md explains them):
 
-- `atoms` is hash-distributed on `atom_id`, so every atom set is spread evenly over all workers
-  and each shard keeps its own GiST nd index; a KNN (`ORDER BY position <<->> c LIMIT k`) runs on
-  every shard of the set and the coordinator merges the k nearest of each, which is exact.
+- `atoms` is hash-distributed on `route` (migration 0018; before it, on `atom_id`). On a set that
+  routes (a lattice set, `atom_sets.route_spread`) `route` is the lattice cell of the atom's
+  position, so all atoms whose key ends in one token lie on one shard and a KNN filtered on that
+  cell is a router query: one worker, no merge (sql/015_knn.sql decides when that answer is
+  provably the whole one, and falls back to the fan-out otherwise). On other sets `route` is the
+  atom's id: the set is spread evenly over all workers and a KNN runs on every shard of the set,
+  the coordinator merging the k nearest of each, which is exact.
+- `memory_atoms` (generation memory) is distributed on `route` too, colocated with `atoms`.
 - The per-atom-set LIST partitioning stays: each set is a partition of `atoms`, itself a
   distributed table colocated with it, so a KNN for one set touches only that set's shards and
   indexes, and dropping a set drops its shards (no DELETE of millions of rows).
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import psycopg
 
-DISTRIBUTION_COLUMN = "atom_id"
+DISTRIBUTION_COLUMN = "atom_id"   # migration 0008's; 0018 redistributes by ROUTE_COLUMN
+ROUTE_COLUMN = "route"
+MEMORY_TABLE = "memory_atoms"
 REFERENCE_TABLES = ("atom_sets", "tokens", "token_blocks", "landmarks")  # in foreign-key order
 DISTRIBUTED_TABLE = "atoms"
 TILES_TABLE, TILES_COLUMN = "atom_tiles", "tile_id"
@@ -66,6 +73,66 @@ def distribute_schema(conn: psycopg.Connection) -> list[str]:
     return done
 
 
+def distribution_column(conn: psycopg.Connection, table: str) -> str | None:
+    """The column a distributed table is hash-distributed on (None: not distributed)."""
+    row = conn.execute("SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition "
+                       "WHERE logicalrelid = to_regclass(%s) AND partmethod = 'h'", (table,)).fetchone()
+    return row[0] if row else None
+
+
+def _drop_primary_key(conn: psycopg.Connection, table: str) -> None:
+    (name,) = conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+                           (table,)).fetchone()
+    conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+
+
+def distribute_routing(conn: psycopg.Connection) -> list[str]:
+    """Migration 0018 on a coordinator: `atoms` and `memory_atoms` distributed on `route`,
+    colocated, with `route` in their primary keys; nothing on a single node. Needs an empty
+    `atoms` (existing sets are rebuilt, not back-filled); raises with what to do otherwise."""
+    if not has_citus(conn) or distribution_column(conn, DISTRIBUTED_TABLE) == ROUTE_COLUMN:
+        return []
+    (atoms,) = conn.execute("SELECT count(*) FROM atom_sets").fetchone()
+    if atoms:
+        raise RuntimeError(
+            f"migration 0018 redistributes atoms by their routing key, but this Citus coordinator holds "
+            f"{atoms} atom set(s) built before it, which have none. Drop them (`hartonomous atom-sets drop "
+            f"NAME`), run `hartonomous migrate` again, and rebuild them")
+    # A primary key must hold the distribution column: drop it, redistribute, add the new one.
+    _drop_primary_key(conn, DISTRIBUTED_TABLE)
+    conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ALTER COLUMN route SET NOT NULL")
+    if table_kind(conn, DISTRIBUTED_TABLE) == "distributed":
+        conn.execute("SELECT alter_distributed_table(%s, distribution_column => %s, cascade_to_colocated => false)",
+                     (DISTRIBUTED_TABLE, ROUTE_COLUMN))
+    else:
+        conn.execute("SELECT create_distributed_table(%s, %s)", (DISTRIBUTED_TABLE, ROUTE_COLUMN))
+    conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ADD PRIMARY KEY (atom_set_id, route, atom_id)")
+    _drop_primary_key(conn, MEMORY_TABLE)
+    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ALTER COLUMN route SET NOT NULL")
+    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ADD PRIMARY KEY (atom_set_id, route, generation, step)")
+    conn.execute("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+                 (MEMORY_TABLE, ROUTE_COLUMN, DISTRIBUTED_TABLE))
+    return [f"{DISTRIBUTED_TABLE} and {MEMORY_TABLE} hash-distributed on {ROUTE_COLUMN}, colocated"]
+
+
+def undistribute_routing(conn: psycopg.Connection) -> None:
+    """The reverse of `distribute_routing` (before 0018 drops the columns): `atoms` back on
+    `atom_id`, `memory_atoms` a table of the coordinator again, the calls no longer routed."""
+    if not has_citus(conn) or distribution_column(conn, DISTRIBUTED_TABLE) != ROUTE_COLUMN:
+        return
+    conn.execute("SELECT undistribute_table(%s, cascade_via_foreign_keys => false)", (MEMORY_TABLE,))
+    _drop_primary_key(conn, MEMORY_TABLE)
+    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ALTER COLUMN route DROP NOT NULL")
+    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ADD PRIMARY KEY (atom_set_id, generation, step)")
+    _drop_primary_key(conn, DISTRIBUTED_TABLE)
+    conn.execute("SELECT alter_distributed_table(%s, distribution_column => %s, cascade_to_colocated => false)",
+                 (DISTRIBUTED_TABLE, DISTRIBUTION_COLUMN))
+    conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ALTER COLUMN route DROP NOT NULL")
+    conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ADD PRIMARY KEY (atom_set_id, atom_id)")
+    conn.execute("CREATE OR REPLACE FUNCTION ht_routes() RETURNS boolean LANGUAGE sql IMMUTABLE "
+                 "PARALLEL SAFE AS 'SELECT false'")
+
+
 def undistribute_schema(conn: psycopg.Connection) -> None:
     """The reverse of `distribute_schema`: every table back to a local one on the coordinator."""
     if not has_citus(conn):
@@ -77,14 +144,17 @@ def undistribute_schema(conn: psycopg.Connection) -> None:
 
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
+SINGLE_NODE = "AS 'SELECT false' -- ht_routes: true where installed on a Citus coordinator"
+COORDINATOR = "AS 'SELECT true' -- ht_routes: true where installed on a Citus coordinator"
 
 
 def function_source(text: str, citus: bool) -> str:
     """A `sql/` file as it is installed: on a coordinator, the functions plan each call's
     statements with their parameter values (custom plans). Citus plans a multi-shard query with a
     LIMIT inside a CTE only for known values; a generic plan fails with "could not create
-    distributed plan" (the KNN's pruning and pushdown need the atom set id and the centroid)."""
-    return text.replace(GENERIC_PLANS, CUSTOM_PLANS) if citus else text
+    distributed plan" (the KNN's pruning and pushdown need the atom set id and the centroid). And
+    `ht_routes()` says true there: the KNN of a set that routes tries its cell first (sql/015)."""
+    return text.replace(GENERIC_PLANS, CUSTOM_PLANS).replace(SINGLE_NODE, COORDINATOR) if citus else text
 
 
 def begin_build(conn: psycopg.Connection) -> bool:
@@ -102,8 +172,8 @@ def distribute_partition(conn: psycopg.Connection, table: str) -> bool:
     """Distribute a new, still empty atoms partition like `atoms` before it is filled (so COPY
     through the coordinator routes rows to the shards and CREATE INDEX builds one GiST per
     shard); False on a single node, where nothing changes."""
-    if not has_citus(conn) or table_kind(conn, DISTRIBUTED_TABLE) != "distributed":
+    column = distribution_column(conn, DISTRIBUTED_TABLE) if has_citus(conn) else None
+    if column is None:
         return False
-    conn.execute("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
-          (table, DISTRIBUTION_COLUMN, DISTRIBUTED_TABLE))
+    conn.execute("SELECT create_distributed_table(%s, %s, colocate_with => %s)", (table, column, DISTRIBUTED_TABLE))
     return True

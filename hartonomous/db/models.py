@@ -42,6 +42,7 @@ class AtomSet(Base):
         CheckConstraint("history_window <= 4096", name="atom_sets_history_window_max_check"),
         CheckConstraint("layout IN ('rows', 'tiles')", name="atom_sets_layout_check"),
         CheckConstraint("risk_model IS NULL OR jsonb_typeof(risk_model) = 'object'", name="atom_sets_risk_model_check"),
+        CheckConstraint("route_spread > 0 AND route_spread < 0.5", name="atom_sets_route_spread_check"),
         Index("atom_sets_one_default", "is_default", unique=True, postgresql_where=text("is_default")),
     )
 
@@ -65,6 +66,8 @@ class AtomSet(Base):
     model_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     layout: Mapped[str] = mapped_column(Text, server_default=text("'rows'"))
     risk_model: Mapped[dict | None] = mapped_column(JSONB, nullable=True)  # the build's risk predictor (0006)
+    # Where set (a lattice set, 0018): every key within it of its cell's centre; calls route on Citus.
+    route_spread: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class Token(Base):
@@ -102,6 +105,9 @@ class Atom(Base):
     weight: Mapped[float] = mapped_column(Double, server_default=text("1"))
     key = mapped_column(Vector(), nullable=True)
     source: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))   # ATOM_SOURCES code
+    # The cell code on a set that routes, else atom_id (0018; NULL on sets built before it). On
+    # Citus: the distribution column, NOT NULL and in the primary key (hartonomous/db/citus.py).
+    route: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class MemoryAtom(Base):
@@ -123,6 +129,7 @@ class MemoryAtom(Base):
     )
     generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    route: Mapped[int | None] = mapped_column(BigInteger, nullable=True)   # as atoms.route (0018)
     position = mapped_column(point_z(), nullable=False)
     token_id: Mapped[int] = mapped_column(Integer)
     weight: Mapped[float] = mapped_column(Double)
