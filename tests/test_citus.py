@@ -74,8 +74,54 @@ SETS = {
 VOCAB, ATOMS = 60, 4000
 
 
+# Lattice sets (deep keys, projection/lattice.py) route on the cluster: tokens on the integer cells
+# of a 5^3 lattice, keys the decayed means of the last 4 tokens of a Markov chain whose transitions
+# are sparse (so suffixes repeat and the backoff kernel has deep matches). Tokens UNSEEN never occur
+# in the chain: a context ending in one has an empty cell, which the routed KNN must fall back from.
+LATTICE_SETS = {
+    "citustest_lattice_backoff": dict(kernel="backoff", history_weight=1.0, history_window=8),
+    "citustest_lattice_gauss": dict(kernel="gaussian", bandwidth=0.3),
+}
+LATTICE_SIDE, LATTICE_DECAY, LATTICE_WINDOW, CHAIN = 5, 1 / 16, 4, 20_000
+UNSEEN = (57, 58, 59)
+
+
+def lattice_chain(seed: int, length: int) -> np.ndarray:
+    rng = np.random.default_rng(100)  # one chain: the same transitions for the corpus and held-out text
+    seen = VOCAB - len(UNSEEN)
+    transitions = rng.dirichlet(np.full(seen, 0.05), size=seen)
+    walk = np.random.default_rng(seed)
+    chain = [0]
+    for _ in range(length - 1):
+        chain.append(int(walk.choice(seen, p=transitions[chain[-1]])))
+    return np.array(chain)
+
+
+def lattice_cells() -> np.ndarray:
+    axis = np.arange(LATTICE_SIDE)
+    cells = np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)[:VOCAB]
+    return (cells - (LATTICE_SIDE - 1) / 2).astype(np.float64)
+
+
+def build_lattice_sets(conn: psycopg.Connection) -> dict[str, int]:
+    from hartonomous.centroid import prefix_centroids
+    from projection.lattice import Lattice
+
+    cells, chain = lattice_cells(), lattice_chain(5, CHAIN)
+    keys = prefix_centroids(cells[chain[:-1]], LATTICE_WINDOW, LATTICE_DECAY)
+    ladder = Lattice(cells, LATTICE_SIDE, LATTICE_DECAY).ladder_top
+    ids = {}
+    for name, fields in LATTICE_SETS.items():
+        fields = {"bandwidth": ladder, **fields}
+        spec = AtomSetSpec(name=name, model="test", vocab_size=VOCAB, embedding_dim=3, projection="lattice",
+                           kind="context", centroid_window=LATTICE_WINDOW, centroid_decay=LATTICE_DECAY, **fields)
+        tokens = TokenRows(np.arange(VOCAB), [f"t{i}" for i in range(VOCAB)], cells)
+        ids[name] = write_atom_set(conn, spec, tokens, AtomRows(chain[1:], keys, np.ones(len(keys)))).atom_set_id
+    return ids
+
+
 def build_sets(conn: psycopg.Connection) -> dict[str, int]:
-    """Write SETS through `conn` (binary COPY; on the cluster through the coordinator)."""
+    """Write SETS and LATTICE_SETS through `conn` (binary COPY; on the cluster through the coordinator)."""
     ids = {}
     for name, (seed, fields) in SETS.items():
         rng = np.random.default_rng(seed)
@@ -84,7 +130,7 @@ def build_sets(conn: psycopg.Connection) -> dict[str, int]:
         tokens = TokenRows(np.arange(VOCAB), [f"t{i}" for i in range(VOCAB)], rng.random((VOCAB, 3)))
         atoms = AtomRows(rng.integers(0, VOCAB, ATOMS), rng.random((ATOMS, 3)), rng.uniform(0.2, 2.0, ATOMS))
         ids[name] = write_atom_set(conn, spec, tokens, atoms).atom_set_id
-    return ids
+    return ids | build_lattice_sets(conn)
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +155,8 @@ def coord(citus: CitusCluster, cluster_ids) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-def assert_same_rows(got: list[tuple], want: list[tuple]) -> None:
-    assert len(got) == len(want) > 0
+def assert_same_rows(got: list[tuple], want: list[tuple], may_be_empty: bool = False) -> None:
+    assert len(got) == len(want) and (may_be_empty or len(want) > 0)
     for g, w in zip(got, want):
         assert g[:-2] == w[:-2]  # the ids (context_index, token_id)
         assert g[-2:] == pytest.approx(w[-2:], abs=TOL)
@@ -209,6 +255,176 @@ def test_the_reader_role_runs_next_token_on_the_coordinator(citus, coord, single
         assert_same_rows(reader.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall())
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.execute("DELETE FROM atoms")
+
+
+# --- routing (migration 0018) -------------------------------------------------------------------
+
+def held_out_contexts(count: int, seed: int = 9) -> list[list[int]]:
+    """Contexts of 1-10 tokens from a walk of the chain the lattice sets were not built from, and
+    two that end in a token whose cell holds no atom."""
+    chain, rng = lattice_chain(seed, 4000), np.random.default_rng(seed)
+    ends = rng.integers(12, len(chain), count)
+    contexts = [[int(t) for t in chain[e - rng.integers(1, 11):e]] for e in ends]
+    return contexts + [[3, 7, UNSEEN[0]], [UNSEEN[1]]]
+
+
+def same_values(got, want) -> bool:
+    """Rows equal, floats within TOL (lists and tuples item by item; NULLs equal)."""
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(want) and all(map(same_values, got, want))
+    if isinstance(want, float) and isinstance(got, float):
+        return got == pytest.approx(want, abs=TOL, nan_ok=True)
+    return got == want
+
+
+def reset_routing(conn: psycopg.Connection) -> None:
+    conn.execute("SET hartonomous.knn_routed = 0")
+    conn.execute("SET hartonomous.knn_fanned_out = 0")
+
+
+def routing(conn: psycopg.Connection) -> tuple[int, int]:
+    return conn.execute("SELECT routed, fanned_out FROM knn_routing()").fetchone()
+
+
+@pytest.fixture(params=["native", "plpgsql"])
+def kernel_path(request, coord) -> Iterator[str]:
+    """Both implementations of the routed KNN: the C kernel's prepared one and the PL/pgSQL one."""
+    coord.execute("SELECT set_config('hartonomous.kernel', %s, false)", ("plpgsql" if request.param == "plpgsql" else "",))
+    assert coord.execute("SELECT ht_kernel()").fetchone() == (request.param,)
+    reset_routing(coord)
+    yield request.param
+    coord.execute("RESET hartonomous.kernel")
+
+
+def test_lattice_sets_route_by_cell_and_other_sets_spread_by_atom_id(coord, cluster_ids) -> None:
+    from hartonomous.atomset.routing import route_cells
+
+    spreads = dict(coord.execute("SELECT name, route_spread FROM atom_sets").fetchall())
+    for name in LATTICE_SETS:
+        assert spreads[name] == pytest.approx((LATTICE_SIDE - 1) * LATTICE_DECAY)
+    assert all(spreads[name] is None for name in SETS)  # random positions: no cell holds their keys
+    for name, set_id in cluster_ids.items():
+        rows = coord.execute(
+            "SELECT route, atom_id, ST_X(position), ST_Y(position), ST_Z(position), "
+            "ht_route_cell(ST_X(position), ST_Y(position), ST_Z(position)) FROM atoms WHERE atom_set_id = %s",
+            (set_id,)).fetchall()
+        routes = np.array([r[0] for r in rows])
+        if name in LATTICE_SETS:
+            assert np.array_equal(routes, [r[5] for r in rows])  # SQL's cell code is the build's
+            assert np.array_equal(routes, route_cells(np.array([r[2:5] for r in rows])))
+        else:
+            assert np.array_equal(routes, [r[1] for r in rows])
+
+
+def test_atoms_and_memory_are_distributed_by_route_colocated_with_route_in_the_key(coord, cluster_ids) -> None:
+    rows = dict((t, (col, colo)) for t, col, colo in coord.execute(
+        "SELECT logicalrelid::text, column_to_column_name(logicalrelid, partkey), colocationid "
+        "FROM pg_dist_partition WHERE logicalrelid IN ('atoms'::regclass, 'memory_atoms'::regclass, %s::regclass)",
+        (f"atoms_{cluster_ids['citustest_lattice_backoff']}",)).fetchall())
+    assert {col for col, _ in rows.values()} == {"route"} and len({colo for _, colo in rows.values()}) == 1
+    for table in ("atoms", "memory_atoms"):
+        (key,) = coord.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                               "WHERE conrelid = %s::regclass AND contype = 'p'", (table,)).fetchone()
+        assert "route" in key
+    # every cell of a routed set lies on one shard
+    (split,) = coord.execute(
+        "SELECT count(*) FROM (SELECT route FROM atoms WHERE atom_set_id = %s GROUP BY route "
+        "HAVING count(DISTINCT get_shard_id_for_distribution_column('atoms', route)) > 1) s",
+        (cluster_ids["citustest_lattice_backoff"],)).fetchone()
+    assert split == 0
+
+
+def test_the_native_kernel_is_installed_on_every_node(citus, coord) -> None:
+    rows = coord.execute("SELECT nodeport, success, result FROM run_command_on_workers("
+                         "$$SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'$$)").fetchall()
+    assert sorted(p for p, _, _ in rows) == sorted(w.running_port() for w in citus.workers())
+    assert all(ok and version == "1.4" for _, ok, version in rows)
+    assert coord.execute("SELECT ht_kernel(), ht_routes()").fetchone() == ("native", True)
+
+
+def test_a_cell_knn_is_a_router_query_on_one_worker(citus, coord, cluster_ids) -> None:
+    set_id = cluster_ids["citustest_lattice_backoff"]
+    plan = "\n".join(r for (r,) in coord.execute(
+        "EXPLAIN (COSTS OFF) SELECT token_id, weight, position <<->> ST_MakePoint(1.1, -0.2, 0.05) FROM atoms "
+        "WHERE atom_set_id = %s AND route = ht_route_cell(1.1, -0.2, 0.05) "
+        "AND position &&& ST_MakeLine(ST_MakePoint(0.5, -0.5, -0.5), ST_MakePoint(1.5, 0.5, 0.5)) "
+        "ORDER BY position <<->> ST_MakePoint(1.1, -0.2, 0.05) LIMIT 100", (set_id,)).fetchall())
+    assert "Task Count: 1" in plan and plan.count("->  Task") == 1, plan  # one shard, one worker, no merge
+    (port,) = re.findall(r"Node: host=127\.0\.0\.1 port=(\d+)", plan)
+    assert int(port) in {w.running_port() for w in citus.workers()}
+
+
+@pytest.mark.parametrize("name", sorted(LATTICE_SETS))
+def test_next_token_on_a_lattice_set_routes_and_gives_the_same_rows(single, coord, kernel_path, name) -> None:
+    contexts = held_out_contexts(60)
+    for context in contexts:
+        for call in ((context, 1.0, 0, 1.0, None, 100), (context, 0.8, 20, 0.9, None, 30),
+                     (context, 1.0, 0, 1.0, 0.3, 100)):
+            args = (*call, name, 1.0)
+            assert_same_rows(coord.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall(),
+                             may_be_empty=call[4] is not None)  # nothing within the radius: no rows on either
+    routed, fanned = routing(coord)
+    assert routed + fanned >= 3 * len(contexts)  # every call's KNN decided (a call may run more than one)
+    assert fanned >= 1  # the contexts whose cell is empty (and, with the Gaussian kernel, thin cells)
+    # the backoff kernel's cut proves most routed answers whole; the Gaussian kernel needs k atoms in the cell
+    assert routed / (routed + fanned) > (0.9 if "backoff" in name else 0.5)
+
+
+def test_empty_cells_fall_back_to_the_fan_out_and_are_counted(single, coord, kernel_path) -> None:
+    for context in ([3, 7, UNSEEN[0]], [UNSEEN[1]], [UNSEEN[2]]):
+        args = (context, 1.0, 0, 1.0, None, 100, "citustest_lattice_backoff", 1.0)
+        assert_same_rows(coord.execute(NEXT_TOKEN, args).fetchall(), single.execute(NEXT_TOKEN, args).fetchall())
+    assert routing(coord) == (0, 3)
+
+
+@pytest.mark.parametrize("name", sorted(LATTICE_SETS))
+def test_every_routed_call_gives_the_single_nodes_rows(single, coord, kernel_path, name) -> None:
+    """sample_next_token, next_token_batch, draft_tokens, draft_tree, generate_tokens,
+    store_distribution and next_token_signals on the routed path."""
+    contexts = [c for c in held_out_contexts(10, seed=21) if len(c) >= 2]  # store_distribution: 2 prefixes
+    calls = [
+        ("SELECT sample_next_token(%s, 1.1, 30, 0.95, NULL, 100, %s, 1.1, 77, 3)", True),
+        ("SELECT * FROM draft_tokens(%s, 6, 0.0, 40, 0.9, NULL, 100, %s)", False),
+        ("SELECT * FROM draft_tree(%s, 3, 2, NULL, 100, %s)", False),
+        ("SELECT generate_tokens(%s, 20, 1.2, 20, 0.95, NULL, 80, %s, 1.2, 2024)", True),
+        ("SELECT prefix_length, token_ids, probabilities FROM store_distribution(%s, %s, 100, NULL, NULL, false, 2)", False),
+        ("SELECT h, top_probability, distinct_tokens FROM next_token_signals(%s, NULL, 100, %s)", False),
+    ]
+    for context in contexts:
+        for sql, exact in calls:
+            got = coord.execute(sql, (context, name)).fetchall()
+            want = single.execute(sql, (context, name)).fetchall()
+            assert len(got) == len(want) > 0
+            for g, w in zip(got, want):
+                assert g == w if exact else same_values(g, w), (sql, context, g, w)
+    batch = "SELECT * FROM next_token_batch(%s::jsonb, 1.0, 0, 1.0, NULL, 100, %s)"
+    assert_same_rows(coord.execute(batch, (json.dumps(contexts), name)).fetchall(),
+                     single.execute(batch, (json.dumps(contexts), name)).fetchall())
+    routed, fanned = routing(coord)
+    assert routed > fanned
+
+
+def test_memory_atoms_route_with_their_set_and_memory_calls_give_the_same_rows(single, coord, kernel_path) -> None:
+    name = "citustest_lattice_backoff"
+    generated = [int(t) for t in lattice_chain(33, 40)]
+    remember = "SELECT remembered FROM remember(%s, %s, %s, 'exact')"
+    if coord.execute("SELECT count(*) FROM memory_atoms m JOIN atom_sets s ON s.id = m.atom_set_id "
+                     "WHERE s.name = %s", (name,)).fetchone() == (0,):
+        assert coord.execute(remember, (name, [1, 2], generated)).fetchone() == (40,)
+    if single.execute("SELECT count(*) FROM memory_atoms m JOIN atom_sets s ON s.id = m.atom_set_id "
+                      "WHERE s.name = %s", (name,)).fetchone() == (0,):
+        single.execute(remember, (name, [1, 2], generated))
+    (misplaced,) = coord.execute(
+        "SELECT count(*) FROM memory_atoms m JOIN atom_sets s ON s.id = m.atom_set_id "
+        "WHERE s.name = %s AND m.route <> ht_route_cell(ST_X(m.position), ST_Y(m.position), ST_Z(m.position))",
+        (name,)).fetchone()
+    assert misplaced == 0
+    reset_routing(coord)
+    call = "SELECT * FROM next_token(%s, 1.0, 0, 1.0, NULL, 100, %s, 1.0, NULL, NULL, true)"
+    for context in held_out_contexts(20, seed=5) + [[1, 2] + generated[:10]]:
+        assert_same_rows(coord.execute(call, (context, name)).fetchall(), single.execute(call, (context, name)).fetchall())
+    routed, _ = routing(coord)
+    assert routed > 0
 
 
 # --- the commands ------------------------------------------------------------------------------
