@@ -427,6 +427,49 @@ def test_memory_atoms_route_with_their_set_and_memory_calls_give_the_same_rows(s
     assert routed > 0
 
 
+def test_a_build_killed_during_its_copy_leaves_no_set_partition_or_shard_behind(citus, coord) -> None:
+    """The build runs in a child process; it is killed (SIGKILL) once its COPY has started. The
+    coordinator rolls the whole distributed transaction back: no atom_sets row, no atoms partition,
+    no shard of it on any worker."""
+    def relations() -> tuple[int, list]:
+        (local,) = coord.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'atoms\\_%'").fetchone()
+        remote = coord.execute("SELECT nodeport, result FROM run_command_on_workers("
+                               "$$SELECT count(*) FROM pg_class WHERE relname LIKE 'atoms\\_%'$$) ORDER BY 1").fetchall()
+        return local, remote
+
+    before = relations()
+    script = f"""
+import numpy as np, psycopg, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
+rng = np.random.default_rng(0)
+n = 3_000_000
+spec = AtomSetSpec(name="citustest_killed", model="test", vocab_size={VOCAB}, embedding_dim=3, projection="random",
+                   kind="context")
+tokens = TokenRows(np.arange({VOCAB}), [f"t{{i}}" for i in range({VOCAB})], rng.random(({VOCAB}, 3)))
+atoms = AtomRows(rng.integers(0, {VOCAB}, n), rng.random((n, 3)))
+with psycopg.connect({citus.url()!r}) as conn:
+    write_atom_set(conn, spec, tokens, atoms, progress=lambda m: print(m, flush=True))
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in child.stdout:
+            if line.startswith("COPY"):
+                break
+        else:
+            pytest.fail(f"the build ended before its COPY (exit {child.wait()})")
+        time.sleep(1.0)
+        child.kill()
+    finally:
+        child.wait()
+    deadline = time.monotonic() + 30
+    while coord.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY atoms%%' "
+                        "AND pid <> pg_backend_pid()").fetchone()[0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert coord.execute("SELECT count(*) FROM atom_sets WHERE name = 'citustest_killed'").fetchone() == (0,)
+    assert relations() == before
+
+
 # --- the commands ------------------------------------------------------------------------------
 
 def test_the_cluster_commands_are_idempotent_and_the_other_commands_use_the_coordinator(citus) -> None:
