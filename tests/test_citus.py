@@ -493,12 +493,14 @@ def test_the_cluster_commands_are_idempotent_and_the_other_commands_use_the_coor
 
 # --- faults ------------------------------------------------------------------------------------
 
-def test_a_worker_stopped_during_a_call_gives_a_clear_error_and_the_cluster_recovers(citus, coord) -> None:
+@pytest.mark.parametrize("name", ["citustest_gauss", "citustest_lattice_backoff"])
+def test_a_worker_stopped_during_a_call_gives_a_clear_error_and_the_cluster_recovers(citus, coord, name) -> None:
     """generate_tokens of 4096 tokens runs for many seconds; worker 2 stops (fast shutdown) while it
     runs. The caller gets an error naming the worker within seconds, new calls fail fast while it
-    is down, and after `cluster up` the same call answers again."""
+    is down, and after `cluster up` the same call answers again. On the lattice set the steps are
+    routed: each reads one worker, and the first step whose cell lies on the stopped one fails."""
     worker = citus.worker(2)
-    long_call = "SELECT generate_tokens(ARRAY[4, 9, 16], 4096, 1.0, 40, 0.9, NULL, 100, 'citustest_gauss', 1.0, 7)"
+    long_call = f"SELECT generate_tokens(ARRAY[4, 9, 16], 4096, 1.0, 40, 0.9, NULL, 100, '{name}', 1.0, 7)"
     outcome: dict = {}
 
     def run() -> None:
