@@ -228,12 +228,17 @@ def _speculative(quick: bool, full: bool, out: Path, atom_set: str | None, threa
 
 
 def cluster_bench(
-    sizes: str = typer.Option("1e5,1e6", help="Comma-separated atom counts."),
-    calls: int = typer.Option(200, help="next_token calls per size and side."),
-    out: str = typer.Option(".hartonomous/bench/scale-out.json", help="Where the JSON goes."),
+    sizes: str = typer.Option("1e5,1e6", help="Comma-separated atom counts (synthetic mode)."),
+    calls: int = typer.Option(200, help="next_token calls per size (or context length) and side."),
+    out: str = typer.Option(None, help="Where the JSON goes (default .hartonomous/bench/scale-out.json, with "
+                                       "--atom-set .hartonomous/bench/scale-out-routed.json)."),
+    atom_set: str = typer.Option(None, "--atom-set", help="Instead of synthetic sets: this lattice set of the "
+                                 "single-node db, copied to the cluster (routed there), on held-out code contexts."),
+    seconds: float = typer.Option(10.0, "--seconds", help="With --atom-set: seconds per concurrency level (4, 16)."),
 ) -> None:
-    """next_token on the single-node `db` vs this cluster, same synthetic sets (docs/scale-out.md)."""
-    from benchmarks import scaleout
+    """next_token on the single-node `db` vs this cluster, same synthetic sets, or with --atom-set the same
+    real lattice set: round trips, generation, concurrency, the routed fraction and the skew (docs/scale-out.md)."""
+    from benchmarks import routing, scaleout
     from hartonomous.db import migrate
     from hartonomous.db.cluster_cli import local_cluster
     from hartonomous.db.connection import embedded_cluster
@@ -242,6 +247,10 @@ def cluster_bench(
         counts = tuple(int(float(v)) for v in sizes.split(",") if v.strip())
     except ValueError:
         raise UserError(f"--sizes must be comma-separated atom counts such as 1e5,1e6; got '{sizes}'") from None
+    if calls < routing.MIN_CALLS:
+        raise UserError(f"--calls must be at least {routing.MIN_CALLS}, got {calls}")
+    if not seconds >= 1:
+        raise UserError(f"--seconds must be at least 1, got {seconds}")
     cluster = local_cluster()
     if not cluster.is_running():
         raise UserError("the local Citus cluster is not running; start it with `hartonomous cluster up`")
@@ -249,5 +258,16 @@ def cluster_bench(
     single.up()
     for url in (single.url(), cluster.url()):
         migrate.upgrade(url)
-    results = scaleout.run(single.url(), cluster.url(), counts, calls, Path(out))
+    if atom_set is not None:
+        path = Path(out or ".hartonomous/bench/scale-out-routed.json")
+        command = "hartonomous cluster bench " + " ".join(sys.argv[3:])
+        nodes = {"single": {"node": single.data_dir},
+                 "cluster": {"coordinator": cluster.coordinator.data_dir,
+                             **{f"worker-{i}": w.data_dir for i, w in enumerate(cluster.workers(), start=1)}}}
+        results = routing.run(single.url(), cluster.url(), atom_set, calls, seconds, path, command=command,
+                              nodes=nodes)
+        print(results["markdown"])
+        print(f"wrote {path}")
+        return
+    results = scaleout.run(single.url(), cluster.url(), counts, calls, Path(out or ".hartonomous/bench/scale-out.json"))
     print(scaleout.markdown(results))

@@ -269,3 +269,54 @@ def test_llama_cpp_joins_the_speculative_benchmark_only_where_it_is_installed(mo
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)          # import llama_cpp raises ImportError
     assert llama_cpp_model(2) is None
+
+
+def test_a_binary_copy_of_fixed_width_columns_is_read_back_without_python_per_row():
+    from benchmarks.routing import parse_binary_copy
+    from hartonomous.atomset.pgcopy import fixed_width_payload
+
+    ids, xs, codes = np.array([7, -3, 49151]), np.array([0.5, -18.0, 1e-300]), np.array([0, 1, 1])
+    payload = fixed_width_payload([("int4", ids), ("float8", xs), ("int2", codes)])
+    rows = parse_binary_copy(payload, (("token_id", "int4"), ("x", "float8"), ("source", "int2")))
+    assert rows["token_id"].tolist() == ids.tolist()
+    assert rows["x"].tolist() == xs.tolist()
+    assert rows["source"].tolist() == codes.tolist()
+    with pytest.raises(ValueError):   # a column read with the wrong width is refused, not misread
+        parse_binary_copy(payload, (("token_id", "int8"), ("x", "float8"), ("source", "int2")))
+
+
+@pytest.mark.parametrize("shards", [4, 3, 64])
+def test_hashes_fall_into_citus_equal_int32_ranges(shards):
+    from benchmarks.routing import hash_shards
+
+    width = 2**32 // shards
+    edges = [-(2**31) + i * width for i in range(shards)]
+    hashes = np.array(edges + [e + width - 1 for e in edges] + [2**31 - 1])
+    expected = list(range(shards)) + list(range(shards)) + [shards - 1]
+    assert hash_shards(hashes, shards).tolist() == expected
+
+
+def test_the_routed_report_sets_the_cluster_against_the_single_node():
+    from benchmarks.routing import markdown, summary
+
+    def rt(side, p50, p95, routed=0, fanned=0):
+        return {"measure": "next_token", "side": side, "context_tokens": 8, "p50_ms": p50, "p95_ms": p95,
+                "routed": routed, "fanned_out": fanned,
+                "routed_fraction": routed / (routed + fanned) if routed + fanned else None,
+                "load_before": [0.5], "load_after": [0.7]}
+
+    def clients(side, rate):
+        return {"measure": "concurrency", "side": side, "context_tokens": 8, "clients": 4, "calls_per_second": rate,
+                "p50_ms": 1.0, "errors": [], "load_before": [0.5], "load_after": [0.7]}
+
+    results = {"atom_set": "lattice", "max_neighbors": 100,
+               "rows": [rt("single", 2.0, 4.0), rt("cluster", 6.0, 10.0, routed=3, fanned=1),
+                        clients("single", 400.0), clients("cluster", 100.0)],
+               "agreement": {"next_token_8": {"compared": 4, "differ": 0}}}
+    by_measure = {r["measure"]: r for r in summary(results)}
+    assert by_measure["next_token"]["p50_ratio"] == 3.0 and by_measure["next_token"]["p95_ratio"] == 2.5
+    assert by_measure["next_token"]["routed_fraction"] == 0.75
+    assert by_measure["concurrency"]["requests_per_second_ratio"] == 0.25
+    table = markdown(results)
+    assert "| 8 | 2.00 | 4.00 | 6.00 | 10.00 | 3.00 | 2.50 | 75.0 % (3 / 1) | 0 of 4 |" in table
+    assert "| 8 | 4 | 400.0 | 100.0 | 0.25 |" in table
