@@ -113,6 +113,7 @@ _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-s
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
 _AUGMENTED = "2026-11-27-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
+_ROUTED = "2026-11-27-scale-out-routed-2-workers.json"   # one lattice set on one node and on a routed Citus cluster
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -274,6 +275,36 @@ ROWS: tuple[Row, ...] = (
                 "vs_counting": Field("real_text.comparisons[b=counting ⊕ exact].verdict", "s"),
                 "positions": Field("real_text.positions", ",.0f"),
                 "name": Field("atom_set.name", "s")}),
+    Row(claim="a store of billions of atoms on a cluster (the original design's scale; the project's routing, "
+              "docs/scale-out.md)",
+        source=_ROUTED,
+        measured="next_token routed to one Citus worker: median round trip {r8}× the single node's with {short} tokens "
+                 "of context and {r512}× with {long}; {routed8} of next_token's KNNs and {routed_gen} of "
+                 "generate_tokens' steps served by one worker, the rest fanned out, rows identical; requests/s with "
+                 "{clients} clients {c8}× ({short} tokens) and {c512}× ({long_c}); generate_tokens {g8}× the "
+                 "tokens/s; over {capacity} shards the largest would hold a share of {skew64} of the atoms (even: "
+                 "{even64}; one cell alone {cell})",
+        n="{calls} next_token calls per context length and side, atom set {name} ({atoms} atoms), "
+          "coordinator and {shards} shards on one machine",
+        fields={"r8": Field("summary[0].p50_ratio", ".2f"),
+                "short": Field("summary[0].context_tokens", "d"),
+                "r512": Field("summary[4].p50_ratio", ".2f"),
+                "long": Field("summary[4].context_tokens", "d"),
+                "routed8": Field("summary[0].routed_fraction"),
+                "routed_gen": Field("summary[1].routed_fraction"),
+                "clients": Field("summary[2].clients", "d"),
+                "c8": Field("summary[2].requests_per_second_ratio", ".2f"),
+                "c512": Field("summary[6].requests_per_second_ratio", ".2f"),
+                "long_c": Field("summary[6].context_tokens", "d"),
+                "g8": Field("summary[1].tokens_per_second_ratio", ".2f"),
+                "capacity": Field("skew.capacity_shards", "d"),
+                "skew64": Field("skew.largest_shard_share_64_shards"),
+                "even64": Field("skew.even_share_capacity"),
+                "cell": Field("skew.largest_cell_share"),
+                "calls": Field("calls", ",.0f"),
+                "name": Field("atom_set", "s"),
+                "atoms": Field("skew.atoms", ",.0f"),
+                "shards": Field("cluster.shards", "d")}),
     Row(claim="geometry-aware risk: send the uncertain steps to the exact model",
         source=_FRESH,
         measured="ROC AUC {auc} for a wrong spatial argmax, on a text never used to choose the signals; "
