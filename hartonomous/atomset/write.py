@@ -172,9 +172,12 @@ def write_atom_set(
             was_default = bool(conn.execute("SELECT is_default FROM atom_sets WHERE id = %s",
                                             existing).fetchone()[0])
             delete_atom_set_rows(conn, existing[0])
-        spread = route_spread(tokens.positions, spec.centroid_decay, spec.centroid_window)
+        # Routing keys (migration 0018); a database at an earlier revision has none to write.
+        routed_schema = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'atoms'::regclass "
+                                     "AND attname = 'route' AND NOT attisdropped)").fetchone()[0]
+        spread = route_spread(tokens.positions, spec.centroid_decay, spec.centroid_window) if routed_schema else None
         routes = atom_routes(atoms.positions, spread)
-        set_id = _insert_atom_set(conn, spec, None if routes is None else spread)
+        set_id = _insert_atom_set(conn, spec, None if routes is None else spread, routed_schema)
         say(f"tokens: {len(tokens.token_ids)}")
         _copy_tokens(conn, set_id, tokens)
         _write_token_blocks(conn, set_id, tokens)
@@ -187,7 +190,7 @@ def write_atom_set(
         t0 = time.perf_counter()
         say(f"COPY {len(atoms.token_ids)} atoms (binary, Hilbert order)")
         with bar("COPY atoms", len(atoms.token_ids), "atom") as copied:
-            _copy_atoms(conn, table, set_id, atoms, routes, freeze=not distributed, copied=copied)
+            _copy_atoms(conn, table, set_id, atoms, routes, routed_schema, freeze=not distributed, copied=copied)
         t1 = time.perf_counter()
         say("building the GiST nd index")
         conn.execute(f"SET LOCAL maintenance_work_mem = '{MAINTENANCE_WORK_MEM}'")
@@ -278,18 +281,20 @@ def _validate(spec: AtomSetSpec, tokens: TokenRows, atoms: AtomRows) -> None:
             raise UserError(f"{what} must be finite (n, 3) arrays")
 
 
-def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec, route_spread: float | None) -> int:
+def _insert_atom_set(conn: psycopg.Connection, spec: AtomSetSpec, route_spread: float | None,
+                     routed_schema: bool = True) -> int:
     (set_id,) = conn.execute(
-        """INSERT INTO atom_sets (name, model, model_key, vocab_size, embedding_dim, projection, projection_params,
-                                  kind, centroid_window, centroid_decay, kernel, bandwidth, history_weight,
-                                  history_window, layout, stats, risk_model, route_spread)
-           VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)
-           RETURNING id""",
+        f"""INSERT INTO atom_sets (name, model, model_key, vocab_size, embedding_dim, projection, projection_params,
+                                   kind, centroid_window, centroid_decay, kernel, bandwidth, history_weight,
+                                   history_window, layout, stats, risk_model{", route_spread" if routed_schema else ""})
+            VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb
+                    {", %s" if routed_schema else ""})
+            RETURNING id""",
         (spec.name, spec.model, spec.model_key, spec.vocab_size, spec.embedding_dim, spec.projection,
          json.dumps(spec.projection_params), spec.kind, spec.centroid_window, spec.centroid_decay,
          spec.kernel, spec.bandwidth, spec.history_weight, spec.history_window, spec.layout,
          json.dumps(_stats_json(spec.stats)), None if spec.risk_model is None else json.dumps(spec.risk_model),
-         route_spread),
+         *((route_spread,) if routed_schema else ())),
     ).fetchone()
     return int(set_id)
 
@@ -347,14 +352,15 @@ def _copy_landmarks(conn: psycopg.Connection, set_id: int, landmarks: LandmarkRo
 
 
 def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRows, routes: np.ndarray | None,
-                freeze: bool, copied: Callable[[int], None]) -> None:
-    """COPY the atoms in Hilbert order; `route` is the cell code on a set that routes, else the
-    atom's id (hartonomous/atomset/routing.py)."""
+                routed_schema: bool, freeze: bool, copied: Callable[[int], None]) -> None:
+    """COPY the atoms in Hilbert order; `route` (where the schema has it) is the cell code on a set
+    that routes, else the atom's id (hartonomous/atomset/routing.py)."""
     positions = np.asarray(atoms.positions, dtype=np.float64)
     order = hilbert_order(positions)
     n = len(order)
     weights = np.ones(n) if atoms.weights is None else np.asarray(atoms.weights, dtype=np.float64)
-    names = ("atom_set_id, atom_id, token_id, position, weight, route" + (", key" if atoms.keys is not None else "")
+    names = ("atom_set_id, atom_id, token_id, position, weight" + (", route" if routed_schema else "")
+             + (", key" if atoms.keys is not None else "")
              + (", source" if atoms.sources is not None else ""))
     # FREEZE: the table was created in this transaction, so the rows can be written frozen and
     # all-visible; the first queries then do not dirty every page to set hint bits, and the
@@ -366,7 +372,9 @@ def _copy_atoms(conn: psycopg.Connection, table: str, set_id: int, atoms: AtomRo
             idx = order[lo:lo + COPY_CHUNK_ROWS]
             columns = [("int4", np.full(len(idx), set_id)), ("int8", idx),
                        ("int4", np.asarray(atoms.token_ids)[idx]), ("pointz", positions[idx]),
-                       ("float8", weights[idx]), ("int8", idx if routes is None else routes[idx])]
+                       ("float8", weights[idx])]
+            if routed_schema:
+                columns.append(("int8", idx if routes is None else routes[idx]))
             if atoms.keys is not None:
                 columns.append(("vector", np.asarray(atoms.keys, dtype=np.float32)[idx]))
             if atoms.sources is not None:
