@@ -53,12 +53,15 @@
 --   history atom only lowers it): every atom the kernel counts is in the cell, and the atoms of
 --   other cells the fan-out would add are not counted.
 -- Otherwise the call fans out to every shard, as on a set that does not route. Each decision is
--- counted for the session (knn_routing()). On a single node ht_routes() is false and nothing of
--- this runs.
+-- counted for the session (knn_routing()). Under (c) ht_knn's rows are the cell's, possibly fewer
+-- than the k nearest overall: every row the backoff kernel counts is among them, and the rows of
+-- other cells that the fan-out would add are ones it cuts; every caller here applies that cut. On a single node ht_routes() is false and nothing of this
+-- runs.
 
 CREATE OR REPLACE FUNCTION ht_routes()
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = public, pg_temp
 AS 'SELECT false' -- ht_routes: true where installed on a Citus coordinator
 ;
 
@@ -69,6 +72,7 @@ COMMENT ON FUNCTION ht_routes() IS
 CREATE OR REPLACE FUNCTION ht_route_cell(p_x double precision, p_y double precision, p_z double precision)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = public, pg_temp
 RETURN ((round(p_x)::bigint + 1048576) * 4398046511104)
        + ((round(p_y)::bigint + 1048576) * 2097152) + (round(p_z)::bigint + 1048576);
 

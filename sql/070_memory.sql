@@ -170,13 +170,14 @@ BEGIN
     evicted := ht_memory_evict(s.id, v_have + v_g - v_bound);
     v_gen := nextval('memory_generation_seq');
     -- route (migration 0018): on a set that routes, the key's cell (sql/015_knn.sql); every key of
-    -- such a set lies within route_spread of its cell's centre, and a key that did not would make
-    -- the routed KNN's proof wrong, so it is refused rather than stored.
+    -- such a set lies within route_spread of its cell's centre (to rounding: 1e-12 is allowed, well
+    -- inside the 1e-9 the routed KNN keeps to spare), and a key that did not would make the routed
+    -- KNN's proof wrong, so it is refused rather than stored.
     SELECT a.route_spread INTO v_spread FROM atom_sets a WHERE a.id = s.id;
     IF v_spread IS NOT NULL AND EXISTS (
             SELECT 1 FROM unnest(c.history_keys) AS k(key)
              WHERE greatest(abs(ST_X(k.key) - round(ST_X(k.key))), abs(ST_Y(k.key) - round(ST_Y(k.key))),
-                            abs(ST_Z(k.key) - round(ST_Z(k.key)))) > v_spread) THEN
+                            abs(ST_Z(k.key) - round(ST_Z(k.key)))) > v_spread + 1e-12) THEN
         RAISE EXCEPTION 'a key of this generation lies farther than route_spread (%) from its lattice cell in atom set %',
             v_spread, quote_literal(s.name)
             USING HINT = 'The set''s route_spread does not hold for its keys; rebuild the set.';

@@ -62,8 +62,17 @@ def test_the_cell_code_is_sqls_bit_for_bit(conn: psycopg.Connection, points) -> 
     assert route_cells(points).tolist() == sql
 
 
-def test_half_way_points_round_to_even_in_both() -> None:
-    assert route_cells(np.array([[0.5, 1.5, -2.5]])).tolist() == route_cells(np.array([[0.0, 2.0, -2.0]])).tolist()
+def test_half_way_points_round_to_even_in_both(conn: psycopg.Connection) -> None:
+    halves = np.array([[0.5, 1.5, -2.5], [-0.5, 2.5, 3.5]])
+    assert route_cells(halves).tolist() == route_cells(np.array([[0.0, 2.0, -2.0], [0.0, 2.0, 4.0]])).tolist()
+    assert route_cells(halves).tolist() == [
+        conn.execute("SELECT ht_route_cell(%s, %s, %s)", tuple(map(float, p))).fetchone()[0] for p in halves]
+
+
+def test_keys_within_rounding_of_the_spread_still_route() -> None:
+    spread = (SIDE - 1) * DECAY
+    assert atom_routes(np.array([[spread + 1e-14, 0.0, 0.0]]), spread) is not None
+    assert atom_routes(np.array([[spread + 1e-6, 0.0, 0.0]]), spread) is None
 
 
 def test_a_build_stores_the_routes_and_the_single_node_does_not_route(conn: psycopg.Connection) -> None:

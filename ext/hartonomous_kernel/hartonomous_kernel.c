@@ -44,6 +44,7 @@
 #include <math.h>
 
 #include "access/transam.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -1765,6 +1766,7 @@ knn_params(int n, const Oid *types, const Datum *values)
 typedef struct
 {
 	int32		set_id;
+	SetVersion	version;		/* the atom_sets row read: a set rebuilt under the same id is read again */
 	bool		routes;
 	double		spread;
 	bool		backoff;
@@ -1784,11 +1786,18 @@ routing_on(void)
 	{
 		bool		isnull;
 
-		if (SPI_execute("SELECT CASE WHEN to_regprocedure('ht_routes()') IS NOT NULL THEN ht_routes() END",
-						true, 1) != SPI_OK_SELECT || SPI_processed != 1)
-			elog(ERROR, "htk: reading ht_routes() failed");
-		routing_state = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
-			&& !isnull ? 1 : 0;
+		/* sql/ of a revision before 0018 has no ht_routes(): look it up before calling it */
+		if (SPI_execute("SELECT to_regprocedure('ht_routes()') IS NOT NULL", true, 1) != SPI_OK_SELECT
+			|| SPI_processed != 1)
+			elog(ERROR, "htk: looking up ht_routes() failed");
+		routing_state = 0;
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) && !isnull)
+		{
+			if (SPI_execute("SELECT ht_routes()", true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+				elog(ERROR, "htk: reading ht_routes() failed");
+			routing_state = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))
+				&& !isnull ? 1 : 0;
+		}
 	}
 	return routing_state == 1;
 }
@@ -1798,18 +1807,28 @@ route_info(int32 set_id)
 {
 	Oid			argtypes[1] = {INT4OID};
 	Datum		arg = Int32GetDatum(set_id);
-	RouteInfo  *r;
+	RouteInfo  *r = NULL;
+	const SetVersion *current = NULL;
 	bool		isnull;
 	Datum		spread;
 
+	/* the callers read the set's version into the position cache just before (cached_set) */
+	for (int i = 0; i < CACHE_SETS; i++)
+		if (cache[i].set.id == set_id)
+			current = &cache[i].set;
 	for (int i = 0; i < Min(route_cached, ROUTE_CACHE); i++)
 		if (route_cache[i].set_id == set_id)
-			return &route_cache[i];
-	r = &route_cache[route_cached++ % ROUTE_CACHE];
+		{
+			if (current != NULL && same_version(&route_cache[i].version, current))
+				return &route_cache[i];
+			r = &route_cache[i];	/* another version of the set, or none known: read it again */
+		}
+	if (r == NULL)
+		r = &route_cache[route_cached++ % ROUTE_CACHE];
 	memset(r, 0, sizeof(*r));
-	r->set_id = set_id;
-	if (SPI_execute_with_args("SELECT s.route_spread, s.kernel = 'backoff', s.bandwidth, s.centroid_decay"
-							  "  FROM atom_sets s WHERE s.id = $1", 1, argtypes, &arg, NULL, true, 1) != SPI_OK_SELECT)
+	if (SPI_execute_with_args("SELECT s.route_spread, s.kernel = 'backoff', s.bandwidth, s.centroid_decay,"
+							  " s.xmin, s.ctid FROM atom_sets s WHERE s.id = $1",
+							  1, argtypes, &arg, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "htk: reading atom_sets failed");
 	if (SPI_processed == 1)
 	{
@@ -1822,7 +1841,11 @@ route_info(int32 set_id)
 		r->backoff = DatumGetBool(SPI_getbinval(row, desc, 2, &isnull));
 		r->bandwidth = DatumGetFloat8(SPI_getbinval(row, desc, 3, &isnull));
 		r->decay = DatumGetFloat8(SPI_getbinval(row, desc, 4, &isnull));
+		r->version.id = set_id;
+		r->version.xmin = DatumGetTransactionId(SPI_getbinval(row, desc, 5, &isnull));
+		ItemPointerCopy((ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 6, &isnull)), &r->version.ctid);
 	}
+	r->set_id = set_id;
 	return r;
 }
 
@@ -1830,8 +1853,12 @@ static void
 count_knn(bool routed)
 {
 	const char *name = routed ? "hartonomous.knn_routed" : "hartonomous.knn_fanned_out";
-	const char *now = GetConfigOption(name, true, false);
+	const char *now;
 	char		next[32];
+
+	if (IsInParallelMode())		/* settings cannot change there: the decision stands, uncounted */
+		return;
+	now = GetConfigOption(name, true, false);
 
 	snprintf(next, sizeof(next), INT64_FORMAT, (int64) ((now != NULL && *now != '\0' ? strtoll(now, NULL, 10) : 0) + 1));
 	SetConfigOption(name, next, PGC_USERSET, PGC_S_SESSION);

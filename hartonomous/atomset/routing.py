@@ -17,6 +17,9 @@ import numpy as np
 
 OFFSET = 1 << 20          # each rounded coordinate + OFFSET fits in 21 bits
 MAX_SPREAD = 0.5
+# Keys are sums of weighted positions, so they sit within route_spread of their cell only up to
+# rounding (~1e-14); this much is allowed, well inside the 1e-9 the routed KNN keeps to spare.
+ROUNDING = 1e-12
 
 
 def route_spread(token_positions: np.ndarray, centroid_decay: float, centroid_window: int | None) -> float | None:
@@ -44,6 +47,6 @@ def atom_routes(positions: np.ndarray, spread: float | None) -> np.ndarray | Non
     if spread is None:
         return None
     positions = np.asarray(positions, dtype=np.float64)
-    if len(positions) and np.abs(positions - np.rint(positions)).max() > spread:
+    if len(positions) and np.abs(positions - np.rint(positions)).max() > spread + ROUNDING:
         return None
     return route_cells(positions)

@@ -107,30 +107,33 @@ def distribute_routing(conn: psycopg.Connection) -> list[str]:
     else:
         conn.execute("SELECT create_distributed_table(%s, %s)", (DISTRIBUTED_TABLE, ROUTE_COLUMN))
     conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ADD PRIMARY KEY (atom_set_id, route, atom_id)")
-    _drop_primary_key(conn, MEMORY_TABLE)
-    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ALTER COLUMN route SET NOT NULL")
-    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ADD PRIMARY KEY (atom_set_id, route, generation, step)")
-    conn.execute("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
-                 (MEMORY_TABLE, ROUTE_COLUMN, DISTRIBUTED_TABLE))
+    if distribution_column(conn, MEMORY_TABLE) == ROUTE_COLUMN:  # kept by a downgrade: colocate it again
+        conn.execute("SELECT alter_distributed_table(%s, colocate_with => %s)", (MEMORY_TABLE, DISTRIBUTED_TABLE))
+    else:
+        _drop_primary_key(conn, MEMORY_TABLE)
+        conn.execute(f"ALTER TABLE {MEMORY_TABLE} ALTER COLUMN route SET NOT NULL")
+        conn.execute(f"ALTER TABLE {MEMORY_TABLE} ADD PRIMARY KEY (atom_set_id, route, generation, step)")
+        conn.execute("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+                     (MEMORY_TABLE, ROUTE_COLUMN, DISTRIBUTED_TABLE))
     return [f"{DISTRIBUTED_TABLE} and {MEMORY_TABLE} hash-distributed on {ROUTE_COLUMN}, colocated"]
 
 
 def undistribute_routing(conn: psycopg.Connection) -> None:
-    """The reverse of `distribute_routing` (before 0018 drops the columns): `atoms` back on
-    `atom_id`, `memory_atoms` a table of the coordinator again, the calls no longer routed."""
+    """The reverse of `distribute_routing` for `atoms` (before 0018's downgrade): back on `atom_id`
+    with its old primary key, the calls no longer routed. `memory_atoms` stays distributed on
+    `route`: Citus makes a distributed table local again only by undistributing it together with the
+    reference table it references (atom_sets), or, with the foreign key dropped and added back, by
+    converting it, which fails for a partitioned table with partitions ("child table is missing
+    constraint"). The functions installed at 0018, which the downgrade keeps, write its `route`."""
     if not has_citus(conn) or distribution_column(conn, DISTRIBUTED_TABLE) != ROUTE_COLUMN:
         return
-    conn.execute("SELECT undistribute_table(%s, cascade_via_foreign_keys => false)", (MEMORY_TABLE,))
-    _drop_primary_key(conn, MEMORY_TABLE)
-    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ALTER COLUMN route DROP NOT NULL")
-    conn.execute(f"ALTER TABLE {MEMORY_TABLE} ADD PRIMARY KEY (atom_set_id, generation, step)")
     _drop_primary_key(conn, DISTRIBUTED_TABLE)
     conn.execute("SELECT alter_distributed_table(%s, distribution_column => %s, cascade_to_colocated => false)",
                  (DISTRIBUTED_TABLE, DISTRIBUTION_COLUMN))
     conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ALTER COLUMN route DROP NOT NULL")
     conn.execute(f"ALTER TABLE {DISTRIBUTED_TABLE} ADD PRIMARY KEY (atom_set_id, atom_id)")
     conn.execute("CREATE OR REPLACE FUNCTION ht_routes() RETURNS boolean LANGUAGE sql IMMUTABLE "
-                 "PARALLEL SAFE AS 'SELECT false'")
+                 "PARALLEL SAFE SET search_path = public, pg_temp AS 'SELECT false'")
 
 
 def undistribute_schema(conn: psycopg.Connection) -> None:
@@ -154,7 +157,12 @@ def function_source(text: str, citus: bool) -> str:
     LIMIT inside a CTE only for known values; a generic plan fails with "could not create
     distributed plan" (the KNN's pruning and pushdown need the atom set id and the centroid). And
     `ht_routes()` says true there: the KNN of a set that routes tries its cell first (sql/015)."""
-    return text.replace(GENERIC_PLANS, CUSTOM_PLANS).replace(SINGLE_NODE, COORDINATOR) if citus else text
+    if not citus:
+        return text
+    # The routed KNN counts its decisions in session settings, which cannot change in a parallel
+    # worker: on a coordinator no function of sql/ runs in one.
+    return (text.replace(GENERIC_PLANS, CUSTOM_PLANS).replace(SINGLE_NODE, COORDINATOR)
+            .replace("PARALLEL SAFE", "PARALLEL RESTRICTED"))
 
 
 def begin_build(conn: psycopg.Connection) -> bool:

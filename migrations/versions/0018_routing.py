@@ -8,6 +8,11 @@ before and the column is not used. On a Citus coordinator `atoms` and `memory_at
 distributed by `route`, colocated, with `route` in their primary keys, so a KNN filtered on one
 cell is a router query to one worker (hartonomous/db/citus.py, docs/scale-out.md).
 
+The downgrade redistributes `atoms` by atom_id on Citus (`memory_atoms` stays distributed by
+route: hartonomous/db/citus.py undistribute_routing says why) and keeps the columns: the functions
+of sql/ installed at 0018 (remember() among them) read them, and a later upgrade adds them only
+where missing.
+
 Existing atom sets are not back-filled: their `route` stays NULL and their `route_spread` NULL,
 so they answer as before. To route a set on Citus, rebuild it. A Citus coordinator that already
 holds atoms cannot be redistributed in place: the migration stops and says so (drop the sets,
@@ -31,10 +36,10 @@ depends_on = None
 
 def upgrade() -> None:
     conn = op.get_bind().connection.driver_connection
-    op.execute("ALTER TABLE atom_sets ADD COLUMN route_spread double precision "
+    op.execute("ALTER TABLE atom_sets ADD COLUMN IF NOT EXISTS route_spread double precision "
                "CONSTRAINT atom_sets_route_spread_check CHECK (route_spread > 0 AND route_spread < 0.5)")
-    op.execute("ALTER TABLE atoms ADD COLUMN route bigint")
-    op.execute("ALTER TABLE memory_atoms ADD COLUMN route bigint")
+    op.execute("ALTER TABLE atoms ADD COLUMN IF NOT EXISTS route bigint")
+    op.execute("ALTER TABLE memory_atoms ADD COLUMN IF NOT EXISTS route bigint")
     (sets,) = conn.execute("SELECT count(*) FROM atom_sets").fetchone()
     if sets:
         print(f"migration 0018: {sets} atom set(s) built before routing keys keep answering as before "
@@ -46,8 +51,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     conn = op.get_bind().connection.driver_connection
     undistribute_routing(conn)
-    # The functions of sql/ stay as installed (0002's downgrade drops them): on a single node they
-    # never read `route`, and on Citus the downgrade has redistributed atoms by atom_id.
-    op.execute("ALTER TABLE memory_atoms DROP COLUMN route")
-    op.execute("ALTER TABLE atoms DROP COLUMN route")
-    op.execute("ALTER TABLE atom_sets DROP COLUMN route_spread")
+    # The columns stay (unused by a revision before 0018): the functions of sql/ installed at 0018
+    # read them until 0002's downgrade drops the functions, and remember() writes route.
