@@ -113,7 +113,7 @@ _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-s
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
 _AUGMENTED = "2026-11-27-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
-_ROUTED = "2026-11-27-scale-out-routed-2-workers.json"   # one lattice set on one node and on a routed Citus cluster
+_ROUTED = "2026-11-27-scale-out-routed-2-workers-2000-calls.json"   # one lattice set, one node vs a routed Citus cluster
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
