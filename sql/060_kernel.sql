@@ -4,7 +4,7 @@
 --                                next_token_batch, sample_next_token, generate_tokens and
 --                                draft_tokens run in this session.
 --
--- 'native' when the extension hartonomous_kernel 1.4 (ext/hartonomous_kernel, built and installed by
+-- 'native' when the extension hartonomous_kernel 1.5 (ext/hartonomous_kernel, built and installed by
 -- `make install`; `hartonomous migrate` creates or updates it where the server has it; the version
 -- whose signatures these functions call) is installed in this database and the session has not SET
 -- hartonomous.kernel = 'plpgsql'. Otherwise the
@@ -52,7 +52,7 @@ BEGIN
         RETURN 'plpgsql';
     END IF;
     RETURN CASE WHEN EXISTS (SELECT 1 FROM pg_extension e
-                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion = '1.4')
+                              WHERE e.extname = 'hartonomous_kernel' AND e.extversion = '1.5')
                 THEN 'native' ELSE 'plpgsql' END;
 END
 $$;

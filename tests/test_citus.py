@@ -340,7 +340,7 @@ def test_the_native_kernel_is_installed_on_every_node(citus, coord) -> None:
     rows = coord.execute("SELECT nodeport, success, result FROM run_command_on_workers("
                          "$$SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'$$)").fetchall()
     assert sorted(p for p, _, _ in rows) == sorted(w.running_port() for w in citus.workers())
-    assert all(ok and version == "1.4" for _, ok, version in rows)
+    assert all(ok and version == "1.5" for _, ok, version in rows)
     assert coord.execute("SELECT ht_kernel(), ht_routes()").fetchone() == ("native", True)
 
 

@@ -175,11 +175,55 @@ def test_the_migration_creates_the_extension_and_its_downgrade_drops_it(scratch_
     assert kernel() == ("plpgsql", False)
 
 
-def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: str) -> None:
-    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for 1.4) until
-    `migrate` updates it, to 1.4, whose step then runs in C; migration 0016's downgrade takes it back
-    to 1.3 without store_distribution, 0015's to 1.2 (whose signatures sql/ does not call: the
-    PL/pgSQL path runs), 0013's to 1.1."""
+STORE_STEP = "htk_store_step(integer[], text, integer, double precision, integer, integer)"
+KERNEL_VERSION = "SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'"
+
+
+def test_a_1_4_database_without_htk_store_step_is_brought_to_a_working_augmented_call(scratch_database: str) -> None:
+    """Version 1.4 was amended in place: a database that reached it before htk_store_step existed
+    holds 1.4 without that function, and store_distribution (the augmented path) raised 42883 on
+    every call while `migrate` saw nothing to update. Reproduced by dropping the function from an
+    installed kernel labelled 1.4; `migrate` brings it to the newest version, whose call runs in C
+    and answers as the reference."""
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        if conn.execute(KERNEL_VERSION).fetchone() is None:
+            require_native_kernel()
+        newest = conn.execute(KERNEL_VERSION).fetchone()[0]
+        # a whole 1.4 updates in place (ALTER EXTENSION ... UPDATE: the view on it stays)
+        conn.execute("UPDATE pg_extension SET extversion = '1.4' WHERE extname = 'hartonomous_kernel'")
+        conn.execute("CREATE VIEW kerneltest_pick AS SELECT htk_pick(ARRAY[1.0], ARRAY[1.0], 0.5) AS i")
+        migrate.ensure_native_kernel(scratch_database)
+        assert conn.execute(KERNEL_VERSION).fetchone()[0] == newest
+        conn.execute("DROP VIEW kerneltest_pick")
+        # one without htk_store_step: ALTER EXTENSION ... UPDATE refuses it, saying what to do
+        conn.execute(f"ALTER EXTENSION hartonomous_kernel DROP FUNCTION {STORE_STEP}")
+        conn.execute(f"DROP FUNCTION {STORE_STEP}")
+        conn.execute("UPDATE pg_extension SET extversion = '1.4' WHERE extname = 'hartonomous_kernel'")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="without htk_store_step"):
+            conn.execute("ALTER EXTENSION hartonomous_kernel UPDATE")
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database) as conn:
+        s = reference_sets()["expo"]
+        add_set(conn, s)
+        call = "SELECT * FROM store_distribution(ARRAY[1, 2, 3, 4], %s, 50, NULL, NULL, false, 2)"
+        native = conn.execute(call, (s.name,)).fetchall()
+        assert conn.execute(f"SELECT count(*) FROM {STORE_STEP.split('(')[0]}(ARRAY[1, 2, 3, 4], %s, 50, NULL, "
+                            "NULL, 2)", (s.name,)).fetchone()[0] == 2      # served in C
+        conn.execute("SET LOCAL hartonomous.kernel = 'plpgsql'")
+        reference = conn.execute(call, (s.name,)).fetchall()
+        assert [r[:2] for r in native] == [r[:2] for r in reference]
+        for got, want in zip(native, reference):
+            assert got[2] == pytest.approx(want[2], abs=TOL)
+        conn.rollback()
+        assert conn.execute(KERNEL_VERSION).fetchone()[0] == newest != "1.4"
+        assert conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (STORE_STEP,)).fetchone()[0]
+
+
+def test_migrate_brings_a_database_created_with_version_1_0_to_the_newest(scratch_database: str) -> None:
+    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for the newest
+    version) until `migrate` brings it to the newest, whose step then runs in C; a downgrade below
+    the cut (0019) drops the extension and the PL/pgSQL path serves there."""
     migrate.upgrade(scratch_database, "0008")
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         if not conn.execute("SELECT count(*) FROM pg_available_extension_versions "
@@ -187,10 +231,11 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
             require_native_kernel()
         conn.execute("CREATE EXTENSION hartonomous_kernel VERSION '1.0'")
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
+        (newest,) = conn.execute("SELECT default_version FROM pg_available_extensions "
+                                 "WHERE name = 'hartonomous_kernel'").fetchone()
     migrate.upgrade(scratch_database)
-    version = "SELECT extversion FROM pg_extension WHERE extname = 'hartonomous_kernel'"
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.4"
+        assert conn.execute(KERNEL_VERSION).fetchone()[0] == newest
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
         s = reference_sets()["expo"]
         add_set(conn, s)
@@ -198,26 +243,37 @@ def test_migrate_updates_a_database_created_with_version_1_0(scratch_database: s
         conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
         assert conn.execute("SELECT steps, kept_sets, kept_contexts FROM htk_stats()").fetchone() == (1, 1, 1)
         conn.rollback()
-    migrate.downgrade(scratch_database, "0015")
+    migrate.downgrade(scratch_database, "0018")
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.3"
-        assert conn.execute("SELECT to_regprocedure('htk_store(integer[], double precision[], integer[], "
-                            "double precision[], double precision[], boolean[], text, double precision, "
-                            "double precision, double precision)')").fetchone()[0] is None
-        assert conn.execute("SELECT to_regproc('store_distribution')").fetchone()[0] is None
-    migrate.downgrade(scratch_database, "0014")
-    with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.2"
+        assert conn.execute(KERNEL_VERSION).fetchone() is None
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
-        set_id = add_set(conn, reference_sets()["expo"])     # the library keeps 1.2's C functions
-        (ids,) = conn.execute("SELECT token_ids FROM htk_next_token(%s, 3, 0.6, 8, false, 0.1, 1.5, ARRAY[1, 2, 3], "
-                              "1.0, 40, 0.9, NULL, 100, 1.0)", (set_id,)).fetchone()
-        assert ids
+        s = reference_sets()["expo"]
+        add_set(conn, s)
+        assert conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
         conn.rollback()
-    migrate.downgrade(scratch_database, "0012")
+
+
+def test_migrate_refuses_to_reinstall_a_kernel_others_depend_on_and_says_what_to_do(scratch_database: str) -> None:
+    """An extension that must be installed afresh (no update leads to the newest) but has a view on
+    one of its functions is left alone: `migrate` names the view and what to do."""
+    from hartonomous.errors import UserError
+
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        if conn.execute(KERNEL_VERSION).fetchone() is None:
+            require_native_kernel()
+        conn.execute("CREATE VIEW kerneltest_pick AS SELECT htk_pick(ARRAY[1.0], ARRAY[1.0], 0.5) AS i")
+        conn.execute("UPDATE pg_extension SET extversion = '0.9' WHERE extname = 'hartonomous_kernel'")
+    with pytest.raises(UserError, match=r"hartonomous_kernel 0\.9 cannot be brought to .* view kerneltest_pick "
+                                        r"depend on its functions: drop them, then run `hartonomous migrate` again"):
+        migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute(KERNEL_VERSION).fetchone() == ("0.9",)
+        conn.execute("DROP VIEW kerneltest_pick")
+    migrate.upgrade(scratch_database)
     with psycopg.connect(scratch_database) as conn:
-        assert conn.execute(version).fetchone()[0] == "1.1"
-        assert len(conn.execute("SELECT * FROM htk_stats()").fetchone()) == 6
+        assert conn.execute(KERNEL_VERSION).fetchone()[0] != "0.9"
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
 
 
 # --- one call per step: the raw logits and the signals together ---------------------------------

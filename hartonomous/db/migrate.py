@@ -9,6 +9,7 @@ edited file can never silently diverge from the database.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psycopg
@@ -44,22 +45,62 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
 
 
 NATIVE_KERNEL = "hartonomous_kernel"
-_KERNEL_STATE = (
-    "SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = %(name)s), "
-    "EXISTS (SELECT 1 FROM pg_extension WHERE extname = %(name)s), "
-    "(SELECT installed_version IS DISTINCT FROM default_version FROM pg_available_extensions WHERE name = %(name)s)")
+KERNEL_DIR = REPO_ROOT / "ext" / NATIVE_KERNEL
+# Whether the server has the extension, the version installed here (NULL: none), the newest the server
+# has, the functions the installed extension holds, whether an update script leads from the installed
+# version to the newest, and the objects outside it that depend on its functions.
+_KERNEL_STATE = """
+    SELECT a.name IS NOT NULL, e.extversion, a.default_version,
+           ARRAY(SELECT p.proname::text FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+                  WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+                    AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'),
+           EXISTS (SELECT 1 FROM pg_extension_update_paths(%(name)s) u
+                    WHERE e.extversion IS NOT NULL AND u.source = e.extversion
+                      AND u.target = a.default_version AND u.path IS NOT NULL),
+           ARRAY(SELECT DISTINCT pg_describe_object(d.classid, d.objid, d.objsubid)
+                   FROM pg_depend d JOIN pg_depend m ON m.classid = 'pg_proc'::regclass AND m.objid = d.refobjid
+                  WHERE d.refclassid = 'pg_proc'::regclass AND d.deptype = 'n'
+                    AND m.refclassid = 'pg_extension'::regclass AND m.refobjid = e.oid AND m.deptype = 'e')
+      FROM (SELECT 1) one
+      LEFT JOIN pg_available_extensions a ON a.name = %(name)s
+      LEFT JOIN pg_extension e ON e.extname = %(name)s"""
+
+
+def kernel_functions(version: str) -> set[str]:
+    """The functions version `version` of the native kernel declares (its install script in this
+    checkout's ext/hartonomous_kernel; empty where the checkout lacks it)."""
+    script = KERNEL_DIR / f"{NATIVE_KERNEL}--{version}.sql"
+    return set(re.findall(r"^CREATE FUNCTION (\w+)\(", script.read_text(), re.M)) if script.is_file() else set()
 
 
 def ensure_native_kernel_on(execute) -> bool:
-    """CREATE EXTENSION hartonomous_kernel where the server has it (`make install` builds it), or
-    ALTER EXTENSION ... UPDATE where an older version is installed; True when it is installed
+    """Bring the native kernel of this database to the newest version the server has (`make install`
+    builds it): CREATE EXTENSION where it is missing; ALTER EXTENSION ... UPDATE where a script leads
+    from the installed version to the newest and the installed one holds every function the newest
+    declares; otherwise (a version before the cut, or one amended in place that lacks a function:
+    the version string alone is not trusted) DROP and CREATE, as the extension holds no data. Refuses,
+    saying what to do, where objects outside it depend on its functions. True when it is installed
     afterwards. `execute` is a psycopg connection's or cursor's."""
-    available, installed, outdated = execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
-    if available and not installed:
+    available, installed, newest, members, has_path, dependents = execute(
+        _KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+    if not available:
+        return False
+    if installed is None:
         execute(f"CREATE EXTENSION IF NOT EXISTS {NATIVE_KERNEL}")
-    elif available and outdated:
+        return True
+    complete = kernel_functions(newest) <= set(members)
+    if installed == newest and complete:
+        return True
+    if has_path and complete:
         execute(f"ALTER EXTENSION {NATIVE_KERNEL} UPDATE")
-    return bool(available)
+        return True
+    if dependents:
+        raise UserError(
+            f"{NATIVE_KERNEL} {installed} cannot be brought to {newest} in place, and it must be installed afresh, "
+            f"but {', '.join(dependents)} depend on its functions: drop them, then run `hartonomous migrate` again")
+    execute(f"DROP EXTENSION {NATIVE_KERNEL}")
+    execute(f"CREATE EXTENSION {NATIVE_KERNEL}")
+    return True
 
 
 def drop_native_kernel(execute) -> None:
@@ -68,7 +109,7 @@ def drop_native_kernel(execute) -> None:
 
 def ensure_native_kernel(url: str | None = None) -> bool:
     """ensure_native_kernel_on for a database already migrated (the server may have gained the
-    extension since)."""
+    extension, or a newer version of it, since)."""
     with psycopg.connect(url or owner_url(), autocommit=True) as conn:
         return ensure_native_kernel_on(conn.execute)
 
@@ -77,10 +118,10 @@ def active_kernel(url: str | None = None) -> dict:
     """Which next_token implementation runs (SQL ht_kernel()), and whether the server has the
     native one available: for `hartonomous db status`."""
     with psycopg.connect(url or owner_url(), autocommit=True) as conn:
-        available, installed, _ = conn.execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
+        available, installed, *_ = conn.execute(_KERNEL_STATE, {"name": NATIVE_KERNEL}).fetchone()
         active = conn.execute("SELECT ht_kernel()").fetchone()[0] if conn.execute(
             "SELECT to_regproc('ht_kernel') IS NOT NULL").fetchone()[0] else "plpgsql"
-    return {"kernel": active, "kernel_available": bool(available), "kernel_installed": bool(installed)}
+    return {"kernel": active, "kernel_available": bool(available), "kernel_installed": installed is not None}
 
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:
