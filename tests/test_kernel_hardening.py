@@ -156,3 +156,104 @@ def test_a_set_whose_positions_exceed_the_bound_takes_the_sql_path(own) -> None:
     assert own.execute("SELECT htk_serves(%s)", (set_id,)).fetchone() == (False,)
     rows = own.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
     assert rows and own.execute("SELECT steps, kept_bytes FROM htk_stats()").fetchone() == (0, 0)
+
+
+# --- the C answers what the PL/pgSQL reference answers, or raises its error class ---------------
+
+KEYS = [0.1, 0.2, 0.3]          # a centre, no history keys
+STORE = ("SELECT * FROM htk_store(ARRAY[1, 2], %(keys)s, ARRAY[3, 4], ARRAY[1.0, 1.0], %(d)s, ARRAY[false, false], "
+         "%(kernel)s, %(h)s, %(decay)s, NULL)")
+# the reference of htk_store (sql/090_store.sql), for the same candidates
+STORE_REFERENCE = ("SELECT * FROM ht_store_step(ARRAY[1, 2], ST_MakePoint(0.1, 0.2, 0.3), NULL, ARRAY[3, 4], "
+                   "ARRAY[1.0, 1.0], %(d)s, ARRAY[false, false], %(kernel)s, %(h)s, %(decay)s, 0)")
+DISTRIBUTION = ("SELECT * FROM htk_distribution(ARRAY[1, 2], %(keys)s, ARRAY[3, 4], ARRAY[1.0, 1.0], %(d)s, "
+                "%(kernel)s, %(h)s, %(decay)s, NULL, 1.0, NULL, NULL, NULL, 1.0)")
+LOGITS = ("SELECT * FROM htk_logits(ARRAY[1, 2], %(keys)s, ARRAY[3, 4], ARRAY[1.0, 1.0], %(d)s, %(kernel)s, %(h)s, "
+          "%(decay)s, NULL, NULL)")
+
+
+def raised(conn: psycopg.Connection, sql: str, args: dict) -> tuple[str | None, str]:
+    """The SQLSTATE and message `sql` raises (None and its rows where it returns)."""
+    try:
+        with conn.transaction():
+            return None, str(conn.execute(sql, args).fetchall())
+    except psycopg.Error as e:
+        return e.sqlstate, e.diag.message_primary
+
+
+@pytest.mark.parametrize("kernel,h,d,decay,message", [
+    ("gaussian", 1e-150, [1e10, 1e10], 0.5, "value out of range: overflow"),        # (d / h)^2 > 1.8e308
+    ("exponential", 1e-300, [1e10, 1e10], 0.5, "value out of range: overflow"),     # d / h
+    ("gaussian", 1.0, [1e-200, 1e-200], 0.5, "value out of range: underflow"),      # (d / h)^2 < 4.9e-324
+    ("backoff", 1e-300, [0.1, 0.2], 0.9999999999999999, "integer out of range"),    # the rung, ~ -6e18
+])
+def test_overflow_is_the_references_error_not_nan_or_an_undefined_integer(own, kernel, h, d, decay, message) -> None:
+    """The issue's calls: distances 1e10 at bandwidth 1e-150 gave probabilities {NaN, NaN}, and the
+    backoff rung at decay 0.9999999999999999 and bandwidth 1e-300 gave -2147483648 (a double cast to
+    int out of its range). The reference raises 22003 for both; so does the C, in every entry point
+    that computes the term or the rung."""
+    args = {"keys": KEYS, "d": d, "kernel": kernel, "h": h, "decay": decay}
+    assert raised(own, STORE_REFERENCE, args) == ("22003", message)
+    assert raised(own, STORE, args) == ("22003", message)
+    if kernel != "backoff":     # the rung is store_distribution's alone
+        assert raised(own, DISTRIBUTION, args) == ("22003", message)
+        assert raised(own, LOGITS, args) == ("22003", message)
+
+
+def test_within_range_the_c_and_the_reference_agree_at_the_edges(own) -> None:
+    """The same calls one step inside the range answer, and as the reference."""
+    args = {"keys": KEYS, "d": [1e10, 2e10], "kernel": "gaussian", "h": 1e-140, "decay": 0.5}
+    (native,) = own.execute(STORE, args).fetchall()
+    (reference,) = own.execute(STORE_REFERENCE, args).fetchall()
+    assert native[0] == reference[0] == [3, 4]
+    assert native[1] == pytest.approx(reference[1], abs=1e-12) and native[1] == [1.0, 0.0]
+    args = {**args, "d": [0.1, 0.2], "kernel": "backoff", "h": 1e-300, "decay": 0.999999}
+    (native,) = own.execute(STORE, args).fetchall()
+    (reference,) = own.execute(STORE_REFERENCE, args).fetchall()
+    assert native[3] == reference[3] < -600_000_000
+
+
+@pytest.mark.parametrize("args,message", [
+    ((None, [1.0], 0.5), "probabilities must not be NULL"),
+    (([1.0], None, 0.5), "cumulative must not be NULL"),
+    (([1.0], [1.0], None), "u must not be NULL"),
+    (([0.5, 0.5], [0.5, 1.0], float("nan")), "u must be a finite number, got NaN"),
+    (([0.5, 0.5], [0.5, 1.0], float("inf")), "u must be a finite number, got Infinity"),
+    (([0.5, float("nan")], [0.5, 1.0], 0.7), r"probabilities must hold finite numbers >= 0, got NaN \(element 2\)"),
+    (([0.5, 0.5], [0.5, float("nan")], 0.7), r"cumulative must hold finite numbers, got NaN \(element 2\)"),
+])
+def test_htk_pick_refuses_null_and_nan_naming_the_argument(own, args, message) -> None:
+    """u = NaN returned 2 and NULL returned NULL (a draw without a pick); now 22023 naming it."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=rf"^{message}$"):
+        with own.transaction():
+            own.execute("SELECT htk_pick(%s::float8[], %s::float8[], %s::float8)", args)
+    assert own.execute("SELECT htk_pick(ARRAY[0.5, 0.5], ARRAY[0.5, 1.0], 0.7)").fetchone() == (2,)
+
+
+def test_the_repetition_penalty_sort_of_a_long_context_answers_a_cancel(own) -> None:
+    """sampler_rows sorts the context's ids for the repetition penalty: 2^23 shuffled ids (read from
+    a table, so the call's time is the kernel's), no history. With a statement_timeout a tenth of the
+    call's time the cancel comes within half of it; without an interrupt check in the sort it waited
+    for the sort."""
+    import math
+    import time
+
+    own.execute("CREATE TEMP TABLE kerneltest_ids ON COMMIT DROP AS "
+                "SELECT ARRAY(SELECT ((i::bigint * 2654435761) % 1000003)::integer "
+                "FROM generate_series(1, 8388608) i) AS c")
+    call = ("SELECT cardinality(d.token_ids) FROM kerneltest_ids t, htk_distribution(t.c, ARRAY[0.1, 0.2, 0.3], "
+            "ARRAY[3, 4], ARRAY[1.0, 1.0], ARRAY[0.1, 0.2], 'gaussian', 0.5, 0.5, NULL, 1.0, NULL, NULL, NULL, 1.3) d")
+    start = time.perf_counter()
+    assert own.execute(call).fetchone() == (2,)
+    full = time.perf_counter() - start
+    timeout_ms = max(50, math.floor(full * 100))
+    with own.transaction():
+        own.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
+        start = time.perf_counter()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            with own.transaction():
+                own.execute(call)
+        cancelled = time.perf_counter() - start
+        own.execute("SET LOCAL statement_timeout = 0")
+    assert cancelled < full / 2, (cancelled, full)
+    assert own.execute("SELECT htk_pick(ARRAY[1.0], ARRAY[1.0], 0.5)").fetchone() == (1,)

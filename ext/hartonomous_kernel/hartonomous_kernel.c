@@ -301,6 +301,51 @@ int4_array(const int32 *v, int n)
 	return construct_array(d, n, INT4OID, sizeof(int32), true, TYPALIGN_INT);
 }
 
+/*
+ * qsort with a cancel check every 2^16 comparisons: every sort here may run over caller-sized input
+ * (a context, the KNN's rows, the candidates), so none waits out a cancel. `cmp` rides as qsort_arg's
+ * argument; an error thrown from it leaves nothing behind (the arrays are palloc'd).
+ */
+static int
+checked_cmp(const void *a, const void *b, void *arg)
+{
+	static uint32 ticks = 0;
+
+	if ((++ticks & 0xFFFF) == 0)
+		CHECK_FOR_INTERRUPTS();
+	return ((int (*) (const void *, const void *)) arg) (a, b);
+}
+
+#define checked_sort(base, n, size, cmp) qsort_arg((base), (n), (size), checked_cmp, (void *) (cmp))
+
+/*
+ * The SQL reference computes in PostgreSQL's float8, whose operators refuse a finite operation that
+ * overflows or underflows (22003, "value out of range"); the C computes the same expressions with
+ * the same checks (float8_div, float8_mul, checked_pow), so it raises where the reference raises
+ * rather than return NaN or infinity.
+ */
+static double
+checked_pow(double x, double y)
+{
+	double		r = pow(x, y);
+
+	if (isinf(r) && !isinf(x) && !isinf(y))
+		float_overflow_error();
+	if (r == 0.0 && x != 0.0)
+		float_underflow_error();
+	return r;
+}
+
+/* float8 -> integer as SQL's ::integer (rounded, 22003 "integer out of range" outside int4). */
+static int32
+checked_int4(double v)
+{
+	v = rint(v);
+	if (isnan(v) || !FLOAT8_FITS_IN_INT32(v))
+		ereport(ERROR, (errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE), errmsg("integer out of range")));
+	return (int32) v;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* htk_keys                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
@@ -526,7 +571,8 @@ cand_by_p(const void *a, const void *b)
 
 /*
  * (d / h)^2, d / h, or 0 for the backoff kernel (its candidates score ln(weight) inside the radius:
- * backoff_cut); x * x is pow(x, 2) exactly (both correctly rounded), and cheaper.
+ * backoff_cut); x * x is pow(x, 2) exactly (both correctly rounded), and cheaper. Overflow and
+ * underflow raise 22003, as the reference's (d / h) ^ 2 does (distances 1e10 at bandwidth 1e-150).
  */
 static double
 kernel_term(double d, Kernel kernel, double bandwidth)
@@ -535,8 +581,8 @@ kernel_term(double d, Kernel kernel, double bandwidth)
 
 	if (kernel == KERNEL_BACKOFF)
 		return 0.0;
-	x = d / bandwidth;
-	return kernel == KERNEL_GAUSSIAN ? x * x : x;
+	x = float8_div(d, bandwidth);
+	return kernel == KERNEL_GAUSSIAN ? float8_mul(x, x) : x;
 }
 
 /*
@@ -567,7 +613,8 @@ backoff_radius(double nearest, double bandwidth, double decay)
 
 	if (!(nearest > tolerance))
 		return tolerance;
-	return fmax(tolerance, bandwidth * pow(decay, floor(log(nearest / bandwidth) / log(decay))));
+	return fmax(tolerance, float8_mul(bandwidth, checked_pow(decay, floor(log(float8_div(nearest, bandwidth))
+																		  / log(decay)))));
 }
 
 /*
@@ -744,7 +791,7 @@ collect_terms(const int32 *ctx, int n_ctx, const double *keys, int m, const int3
 	}
 	if (kernel == KERNEL_BACKOFF)
 		backoff_cut(terms, &n, bandwidth, decay);
-	qsort(terms, n, sizeof(Term), term_order);
+	checked_sort(terms, n, sizeof(Term), term_order);
 	*n_out = n;
 	return terms;
 }
@@ -797,7 +844,7 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 	{
 		sorted_ctx = palloc(sizeof(int32) * n_ctx);
 		memcpy(sorted_ctx, ctx, sizeof(int32) * n_ctx);
-		qsort(sorted_ctx, n_ctx, sizeof(int32), int32_cmp);
+		checked_sort(sorted_ctx, n_ctx, sizeof(int32), int32_cmp);
 	}
 	for (int i = 0; i < n_cands; i++)
 	{
@@ -811,7 +858,7 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 	}
 
 	/* Top-k (rank: ties at the k-th kept) or, at T = 0, the first row alone. */
-	qsort(cands, n_cands, sizeof(Cand), cand_by_z);
+	checked_sort(cands, n_cands, sizeof(Cand), cand_by_z);
 	kept = n_cands;
 	if (temperature <= 0 && kept > 1)
 		kept = 1;
@@ -849,7 +896,7 @@ sampler_rows(const int32 *ctx, int n_ctx, Cand *cands, int n_cands, double tempe
 
 		for (int i = 0; i < kept; i++)
 			cands[i].p = cands[i].e / sum;
-		qsort(cands, kept, sizeof(Cand), cand_by_p);
+		checked_sort(cands, kept, sizeof(Cand), cand_by_p);
 		for (int i = 0; i < kept; i++)
 		{
 			ids[i] = cands[i].tid;
@@ -1065,7 +1112,7 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
 		for (int i = 1; i < n_knn; i++)
 			if (knn_d[i] < nearest)
 				nearest = knn_d[i];
-		values[7] = Float8GetDatum(nearest / bandwidth);		/* nearest_bandwidths */
+		values[7] = Float8GetDatum(float8_div(nearest, bandwidth));	/* nearest_bandwidths */
 		nulls[7] = false;
 	}
 	if (n_cands > 0)
@@ -1265,17 +1312,17 @@ store_row(const int32 *ctx, int n_ctx, const double *center, const double *hist,
 	nulls[4] = nulls[5] = false;
 	if (n > 0)
 	{
-		values[2] = Float8GetDatum(nearest / bandwidth);
+		values[2] = Float8GetDatum(float8_div(nearest, bandwidth));
 		nulls[2] = false;
 		if (kernel == KERNEL_BACKOFF && nearest > backoff_tolerance(bandwidth))
 		{
-			values[3] = Int32GetDatum((int32) floor(log(nearest / bandwidth) / log(decay)));
+			values[3] = Int32GetDatum(checked_int4(floor(log(float8_div(nearest, bandwidth)) / log(decay))));
 			nulls[3] = false;
 		}
 		if (kernel == KERNEL_BACKOFF)
 			backoff_cut(terms, &n, bandwidth, decay);
 	}
-	qsort(terms, n, sizeof(Term), term_order);
+	checked_sort(terms, n, sizeof(Term), term_order);
 	cands = token_logits(terms, n, &n_cands);
 	if (n > 0)
 	{
@@ -1726,7 +1773,7 @@ knn_execute(SPIPlanPtr plan, ParamListInfo params, int k, bool has_radius, doubl
 			rows[i].w = (*ws)[i];
 			rows[i].d = (*ds)[i];
 		}
-		qsort(rows, *n, sizeof(KnnRow), knn_row_order);
+		checked_sort(rows, *n, sizeof(KnnRow), knn_row_order);
 		for (int i = 0; i < k; i++)
 		{
 			(*ids)[i] = rows[i].tid;
@@ -1776,7 +1823,8 @@ typedef struct
 
 static int	routing_state = -1;	/* ht_routes() in this session: -1 not read yet */
 static RouteInfo route_cache[ROUTE_CACHE];
-static int	route_cached = 0;
+static uint32 route_cached = 0;	/* entries in use, at most ROUTE_CACHE */
+static uint32 route_next = 0;	/* the entry a new set takes: round robin, always < ROUTE_CACHE */
 static SPIPlanPtr knn_cell_plan = NULL;
 
 static bool
@@ -1816,7 +1864,7 @@ route_info(int32 set_id)
 	for (int i = 0; i < CACHE_SETS; i++)
 		if (cache[i].set.id == set_id)
 			current = &cache[i].set;
-	for (int i = 0; i < Min(route_cached, ROUTE_CACHE); i++)
+	for (uint32 i = 0; i < route_cached; i++)
 		if (route_cache[i].set_id == set_id)
 		{
 			if (current != NULL && same_version(&route_cache[i].version, current))
@@ -1824,7 +1872,11 @@ route_info(int32 set_id)
 			r = &route_cache[i];	/* another version of the set, or none known: read it again */
 		}
 	if (r == NULL)
-		r = &route_cache[route_cached++ % ROUTE_CACHE];
+	{
+		r = &route_cache[route_next];
+		route_next = (route_next + 1) % ROUTE_CACHE;
+		route_cached = Min(route_cached + 1, ROUTE_CACHE);
+	}
 	memset(r, 0, sizeof(*r));
 	if (SPI_execute_with_args("SELECT s.route_spread, s.kernel = 'backoff', s.bandwidth, s.centroid_decay,"
 							  " s.xmin, s.ctid FROM atom_sets s WHERE s.id = $1",
@@ -2541,7 +2593,7 @@ native_step(FunctionCallInfo fcinfo, MemoryContext caller, int32 set_id, const S
 	else if (m > 0)
 		history_terms(st, m, center, kernel == KERNEL_GAUSSIAN, bandwidth, history_weight, has_radius, radius,
 					  z_lb, n_knn, temperature, penalty, terms, &n_terms);
-	qsort(terms, n_terms, sizeof(Term), term_order);
+	checked_sort(terms, n_terms, sizeof(Term), term_order);
 	*result = terms_record(fcinfo, ctx, n_ctx, terms, n_terms, temperature, has_top_k, top_k, has_top_p,
 						   top_p, penalty);
 	if (scratch.mcxt != NULL)
@@ -2974,21 +3026,26 @@ htk_stats(PG_FUNCTION_ARGS)
 
 /*
  * The 1-based index of the first row whose cumulative probability is > u; if rounding leaves
- * none, the last row with probability > 0 (else the last row); NULL for no rows.
+ * none, the last row with probability > 0 (else the last row); NULL for no rows. A NULL argument,
+ * a u that is not a finite number or a NaN in the arrays is refused (22023 naming it).
  */
 Datum
 htk_pick(PG_FUNCTION_ARGS)
 {
+	static const char *const args[] = {"probabilities", "cumulative", "u", NULL};
 	int			n, nc, last_positive = 0;
 	double	   *p, *cum, u;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
-		PG_RETURN_NULL();
+	require_args(fcinfo, args);
 	p = float8_items(PG_GETARG_ARRAYTYPE_P(0), &n, "probabilities");
 	cum = float8_items(PG_GETARG_ARRAYTYPE_P(1), &nc, "cumulative");
 	u = PG_GETARG_FLOAT8(2);
 	if (nc != n)
 		BAD_ARG("cumulative must be as long as probabilities (%d), got %d", n, nc);
+	if (!isfinite(u))
+		BAD_ARG("u must be a finite number, got %s", float8out_internal(u));
+	check_finite_items(p, n, "probabilities", ">= 0");
+	check_finite_items(cum, n, "cumulative", "");
 	if (n == 0)
 		PG_RETURN_NULL();
 	for (int i = 0; i < n; i++)
