@@ -380,6 +380,28 @@ ENTRY_POINTS = {
                         ("max_neighbors", "integer", 100), ("search_radius", "float8", None)],
 }
 ENTRY_POINTS["htk_logits"] = ENTRY_POINTS["htk_distribution"][:9] + [("search_radius", "float8", None)]
+ENTRY_POINTS["htk_store"] = ENTRY_POINTS["htk_distribution"][:5] + [("knn_memory", "boolean[]", [False, True])] \
+    + ENTRY_POINTS["htk_distribution"][5:9]
+ENTRY_POINTS["htk_pick"] = [("probabilities", "float8[]", [0.5, 0.5]), ("cumulative", "float8[]", [0.5, 1.0]),
+                            ("u", "float8", 0.7)]
+
+# The entry points that answer bad input instead of raising, so that their SQL caller's checked path
+# raises (next_token, store_distribution, draft_tokens): their valid arguments (SET: a hand set's name
+# or id, filled in per test) and what they answer for anything else.
+SET = object()
+ANSWERING = {
+    "htk_step": [("context", "integer[]", [1, 2]), ("temperature", "float8", 1.0), ("top_k", "integer", 40),
+                 ("top_p", "float8", 0.9), ("search_radius", "float8", None), ("max_neighbors", "integer", 100),
+                 ("atom_set", "text", SET), ("repetition_penalty", "float8", 1.2), ("history_weight", "float8", None),
+                 ("history_window", "integer", None)],
+    "htk_store_step": [("context", "integer[]", [1, 2]), ("atom_set", "text", SET), ("max_neighbors", "integer", 100),
+                       ("history_weight", "float8", None), ("history_window", "integer", None),
+                       ("positions", "integer", 2)],
+    "htk_serves": [("atom_set_id", "integer", SET)],
+}
+NOT_SERVED = {"htk_step": [(None, None, None)], "htk_store_step": [], "htk_serves": [(False,)]}
+# Entry points without arguments: nothing to refuse (their rows are tested where they are used).
+NO_ARGUMENTS = {"htk_stats"}
 
 NAN, INF = float("nan"), float("inf")
 # Bad values of each argument (an argument missing here accepts any value, NULL included).
@@ -404,13 +426,70 @@ BAD_VALUES = {
     "max_neighbors": [None, 0, 100001],
     "repetition_penalty": [None, 0.0, -1.0, NAN, INF, 1e-7, 1e7],
     "atom_set_id": [None],
+    "knn_memory": [None, [False], [False, None]],
+    "probabilities": [None, [0.5, NAN], [0.5, -0.1], [[0.5, 0.5], [0.5, 0.5]]],
+    "cumulative": [None, [0.5], [0.5, NAN]],
+    "u": [None, NAN, INF, -INF],
+    "atom_set": ["kerneltest_no_such_set"],
+    "htk_store_step.positions": [None, 0, 3],     # a count there, at most the context's length
 }
+
+
+def bad_values(fn: str, name: str) -> list:
+    """The bad values of argument `name` of `fn`: its own where an argument of another function shares
+    the name with another meaning, else the name's."""
+    return BAD_VALUES.get(f"{fn}.{name}", BAD_VALUES.get(name, []))
+
 BAD_CALLS = [(fn, name, value) for fn, params in ENTRY_POINTS.items() for name, _, _ in params
-             for value in BAD_VALUES.get(name, [])]
+             for value in bad_values(fn, name)]
 
 
 def call_sql(fn: str, params: list) -> str:
     return f"SELECT * FROM {fn}(" + ", ".join(f"%s::{t}" for _, t, _ in params) + ")"
+
+
+def test_the_sweep_holds_every_htk_function_of_the_extension_with_its_arguments(db) -> None:
+    """Every function of the installed extension is swept (ENTRY_POINTS, ANSWERING) or has no
+    arguments, with its arguments by name in order: a new htk_* function, or a new argument, fails
+    here until the sweep holds it."""
+    installed = dict(db.execute(
+        "SELECT p.proname::text, coalesce(p.proargnames[1:p.pronargs], '{}') FROM pg_depend d "
+        "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'hartonomous_kernel' "
+        "JOIN pg_proc p ON p.oid = d.objid WHERE d.classid = 'pg_proc'::regclass AND d.deptype = 'e'").fetchall())
+    swept = {**ENTRY_POINTS, **ANSWERING}
+    assert set(installed) == set(swept) | NO_ARGUMENTS
+    assert not set(ENTRY_POINTS) & set(ANSWERING)
+    for fn, params in swept.items():
+        assert installed[fn] == [name for name, _, _ in params], fn
+        assert any(bad_values(fn, name) for name, _, _ in params), fn
+    for fn in NO_ARGUMENTS:
+        assert installed[fn] == [], fn
+
+
+ANSWERED_CALLS = [(fn, name, value) for fn, params in ANSWERING.items() for name, _, _ in params
+                  for value in bad_values(fn, name)]
+
+
+def answering_values(db: psycopg.Connection, sets: dict, params: list) -> list:
+    (set_id,) = db.execute("SELECT id FROM atom_sets WHERE name = %s", (sets["gauss"].name,)).fetchone()
+    return [(set_id if t == "integer" else sets["gauss"].name) if v is SET else v for _, t, v in params]
+
+
+def test_the_answering_entry_points_serve_their_good_arguments(db, sets) -> None:
+    """The valid call of each is served (so the sweep below tests what it claims)."""
+    use(db, "")
+    for fn, params in ANSWERING.items():
+        rows = db.execute(call_sql(fn, params), answering_values(db, sets, params)).fetchall()
+        assert rows and rows != NOT_SERVED[fn], fn
+
+
+@pytest.mark.parametrize("fn,name,value", ANSWERED_CALLS,
+                         ids=[f"{f}-{n}-{i}" for i, (f, n, _) in enumerate(ANSWERED_CALLS)])
+def test_the_answering_entry_points_do_not_serve_a_bad_argument(db, sets, fn: str, name: str, value) -> None:
+    params = ANSWERING[fn]
+    values = answering_values(db, sets, params)
+    values = [value if p == name else v for (p, _, _), v in zip(params, values)]
+    assert db.execute(call_sql(fn, params), values).fetchall() == NOT_SERVED[fn]
 
 
 @pytest.fixture(scope="module")
