@@ -339,6 +339,10 @@ def test_concurrent_requests_each_get_their_own_connection(http, served, direct)
     ("/api/generate", {"prompt": PROMPT, "path": "hybrid", "risk_threshold": -1}, "risk_threshold"),
     ("/api/generate", {"prompt": PROMPT, "cautious_mode": "panic"}, "cautious_mode"),
     ("/api/generate", {"prompt": PROMPT, "explore_risk": 0.9, "cautious_risk": 0.5}, "explore_risk"),  # GenerationConfig
+    ("/api/generate", {"prompt": PROMPT, "augment_weight": 0.5}, "augment_weight"),      # options of another path
+    ("/api/generate/stream", {"prompt": PROMPT, "path": "exact", "augment_weight": 0}, "augment_weight"),
+    ("/api/generate/batch", {"prompts": [PROMPT], "path": "speculative", "augment_weight": 1}, "augment_weight"),
+    ("/api/next_token", {"prompt": PROMPT, "path": "exact", "augment_weight": 0.5}, "augment_weight"),
 ])
 def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, field):
     response = http.post(endpoint, json=body)
@@ -347,6 +351,16 @@ def test_out_of_range_requests_are_422_naming_the_field(http, endpoint, body, fi
     assert field in [d["field"] for d in payload["detail"]]
     assert payload["error"].startswith(field) or f"; {field}:" in payload["error"]
     assert "x" * 100 not in response.text          # the input is not echoed back
+
+
+def test_augment_weight_is_accepted_where_the_augmented_distribution_is_computed():
+    """The augmented path, and speculative decoding verified against it, read augment_weight."""
+    from hartonomous.server.schemas import GenerateRequest, NextTokenRequest
+
+    assert GenerateRequest(prompt=PROMPT, path="augmented", augment_weight=0.5).augment_weight == 0.5
+    assert GenerateRequest(prompt=PROMPT, path="speculative", speculative_target="augmented",
+                           augment_weight=0).augment_weight == 0
+    assert NextTokenRequest(prompt=PROMPT, path="augmented", augment_weight=1).augment_weight == 1
 
 
 def test_the_servers_limits_and_defaults_come_from_the_engine(http):
@@ -461,6 +475,78 @@ def test_spatial_disconnect_returns_the_connection_to_the_pool(reader_url, atom_
     assert again.status_code == 200 and len(again.json()["token_ids"]) == 3
     dropped = runtime.finished[0]
     assert dropped.state in (State.CANCELLED, State.COMPLETE) and len(dropped.token_ids) >= 1
+
+
+# -- executors and pools --------------------------------------------------------------------
+
+
+class StalledModel:
+    """The tiny exact model on a slow runtime: every forward sleeps until the test releases it."""
+
+    FORWARDS = ("prefill", "decode_one_token", "extend", "extend_tree", "full_logits", "full_logits_many")
+
+    def __init__(self):
+        self._model = tiny_exact_model()
+        self.released = threading.Event()
+        self.entered = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._model, name)
+        if name not in self.FORWARDS:
+            return attr
+
+        def stalled(*args, **kwargs):
+            self.entered += 1
+            if not self.released.wait(WAIT_S):
+                raise RuntimeError("the test never released the model")
+            return attr(*args, **kwargs)
+        return stalled
+
+
+def connections_held(pool) -> int:
+    stats = pool.get_stats()
+    return stats["pool_size"] - stats["pool_available"]
+
+
+PROMPT_S = 10          # what "promptly" allows a database-only request on 2 busy cores (the model stalls 30 s)
+
+
+def test_database_only_requests_never_wait_behind_generations_on_the_model(reader_url, atom_set):
+    """Every model worker busy in a stalled forward, two of them holding a connection (speculative), one
+    more request queued for the model: spatial (Python and in-database), SQL-only next_token, the atom
+    sets and /healthz still answer, and all of it while the model has not moved."""
+    model = StalledModel()
+    server, runtime = live_app(reader_url, atom_set, exact_model=model, pool_size=2, max_concurrent=2,
+                               pool_timeout_s=WAIT_S)
+    body = {"prompt": PROMPT, "max_new_tokens": 3, "ignore_eos": True, "temperature": 0}
+    answers: dict[str, httpx.Response] = {}
+
+    def on_the_model(name: str, path: str) -> None:
+        with httpx.Client(base_url=url, timeout=2 * WAIT_S) as c:
+            answers[name] = c.post("/api/generate", json={**body, "path": path})
+
+    with server as url:
+        waiting = [threading.Thread(target=on_the_model, args=(f"{path} {i}", path))
+                   for i, path in enumerate(["speculative", "speculative", "exact"])]
+        for thread in waiting[:2]:
+            thread.start()
+        wait_for(lambda: model.entered == 1 and connections_held(runtime.model_pool) == 2,
+                 "both model workers to be busy, each with a connection")
+        waiting[2].start()                      # and one more in line for the model
+        with httpx.Client(base_url=url, timeout=PROMPT_S) as c:
+            quick = [c.post("/api/generate", json={**body, "path": "spatial"}),
+                     c.post("/api/generate", json={**body, "path": "spatial", "in_database": True}),
+                     c.post("/api/next_token", json={"prompt": PROMPT, "limit": 3}),
+                     c.get("/api/atom_sets"), c.get("/healthz")]
+        still_stalled = not model.released.is_set() and model.entered == 1 and not answers
+        model.released.set()
+        for thread in waiting:
+            thread.join()
+    assert [r.status_code for r in quick] == [200] * 5, [r.text for r in quick]
+    assert len(quick[0].json()["token_ids"]) == len(quick[1].json()["token_ids"]) == 3
+    assert still_stalled
+    assert {name: r.status_code for name, r in answers.items()} == {"speculative 0": 200, "speculative 1": 200,
+                                                                   "exact 2": 200}
 
 
 # -- the command -------------------------------------------------------------------------

@@ -33,21 +33,22 @@ def _runtime(request: Request) -> Runtime:
 async def next_token(body: NextTokenRequest, request: Request) -> dict:
     """The next-token distribution after the sampler, most likely first, with token texts."""
     runtime = _runtime(request)
-    return await run_blocking(request, runtime.executor, lambda cancel: generation.next_token(runtime, body))
+    return await run_blocking(request, runtime.executor_for(body.path),
+                              lambda cancel: generation.next_token(runtime, body))
 
 
 @router.post("/api/generate", response_model=GenerateResponse, responses=ERRORS, tags=["inference"])
 async def generate(body: GenerateRequest, request: Request) -> dict:
     """Blocking generation on one path; a client disconnect cancels it."""
     runtime = _runtime(request)
-    return await run_blocking(request, runtime.executor, partial(generation.generate, runtime, body))
+    return await run_blocking(request, runtime.executor_for(body.path), partial(generation.generate, runtime, body))
 
 
 @router.post("/api/generate/batch", response_model=BatchResponse, responses=ERRORS, tags=["inference"])
 async def generate_batch(body: BatchRequest, request: Request) -> dict:
     """Every prompt with the same options (and seed), one after another, on one path."""
     runtime = _runtime(request)
-    return await run_blocking(request, runtime.executor, partial(generation.generate_batch, runtime, body))
+    return await run_blocking(request, runtime.executor_for(body.path), partial(generation.generate_batch, runtime, body))
 
 
 @router.post("/api/generate/stream", responses={
@@ -57,7 +58,7 @@ async def generate_batch(body: BatchRequest, request: Request) -> dict:
 async def generate_stream(body: StreamRequest, request: Request) -> EventSourceResponse:
     """Server-Sent Events, one per token; closing the connection cancels the generation."""
     runtime = _runtime(request)
-    stream = WorkerStream(runtime.executor, partial(generation.produce_stream, runtime, body))
+    stream = WorkerStream(runtime.executor_for(body.path), partial(generation.produce_stream, runtime, body))
     try:
         await stream.get()          # READY; set-up errors (unknown atom set, ...) become HTTP errors here
     except BaseException:

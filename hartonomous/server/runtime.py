@@ -4,7 +4,11 @@ psycopg connections are not shared between threads: every spatial request borrow
 connection from a pool for as long as it generates. The exact model is loaded once (on first
 use, or in the background at start-up) and shared; its forward passes are serialised by a lock,
 so concurrent generations interleave step by step instead of fighting over the CPU cores.
-Generations run in a bounded thread pool; the event loop never blocks on them.
+Work runs in two bounded thread pools, and the event loop never blocks on either: requests that use
+the exact model (MODEL_PATHS) run in the model executor and borrow their connection (speculative,
+hybrid, augmented) from the model pool; spatial and SQL-only requests run in the database executor on
+the database pool. Neither can occupy the other's threads or connections, so database-only work never
+waits behind a generation on the model (docs/server.md says how both are sized).
 With `remember` on, completed exact and speculative generations (the exact model's words; never
 the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
 through one writer connection of the owner's, kept apart from the reader pool, and speculative
@@ -18,7 +22,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +30,8 @@ from typing import Any
 from hartonomous.errors import UserError
 
 log = logging.getLogger("hartonomous.server")
+
+MODEL_PATHS = frozenset({"exact", "speculative", "hybrid", "augmented"})    # the paths that run the exact model
 
 
 class ServiceUnavailable(UserError):
@@ -42,9 +48,10 @@ class ServerConfig:
     device: str | None = None             # auto | cpu | cuda (settings if None)
     dtype: str = "float32"
     runtime: str | None = None            # auto | torch | int4 | llama (settings if None)
-    pool_size: int = 4                    # database connections at most
+    pool_size: int = 4                    # database-only requests at once, each on its own connection
     pool_timeout_s: float = 30.0          # wait this long for a free connection, then 503
-    max_concurrent: int = 8               # generations running at once (more wait in line)
+    max_concurrent: int = 8               # requests on the exact model at once (more wait in line), one
+                                          # connection each at most, from a pool of their own
     ping_seconds: float = 15.0            # SSE keep-alive comment interval
     preload_exact: bool = False           # load the exact model in the background at start-up
     remember: bool = False                # write completed generations to the set's memory; drafts read it
@@ -99,8 +106,10 @@ class Runtime:
         self._exact_given = exact_model is not None    # then config.model (if set) names it
         self._exact_error: str | None = None
         self._exact_lock = threading.Lock()
-        self.pool = None
-        self.executor: ThreadPoolExecutor | None = None
+        self.pool = None                                    # database-only work, /healthz, /api/atom_sets
+        self.model_pool = None                              # the connections of requests on the model
+        self.database_executor: ThreadPoolExecutor | None = None
+        self.model_executor: ThreadPoolExecutor | None = None
         self.active: dict[int, Any] = {}                    # id(session) -> running Session
         self.finished: deque = deque(maxlen=100)            # recent GenerationResults
         self.memory_writer = None                           # a MemoryWriter when config.remember
@@ -110,7 +119,7 @@ class Runtime:
     # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the pool (connecting in the background) and the worker threads."""
+        """Create the pools (connecting in the background) and the worker threads."""
         from psycopg_pool import ConnectionPool
 
         if self._needs_transformers():
@@ -121,50 +130,64 @@ class Runtime:
             from hartonomous.db.connection import reader_url
 
             url = reader_url()
-        self.pool = ConnectionPool(url, min_size=1, max_size=max(1, self.config.pool_size), open=False,
-                                   kwargs={"autocommit": True, "connect_timeout": 10},
-                                   check=ConnectionPool.check_connection, name="hartonomous-server")
+        database, model = max(1, self.config.pool_size), max(1, self.config.max_concurrent)
+        options = dict(open=False, kwargs={"autocommit": True, "connect_timeout": 10},
+                       check=ConnectionPool.check_connection)
+        self.pool = ConnectionPool(url, min_size=1, max_size=database, name="hartonomous-database", **options)
+        self.model_pool = ConnectionPool(url, min_size=0, max_size=model, name="hartonomous-model", **options)
         self.pool.open(wait=False)
+        self.model_pool.open(wait=False)
         if self.config.remember:
             from hartonomous.speculative.memory import MemoryWriter
 
             self.memory_writer = MemoryWriter(self.config.writer_url, max_atoms=self.config.memory_max_atoms,
                                               weight=self.config.memory_weight)
-        self.executor = ThreadPoolExecutor(max_workers=max(1, self.config.max_concurrent),
-                                           thread_name_prefix="hartonomous-generate")
+        self.database_executor = ThreadPoolExecutor(max_workers=database, thread_name_prefix="hartonomous-database")
+        self.model_executor = ThreadPoolExecutor(max_workers=model, thread_name_prefix="hartonomous-model")
         if self.config.preload_exact and self._exact is None:
-            self.executor.submit(self._preload)
+            self.model_executor.submit(self._preload)
 
     def close(self) -> None:
         with self._registry_lock:
             running = list(self.active.values())
         for session in running:
             session.cancel()
-        if self.executor is not None:
-            self.executor.shutdown(wait=True, cancel_futures=True)
-        if self.pool is not None:
-            self.pool.close()
+        for executor in (self.model_executor, self.database_executor):
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+        for pool in (self.model_pool, self.pool):
+            if pool is not None:
+                pool.close()
         if self.memory_writer is not None:
             self.memory_writer.close()
 
     # -- resources -----------------------------------------------------------------------
 
+    def executor_for(self, path: str) -> Executor:
+        """The executor of a request on `path`: the model's for MODEL_PATHS, else the database's."""
+        executor = self.model_executor if path in MODEL_PATHS else self.database_executor
+        if executor is None:
+            raise RuntimeError("Runtime.open() was not called")
+        return executor
+
     @contextmanager
-    def connection(self, timeout: float | None = None) -> Iterator[Any]:
-        """A pooled connection for this thread only; 503 when none frees up in time."""
+    def connection(self, timeout: float | None = None, *, model_bound: bool = False) -> Iterator[Any]:
+        """A pooled connection for this thread only (from the model pool for a request on the model);
+        503 when none frees up in time."""
         from psycopg_pool import PoolTimeout
 
-        if self.pool is None:
+        pool = self.model_pool if model_bound else self.pool
+        if pool is None:
             raise RuntimeError("Runtime.open() was not called")
         try:
-            conn = self.pool.getconn(timeout=self.config.pool_timeout_s if timeout is None else timeout)
+            conn = pool.getconn(timeout=self.config.pool_timeout_s if timeout is None else timeout)
         except PoolTimeout as exc:
             raise ServiceUnavailable("the database is busy or unreachable; try again shortly, and check "
                                      "GET /healthz") from exc
         try:
             yield conn
         finally:
-            self.pool.putconn(conn)
+            pool.putconn(conn)
 
     def exact_model(self) -> SharedModel:
         """The exact model, loaded once (callers wait while another thread loads it)."""
@@ -258,8 +281,8 @@ class Runtime:
                                                 **memory) as client:
                 yield client
             return
-        exact = self.exact_model() if path in ("speculative", "hybrid", "augmented") else None
-        with self._exclusive(exact), self.connection() as conn:
+        exact = self.exact_model() if path in MODEL_PATHS else None
+        with self._exclusive(exact), self.connection(model_bound=exact is not None) as conn:
             with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
                         max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
                         spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
@@ -69,6 +70,27 @@ class SamplerParams(Strict):
                                          description="Augmented, for experiments only: fix λ, the store's weight in "
                                                      "the mixture (0 = the exact path, 1 = the store alone); null = "
                                                      "the atom set's gate decides at every step.")
+
+    @model_validator(mode="after")
+    def _options_of_the_path(self) -> "SamplerParams":
+        """Options that belong to another path are a 422 naming them, never silently ignored (the one
+        place for this rule; the CLI refuses the same combinations in hartonomous/cli_generate.py)."""
+        errors = [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(name,),
+                                   input=getattr(self, name)) for name, message in self._misplaced_options()]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+    def _misplaced_options(self) -> list[tuple[str, str]]:
+        """(field, why) for each option given with a path that does not read it."""
+        misplaced = []
+        target = getattr(self, "speculative_target", None)
+        if target is not None and self.path != "speculative":
+            misplaced.append(("speculative_target", f"speculative_target is for path 'speculative', not '{self.path}'"))
+        if self.augment_weight is not None and self.path != "augmented" and target != "augmented":
+            misplaced.append(("augment_weight", "augment_weight is for path 'augmented' (or 'speculative' with "
+                                                f"speculative_target 'augmented'), not '{self.path}'"))
+        return misplaced
 
     def sampler_options(self) -> dict:
         """The sampler's keyword options (hartonomous.client.Client.next_token, GenerationConfig)."""
@@ -130,15 +152,6 @@ class GenerationOptions(SamplerParams):
                                                                                        "a step explores.")
     cautious_risk: float = Field(GenerationConfig.cautious_risk, ge=0, le=1, description="Adaptive: risk from "
                                                                                          "which a step is cautious.")
-
-    @field_validator("speculative_target")
-    @classmethod
-    def _speculative_only(cls, target: str | None, info: ValidationInfo) -> str | None:
-        """A target belongs to the speculative path: given with another path, it is a 422 naming it."""
-        path = info.data.get("path")
-        if target is not None and path is not None and path != "speculative":
-            raise ValueError(f"speculative_target is for path 'speculative', not '{path}'")
-        return target
 
     def config_options(self) -> dict:
         """Keyword options for hartonomous.client.make_config."""
