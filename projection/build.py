@@ -2,15 +2,20 @@
 
 The stages live in projection.stages; `build` runs them in order. Nothing is written to the
 database until the last stage, one transaction per set (hartonomous.atomset.write), so an
-interrupted build leaves nothing behind. With --controls the random-positions control is
+interrupted build leaves nothing behind. The gate (--gate, the default with --target corpus) is
+fitted after the ingest, on the written set: if that fails, the set is kept without a gate and the
+error says so (`gate_not_fitted`). With --controls the random-positions control is
 written first and the set second (the set records the control's name); if the set's write
 fails, the control is dropped again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
+
+import psycopg
 
 from hartonomous.atomset import BuildStats, atom_set_exists, list_atom_sets
 from hartonomous.errors import UserError
@@ -90,6 +95,19 @@ def fit_gate_after_ingest(conn, options: BuildOptions, loaded, ui: Reporter) -> 
             f"{gate.calibration_loss:.3f} augmented)")
 
 
+def gate_not_fitted(conn, name: str, atoms: int, cause: BaseException) -> UserError:
+    """The error of a build whose gate failed after its ingest committed: the set is kept, without a
+    gate (the augmented path refuses it and says how to fit one; every other path serves it), as a
+    rebuild would redo the whole ingest. The message says so, and what to do."""
+    with contextlib.suppress(psycopg.Error):
+        conn.rollback()
+    reason = "interrupted" if isinstance(cause, KeyboardInterrupt) else (str(cause).strip().splitlines() or [
+        type(cause).__name__])[0]
+    return UserError(f"atom set '{name}' was written ({atoms:,} atoms) and is kept without a gate for the augmented "
+                     f"path: fitting the gate failed ({reason}); fit it with `hartonomous gate fit {name}`, or drop "
+                     f"the set with `hartonomous atom-sets drop {name}`")
+
+
 def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | None) -> BuildResult:
     ui = reporter or Reporter()
     options.check()
@@ -147,7 +165,10 @@ def _build(conn, options: BuildOptions, model, tokenizer, reporter: Reporter | N
         raise
     stats = stats.model_copy(update={"ingest": report.stats()})
     if options.gate and options.target == "corpus" and loaded.texts.calibration_chunks:
-        timed("fit_gate", fit_gate_after_ingest, conn, options, loaded, ui)
+        try:
+            timed("fit_gate", fit_gate_after_ingest, conn, options, loaded, ui)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise gate_not_fitted(conn, options.name, report.atoms, exc) from exc
     return BuildResult(report.atom_set_id, options.name, options.kind, report.atoms, loaded.vocab_size,
                        centroid.window, centroid.decay, history.bandwidth, history.weight, history.window, stats,
                        time.perf_counter() - started, seconds, control_result)

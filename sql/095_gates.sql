@@ -16,6 +16,9 @@
 --     atom set, features empty or holding NULL or duplicates, means, scales or coefficients not
 --     one per feature or not finite, a scale <= 0, an intercept or loss that is not finite,
 --     positions < 1, a split other than 'calibration', a version < 1, details not an object.
+--  5. Citus: a coordinator refuses a function that is not IMMUTABLE (now()) in the DO UPDATE SET of
+--     an INSERT into a distributed or Citus local table (augment_gates references the reference
+--     table atom_sets), so the replaced row takes every value, fitted_at too, from EXCLUDED.
 
 CREATE OR REPLACE FUNCTION ht_check_finite_array(p_argument text, p_values double precision[], p_length integer)
 RETURNS void
@@ -104,7 +107,7 @@ BEGIN
            scales = EXCLUDED.scales, coefficients = EXCLUDED.coefficients, intercept = EXCLUDED.intercept,
            calibration_loss = EXCLUDED.calibration_loss, exact_loss = EXCLUDED.exact_loss,
            positions = EXCLUDED.positions, split = EXCLUDED.split, details = EXCLUDED.details,
-           fitted_at = now();
+           fitted_at = EXCLUDED.fitted_at;   -- its default, now(): no function in DO UPDATE SET (rule 5)
     RETURN v_id;
 END
 $$;

@@ -256,6 +256,41 @@ def test_a_failure_mid_copy_leaves_nothing_and_keeps_the_old_set(server_url: str
     assert f"atoms_{again.atom_set_id}" in atom_tables(server_url)
 
 
+def test_a_build_whose_gate_fails_keeps_the_set_without_a_gate_and_says_so(server_url: str,
+                                                                          corpus_file: Path) -> None:
+    """The gate is fitted after the ingest committed: a failure there (the server refuses the gate's
+    write) keeps the set, which every path but the augmented one serves, and the one-line error
+    says that it is kept, without a gate, and how to fit one or drop the set."""
+    from hartonomous.augment.gates import load_gate
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION refuse_gate_in_test() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$BEGIN RAISE EXCEPTION USING ERRCODE = '53100', MESSAGE = 'no space left for the gate'; END$$")
+        conn.execute("CREATE TRIGGER refuse_gate_in_test BEFORE INSERT ON augment_gates "
+                     "FOR EACH ROW EXECUTE FUNCTION refuse_gate_in_test()")
+    try:
+        with pytest.raises(UserError) as failed:
+            run_build(server_url, options("tiny-gate-failed", "context", corpus_file, target="corpus", replace=True))
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER refuse_gate_in_test ON augment_gates")
+            conn.execute("DROP FUNCTION refuse_gate_in_test()")
+    message = str(failed.value)
+    assert "\n" not in message and "no space left for the gate" in message
+    assert "'tiny-gate-failed'" in message and "kept without a gate" in message
+    assert "hartonomous gate fit tiny-gate-failed" in message and "hartonomous atom-sets drop tiny-gate-failed" in message
+    set_id, atoms, gates = one(server_url, """SELECT s.id, (SELECT count(*) FROM atoms WHERE atom_set_id = s.id),
+                                                     (SELECT count(*) FROM augment_gates WHERE atom_set_id = s.id)
+                                                FROM atom_sets s WHERE name = 'tiny-gate-failed'""")
+    assert atoms > 0 and gates == 0
+    assert f"{atoms:,} atoms" in message
+    with psycopg.connect(server_url) as conn:
+        assert conn.execute("SELECT count(*) FROM next_token(ARRAY[1, 2, 3], atom_set => 'tiny-gate-failed')"
+                            ).fetchone()[0] > 0                      # the kept set serves
+        with pytest.raises(UserError, match="hartonomous gate fit tiny-gate-failed"):
+            load_gate(conn, "tiny-gate-failed")                      # the augmented path says what to do
+
+
 KILLED_BUILD = """
 import sys, time, numpy as np, psycopg
 from hartonomous.atomset import write as ingest
