@@ -262,17 +262,33 @@ def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
 
 # -- the CLI -------------------------------------------------------------------------------------------
 
-def test_cli_generate_reports_the_mean_weight_and_store_top_picks(capsys, database_env, corpus_set, tiny_dir):
+def store_tops_picked(conn, atom_set: str, prompt_ids: list[int], token_ids: list[int]) -> int:
+    """How many of the generated tokens were the store's most probable token at their step, from SQL
+    store_distribution on each step's context (independent of the path's own bookkeeping)."""
+    picked, ids = 0, list(prompt_ids)
+    for token in token_ids:
+        step = sqlcalls.store_distribution(conn, ids, atom_set=atom_set)[-1]
+        picked += bool(step.token_ids) and token == step.token_ids[int(np.argmax(step.probabilities))]
+        ids.append(token)
+    return picked
+
+
+def test_cli_generate_reports_the_mean_weight_and_store_top_picks(capsys, database_env, server_url, corpus_set,
+                                                                  tiny_dir):
     args = ["generate", PROMPTS[0], "--path", "augmented", "--seed", "3", "--max-new-tokens", "6", "--ignore-eos",
             "--atom-set", corpus_set, "--model", str(tiny_dir), "--device", "cpu"]
-    code, out, err = run_cli(capsys, *args)
+    code, out, _ = run_cli(capsys, *args, "--json")
+    result = json.loads(out)
+    stats = result["stats"]
+    assert code == 0 and stats["steps"] == len(result["token_ids"]) == 6 and 0 < stats["mean_weight"] < 1
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        picked = store_tops_picked(conn, corpus_set, result["prompt_ids"], result["token_ids"])
+    assert stats["store_top_picked"] == picked
+    code, out, err = run_cli(capsys, *args)                            # the same seed: the same run, in words
     assert code == 0 and out.strip()
     line = [x for x in err.splitlines() if x.startswith("[augmented] mean λ")]
-    assert line and "over 6 steps" in line[0] and "most probable token picked at" in line[0]
-    code, out, _ = run_cli(capsys, *args, "--json")
-    stats = json.loads(out)["stats"]
-    assert code == 0 and stats["steps"] == 6 and 0 < stats["mean_weight"] < 1
-    assert 0 <= stats["store_top_picked"] <= 6
+    assert line == [f"[augmented] mean λ {stats['mean_weight']:.3f} over 6 steps; the store's most probable "
+                    f"token picked at {picked}/6"]
     code, out, _ = run_cli(capsys, *args, "--augment-weight", "0", "--json")
     exact_args = [a if a != "augmented" else "exact" for a in args]
     code2, out2, _ = run_cli(capsys, *exact_args, "--json")
@@ -536,10 +552,11 @@ def test_the_playground_tints_each_augmented_token_by_its_weight(reader_url, cor
     from pathlib import Path
 
     from browser import CHROMIUM, Browser
+    from optional_parts import missing
     from server_helpers import live_app
 
     if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+        missing("needs Debian's chromium (apt-get install chromium; scripts/install-system-deps.sh installs it)")
     settings = {"max_new_tokens": 8, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1,
                 "seed": 3}
     artifact = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground-augmented.png"
