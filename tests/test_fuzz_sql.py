@@ -194,6 +194,29 @@ def _assert_succeeds(error: psycopg.Error | None) -> None:
     assert error is None, f"{error.sqlstate}: {error.diag.message_primary}"
 
 
+CANDIDATES = ("SELECT count(*) FROM next_token(%s::int[], 1.0, 0, 1.0, %s::float8, %s::int, %s::text, %s::float8, "
+              f"{HISTORY}, memory => %s::boolean)")
+
+
+def _candidates(db: psycopg.Connection, a: dict, context: list[int], search_radius: float | None,
+                memory: bool = False) -> int:
+    """How many tokens next_token offers after `context` with the call's atom set, neighbours, penalty and
+    history, within `search_radius` (None: no radius), with every token kept (T = 1, no top-k or top-p)."""
+    params = (context, search_radius, a["max_neighbors"], a["atom_set"], a["repetition_penalty"], *_history(a),
+              memory)
+    return db.execute(CANDIDATES, params).fetchone()[0]
+
+
+def _assert_no_candidate_within_the_radius(db: psycopg.Connection, a: dict, context: list[int],
+                                           memory: bool = False) -> None:
+    """An answer that ends with nothing to offer: the search radius left no candidate after `context`,
+    and without the radius the same call has some (so the radius, and nothing else, emptied it)."""
+    _event("no candidate within the radius")
+    assert a["search_radius"] is not None, "no candidate, yet no search radius"
+    assert _candidates(db, a, context, a["search_radius"], memory) == 0, "a candidate within the radius"
+    assert _candidates(db, a, context, None, memory) > 0, "no candidate even without the radius"
+
+
 # -- strategies ---------------------------------------------------------------------------------------
 # Each example fuzzes at most two arguments with anything (NULL, NaN, +-Inf, extremes, wrong shapes)
 # and draws the others from their valid ranges, so that both outcomes are exercised often.
@@ -294,8 +317,7 @@ def test_next_token_gives_a_distribution_or_22023(db, sets, a) -> None:
         return _assert_fails_naming(error, argument)
     _assert_succeeds(error)
     if not rows:             # only a search radius can leave no candidate
-        assert a["search_radius"] is not None
-        return
+        return _assert_no_candidate_within_the_radius(db, a, list(a["context"]))
     check_distribution(rows, fs.can_answer(a["context"], a["history_weight"], a["history_window"]))
     if a["temperature"] == 0:
         assert len(rows) == 1 and rows[0][1] == 1.0
@@ -313,7 +335,7 @@ def test_sample_next_token_gives_a_token_of_the_set_or_22023(db, sets, a) -> Non
     _assert_succeeds(error)
     (token,) = rows[0]
     if token is None:
-        assert a["search_radius"] is not None
+        _assert_no_candidate_within_the_radius(db, a, list(a["context"]))
     else:
         assert token in fs.can_answer(a["context"], a["history_weight"], a["history_window"])
 
@@ -338,8 +360,8 @@ def test_generate_tokens_gives_ids_of_the_set_or_22023(db, sets, a) -> None:
         assert token in fs.can_answer(context, a["history_weight"], a["history_window"]), (token, context)
         context.append(token)
     stops = set(stop or []) - {None}
-    if len(generated) < max_new:           # stopped early: a stop token (kept) or no candidates
-        assert (generated and generated[-1] in stops) or a["search_radius"] is not None
+    if len(generated) < max_new and not (generated and generated[-1] in stops):
+        _assert_no_candidate_within_the_radius(db, a, context)     # stopped early without a stop token
     assert not stops & set(generated[:-1])
 
 
@@ -380,9 +402,11 @@ def test_next_token_batch_gives_one_distribution_per_context_or_22023(db, sets, 
     _assert_succeeds(error)
     for j in range(len(contexts)):
         mine = [r[1:] for r in rows if r[0] == j]
-        if mine or a["search_radius"] is None:
-            context = [int(x) for x in contexts[j]]
+        context = [int(x) for x in contexts[j]]
+        if mine:
             check_distribution(mine, fs.can_answer(context, a["history_weight"], a["history_window"]))
+        else:
+            _assert_no_candidate_within_the_radius(db, a, context)
     assert {r[0] for r in rows} <= set(range(len(contexts)))
 
 
@@ -551,8 +575,8 @@ def test_draft_tokens_drafts_distributions_of_the_set_or_22023(db, sets, a) -> N
         if a["temperature"] == 0:
             assert ids == [token] and probabilities == [1.0]
         context.append(token)
-    if len(rows) < n:                                 # stopped early: a stop token (kept) or no candidates
-        assert (rows and rows[-1][1] in stops) or a["search_radius"] is not None
+    if len(rows) < n and not (rows and rows[-1][1] in stops):     # stopped early without a stop token
+        _assert_no_candidate_within_the_radius(db, a, context, a["memory"])
     assert not stops & {r[1] for r in rows[:-1]}
 
 
@@ -597,7 +621,8 @@ def test_draft_tree_drafts_branches_of_the_set_or_22023(db, sets, a) -> None:
     branches = sorted({r[0] for r in rows})
     assert branches == list(range(1, len(branches) + 1)) and len(branches) <= a["width"]
     assert rows == sorted(rows, key=lambda r: (r[0], r[1]))
-    assert branches or a["search_radius"] is not None
+    if not branches:
+        _assert_no_candidate_within_the_radius(db, a, list(a["context"]), a["memory"])
     firsts = [r[2] for r in rows if r[1] == 0]
     assert len(firsts) == len(branches) == len(set(firsts))          # distinct first tokens, one per branch
     stops = _stops(a["stop_tokens"])
@@ -608,8 +633,8 @@ def test_draft_tree_drafts_branches_of_the_set_or_22023(db, sets, a) -> None:
         for token in tokens:
             assert token in fs.can_answer(context, a["history_weight"], a["history_window"])
             context.append(token)
-        if len(tokens) < a["depth"]:
-            assert tokens[-1] in stops or a["search_radius"] is not None
+        if len(tokens) < a["depth"] and tokens[-1] not in stops:
+            _assert_no_candidate_within_the_radius(db, a, context, a["memory"])
         assert not stops & set(tokens[:-1])
 
 
