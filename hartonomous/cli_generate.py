@@ -30,8 +30,8 @@ GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with
 GENERATE_PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
 NEXT_TOKEN_PATHS = ("spatial", "exact", "augmented")
 SPECULATIVE_TARGETS = ("exact", "augmented")   # hartonomous.client.SPECULATIVE_TARGETS (not imported: light CLI)
-MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
-MAX_TREE_WIDTH = 16       # hartonomous.speculative.MAX_TREE_WIDTH (likewise)
+MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.decoding.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
+MAX_TREE_WIDTH = 16       # hartonomous.speculative.decoding.MAX_TREE_WIDTH (likewise)
 
 
 def _option(name: str, annotation, default: OptionInfo) -> inspect.Parameter:

@@ -1,4 +1,4 @@
-"""The Python client: both paths behind one small object.
+"""The Python client: every path behind one small object.
 
     from hartonomous import Client
     with Client() as client:

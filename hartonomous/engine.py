@@ -1,10 +1,11 @@
-"""One generation engine for both paths (the InferenceSession of the original designs).
+"""One generation engine for every path (the InferenceSession of the original designs).
 
 `Engine(backend)` tokenizes a prompt and runs the loop: ask the backend for the next-token
 distribution (after the shared sampler), pick a token, check stop conditions, stream text.
-The token is picked the same way on both paths, by inverse CDF with
-`seeded_uniform(seed, step)`, which is also what the database's `generate_tokens` does; so a
-seed reproduces a run, and the same seed gives both paths the same random numbers.
+The token is picked the same way on every path that takes one token per step (spatial, exact,
+hybrid, augmented), by inverse CDF with `seeded_uniform(seed, step)`, which is also what the
+database's `generate_tokens` does; so a seed reproduces a run, and the same seed gives those paths
+the same random numbers (speculative decoding draws its own: hartonomous.speculative.decoding).
 
 A step `Backend` is driven token by token; a `WholeLoopBackend` (in-database generation) runs
 the loop in one call, and the engine turns its ids into the same events.

@@ -4,7 +4,7 @@ gpt-fast's split: `prefill` runs the prompt through the model and fills the KV c
 `decode_one_token` feeds one token against the cache. Both return the float32 logits of the
 last position only (`logits_to_keep=1`, as transformers' `generate` does), so greedy output
 matches `generate(do_sample=False)` token for token. The sampling itself is not here: the
-engine sends these logits through `hartonomous.sampling`, the one sampler of both paths.
+engine sends these logits through `hartonomous.sampling`, the one sampler of every path.
 Speculative decoding adds `extend` (several tokens in one cached forward, the logits after each)
 and `KVCache.crop` (forget the rejected draft tokens).
 """

@@ -1,4 +1,4 @@
-"""The options of a generation and the sampler settings both paths share, with their rules.
+"""The options of a generation and the sampler settings every path shares, with their rules.
 
 `GenerationConfig` is the one home of the sampler defaults and of the input rules of a
 generation (the SQL functions check the same rules); callers (CLI, HTTP, client) take their
@@ -25,7 +25,7 @@ CAUTIOUS_MODES = ("flatten", "signal", "abstain")    # adaptive sampling's cauti
 
 @dataclass(frozen=True)
 class SamplerArgs:
-    """The sampler settings both paths share (docs/design.md, 'Sampler semantics').
+    """The sampler settings every path shares (docs/design.md, 'Sampler semantics').
 
     No defaults here: they live in `GenerationConfig`, whose `.sampler` builds this object.
     """

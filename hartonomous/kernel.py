@@ -12,7 +12,7 @@ context centroid contributes
                   then t itself
 and a token's logit is log(sum of its atoms' contributions), computed with log-sum-exp.
 
-The backoff kernel is for deep keys (hartonomous.lattice): there a key contracts by `decay` per
+The backoff kernel is for deep keys (projection/lattice.py): there a key contracts by `decay` per
 token back, so the candidates sharing the longest suffix with the context are the nearest, and
 they all lie inside one rung of the ladder while shorter matches lie outside it. Counting the
 atoms inside that rung is the backoff ∞-gram: the longest match's counts, nothing from shorter

@@ -1,9 +1,9 @@
-"""The sampler: token logits -> next-token distribution, the one definition for both paths.
+"""The sampler: token logits -> next-token distribution, the one definition for every path.
 
-The exact (transformer) path runs these functions on torch tensors; the spatial path runs the
-SQL port in `sql/020_next_token.sql`, tested against this module. The rules are Hugging Face
-transformers' (RepetitionPenalty -> Temperature -> TopK -> TopP), with two documented
-differences (T = 0, top-p ties; docs/design.md "Sampler semantics"):
+The paths on the exact model (exact, speculative, hybrid, augmented) run these functions on torch
+tensors; the spatial path runs the SQL port in `sql/020_next_token.sql`, tested against this
+module. The rules are Hugging Face transformers' (RepetitionPenalty -> Temperature -> TopK ->
+TopP), with two documented differences (T = 0, top-p ties; docs/design.md "Sampler semantics"):
 
 1. repetition penalty over each distinct context token id: logit < 0 -> * penalty, else / penalty;
 2. temperature: logits / T for T > 0; T = 0 is greedy: the highest logit (lowest token id among
@@ -17,7 +17,7 @@ differences (T = 0, top-p ties; docs/design.md "Sampler semantics"):
 5. renormalise.
 Rows are ordered by probability descending, then token id ascending; sampling is the inverse
 CDF in that order with a uniform u, drawn from a torch.Generator or `seeded_uniform(seed, step)`
-(bit-identical to the SQL function). Computation is float64 so that both paths take the same
+(bit-identical to the SQL function). Computation is float64 so that Python and SQL take the same
 decisions at boundaries.
 """
 

@@ -1,6 +1,6 @@
 """The build's corpus tokens: tokenize, cut into teacher-forcing chunks, distil with the exact model.
 
-Text is tokenized once and cut into chunks of `context_length` tokens (hartonomous.corpus.tokenize
+Text is tokenized once and cut into chunks of `context_length` tokens (hartonomous.corpus.sources.tokenize
 and chunk_ids, shared with `compare`'s baselines); each chunk is one context (the model and the atom
 keys see the same tokens). The forward pass itself is
 hartonomous.corpus.teacher (batched, shared with `hartonomous compare`).

@@ -3,8 +3,8 @@
 Two kinds of backend, and the engine dispatches on which one it is given:
 
 - a step `Backend` turns a context into the next-token distribution after the shared sampler
-  (`hartonomous.sampling`); the engine picks the token, so both paths draw their randomness the
-  same way;
+  (`hartonomous.sampling`); the engine picks the token, so every step-by-step path draws its
+  randomness the same way;
 - a `WholeLoopBackend` runs the entire loop in one call elsewhere (the database's
   `generate_tokens`; see `hartonomous.backends.in_database`) and returns the generated ids.
 

@@ -2,7 +2,7 @@
 in-context cache; no geometry) and full-dimensional KNN on atom keys.
 
 The counting baselines learn from the atom set's own training text, read again from where the set
-records it came from (hartonomous.corpus_origin.recorded_training_text), cut into the build's chunks, and
+records it came from (hartonomous.corpus.origin.recorded_training_text), cut into the build's chunks, and
 from the atom set's own labels there (hartonomous.compare.labels: soft top-k mass, the exact argmax
 or the corpus's next token), so they answer "what would the same data and the same labels buy
 without the 3D projection?"; the caches also read the context itself, as the spatial path's history

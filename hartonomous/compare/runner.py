@@ -111,7 +111,7 @@ def run_compare(conn: psycopg.Connection, options: CompareOptions, *, model=None
                 corpus_loader: baselines.CorpusLoader | None = None) -> CompareResult:
     """Run every section against one atom set; `render.write_report` turns the result into files.
 
-    `corpus_loader(info) -> hartonomous.corpus_origin.TrainingText` recovers the set's training text for the
+    `corpus_loader(info) -> hartonomous.corpus.origin.TrainingText` recovers the set's training text for the
     counting baselines (default: baselines.recorded_corpus, from where the set records it came from);
     it raises CorpusUnavailable, with the reason the report gives, to skip them.
     """

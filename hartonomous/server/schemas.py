@@ -18,7 +18,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 
-MAX_DRAFT_TOKENS = 64          # hartonomous.speculative.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
+MAX_DRAFT_TOKENS = 64          # hartonomous.speculative.decoding.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 
 MAX_PROMPT_CHARS = 8000        # characters of one prompt
 MAX_NEW_TOKENS_PER_REQUEST = 512   # the server's cap on max_new_tokens; within the engine's MAX_NEW_TOKENS
