@@ -28,8 +28,8 @@ DEFAULT_MAX_ATOMS = 100_000          # a set's bound where the owner never set o
 MAX_ATOMS_LIMIT = 10_000_000         # set_memory_bound()'s own limit on a bound
 # A whitelist of the paths whose every token is the exact model's choice: exact, and speculative
 # (a draft is kept only where the model agrees). A path that mixes the store's guesses into the
-# output is never remembered: the spatial path, hybrid (its spatial steps are the store's), and
-# any later one (the planned augmented path) until it is added here and to remember()'s own list
+# output is never remembered: the spatial path, hybrid (its spatial steps are the store's), augmented,
+# and any later one until it is added here and to remember()'s own list
 # on purpose. sql/070_memory.sql refuses any other path too.
 REMEMBERED_PATHS = ("exact", "speculative")
 REMEMBERED_REASONS = ("eos", "length", "stop_token", "stop_string")   # completed, not cancelled or failed
