@@ -30,8 +30,14 @@ fi
 
 LIB="$("${PG_CONFIG}" --pkglibdir)/hartonomous_kernel.so"
 CONTROL="$("${PG_CONFIG}" --sharedir)/extension/hartonomous_kernel.control"
-newest="$(find "${SRC}" -maxdepth 1 -type f \( -name '*.c' -o -name '*.sql' -o -name '*.control' -o -name Makefile \) -newer "${LIB}" 2>/dev/null | head -1 || true)"
-if [ -f "${LIB}" ] && [ -f "${CONTROL}" ] && [ -z "${newest}" ]; then
+newest="$(find "${SRC}" -maxdepth 1 -type f \( -name '*.c' -o -name '*.h' -o -name '*.sql' -o -name '*.control' -o -name Makefile \) -newer "${LIB}" 2>/dev/null | head -1 || true)"
+# Installed scripts the sources no longer have (versions before the cut, docs/sql.md "The native
+# kernel"): removed, so that the server offers no version or update path the sources do not.
+stale=()
+for f in "$(dirname "${CONTROL}")"/hartonomous_kernel--*.sql; do
+  if [ -e "${f}" ] && [ ! -e "${SRC}/$(basename "${f}")" ]; then stale+=("${f}"); fi
+done
+if [ -f "${LIB}" ] && [ -f "${CONTROL}" ] && [ -z "${newest}" ] && [ "${#stale[@]}" -eq 0 ]; then
   say "the native kernel (hartonomous_kernel) is installed and up to date"
   exit 0
 fi
@@ -43,7 +49,12 @@ fi
 build="$(mktemp -d)"
 trap 'rm -rf "${build}"' EXIT
 cp "${SRC}"/Makefile "${SRC}"/*.c "${SRC}"/*.sql "${SRC}"/*.control "${build}/"
+cp "${SRC}"/*.h "${build}/" 2>/dev/null || true
 say "building the native kernel (ext/hartonomous_kernel) with PGXS"
 make -s -C "${build}" PG_CONFIG="${PG_CONFIG}" >/dev/null
+if [ "${#stale[@]}" -gt 0 ]; then
+  say "removing ${#stale[@]} installed script(s) of kernel versions the sources no longer have"
+  ${SUDO} rm -f "${stale[@]}"
+fi
 ${SUDO} make -s -C "${build}" PG_CONFIG="${PG_CONFIG}" install >/dev/null
 say "installed hartonomous_kernel into $("${PG_CONFIG}" --pkglibdir)"

@@ -220,19 +220,25 @@ def test_a_1_4_database_without_htk_store_step_is_brought_to_a_working_augmented
         assert conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (STORE_STEP,)).fetchone()[0]
 
 
-def test_migrate_brings_a_database_created_with_version_1_0_to_the_newest(scratch_database: str) -> None:
-    """A database whose extension is at 1.0 runs the PL/pgSQL path (sql/ is written for the newest
-    version) until `migrate` brings it to the newest, whose step then runs in C; a downgrade below
-    the cut (0019) drops the extension and the PL/pgSQL path serves there."""
-    migrate.upgrade(scratch_database, "0008")
+def test_migrate_brings_a_database_from_before_the_cut_to_the_one_version(scratch_database: str) -> None:
+    """The kernel has one version (the cut, 0019), so a database whose extension is older (1.0-1.3,
+    whose scripts are gone: reproduced as an install labelled 1.2 without the functions 1.3 and 1.4
+    added) runs the PL/pgSQL path (sql/ is written for the one version) until `migrate` installs
+    that version afresh, whose step then runs in C; a downgrade below the cut drops the extension
+    and the PL/pgSQL path serves there."""
+    migrate.upgrade(scratch_database)
     with psycopg.connect(scratch_database, autocommit=True) as conn:
-        if not conn.execute("SELECT count(*) FROM pg_available_extension_versions "
-                            "WHERE name = 'hartonomous_kernel' AND version = '1.0'").fetchone()[0]:
+        if conn.execute(KERNEL_VERSION).fetchone() is None:
             require_native_kernel()
-        conn.execute("CREATE EXTENSION hartonomous_kernel VERSION '1.0'")
+        newest = conn.execute(KERNEL_VERSION).fetchone()[0]
+        for signature in (STORE_STEP, "htk_store(integer[], double precision[], integer[], double precision[], "
+                          "double precision[], boolean[], text, double precision, double precision, double precision)"):
+            conn.execute(f"ALTER EXTENSION hartonomous_kernel DROP FUNCTION {signature}")
+            conn.execute(f"DROP FUNCTION {signature}")
+        conn.execute("UPDATE pg_extension SET extversion = '1.2' WHERE extname = 'hartonomous_kernel'")
         assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "plpgsql"
-        (newest,) = conn.execute("SELECT default_version FROM pg_available_extensions "
-                                 "WHERE name = 'hartonomous_kernel'").fetchone()
+        assert conn.execute("SELECT count(*) FROM pg_extension_update_paths('hartonomous_kernel') "
+                            "WHERE source = '1.2' AND path IS NOT NULL").fetchone()[0] == 0
     migrate.upgrade(scratch_database)
     with psycopg.connect(scratch_database) as conn:
         assert conn.execute(KERNEL_VERSION).fetchone()[0] == newest
@@ -242,6 +248,7 @@ def test_migrate_brings_a_database_created_with_version_1_0_to_the_newest(scratc
         assert conn.execute("SELECT steps, kept_sets, kept_contexts FROM htk_stats()").fetchone() == (0, 0, 0)
         conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
         assert conn.execute("SELECT steps, kept_sets, kept_contexts FROM htk_stats()").fetchone() == (1, 1, 1)
+        assert conn.execute("SELECT count(*) FROM store_distribution(ARRAY[1, 2, 3], %s)", (s.name,)).fetchone() == (1,)
         conn.rollback()
     migrate.downgrade(scratch_database, "0018")
     with psycopg.connect(scratch_database) as conn:
@@ -250,7 +257,25 @@ def test_migrate_brings_a_database_created_with_version_1_0_to_the_newest(scratc
         s = reference_sets()["expo"]
         add_set(conn, s)
         assert conn.execute("SELECT * FROM next_token(ARRAY[1, 2, 3], atom_set => %s)", (s.name,)).fetchall()
+        assert conn.execute("SELECT count(*) FROM store_distribution(ARRAY[1, 2, 3], %s)", (s.name,)).fetchone() == (1,)
         conn.rollback()
+    migrate.downgrade(scratch_database, "0012")         # 0013-0016 took the kernel to 1.1-1.3 before the cut
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute(KERNEL_VERSION).fetchone() is None
+    migrate.upgrade(scratch_database)
+    with psycopg.connect(scratch_database) as conn:
+        assert conn.execute(KERNEL_VERSION).fetchone()[0] == newest
+        assert conn.execute("SELECT ht_kernel()").fetchone()[0] == "native"
+
+
+@pytest.mark.parametrize("symbol", ["htk_distribution", "htk_logits", "htk_next_token", "htk_step_logits"])
+def test_the_symbols_of_the_versions_before_the_cut_are_gone(db, symbol: str) -> None:
+    """1.0-1.2 declared these with a `gaussian boolean` argument; the library no longer has those
+    symbols, so a database still declaring them gets an error, never a call with the wrong arguments."""
+    (library,) = db.execute("SELECT probin FROM pg_proc WHERE proname = 'htk_pick'").fetchone()
+    with pytest.raises(psycopg.errors.UndefinedFunction, match=f'could not find function "{symbol}"'):
+        with db.transaction():
+            db.execute(f"CREATE FUNCTION kerneltest_{symbol}() RETURNS void AS '{library}', '{symbol}' LANGUAGE C")
 
 
 def test_migrate_refuses_to_reinstall_a_kernel_others_depend_on_and_says_what_to_do(scratch_database: str) -> None:

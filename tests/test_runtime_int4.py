@@ -164,9 +164,10 @@ DIM, HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 128, 2, 1, 2, 256
 
 
 def write_tiny_gguf(path: Path, seed: int = 0, embedding: str = "Q8_0", projections: str = "Q4_1",
-                    arch: str = "llama", vocab: int = VOCAB) -> Path:
+                    arch: str = "llama", vocab: int = VOCAB, token_format: str = "<{}>") -> Path:
     """Random weights of a 2-layer llama in a GGUF as llama.cpp writes one: Q4_1 projections, a Q8_0
-    tied embedding/head, F32 norms, and the tokenizer metadata transformers reads the vocabulary from."""
+    tied embedding/head, F32 norms, and the tokenizer metadata transformers reads the vocabulary and a
+    tokenizer from (token i is `token_format.format(i)`)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
@@ -184,8 +185,9 @@ def write_tiny_gguf(path: Path, seed: int = 0, embedding: str = "Q8_0", projecti
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"<{i}>" for i in range(vocab)])
+    w.add_token_list([token_format.format(i) for i in range(vocab)])
     w.add_token_types([1] * vocab)
+    w.add_token_scores([0.0] * vocab)
     w.add_token_merges([])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

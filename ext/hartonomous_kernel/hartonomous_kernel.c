@@ -13,10 +13,12 @@
  *                     candidate counted, memory atoms flagged (from 1.4; sql/090_store.sql)
  *
  * Every kernel of atom_sets.kernel is served: gaussian, exponential and backoff (the radius ladder of
- * ht_backoff_radius; no pruning, as its radius depends on the nearest candidate). From version 1.3
- * the SQL functions take the kernel by name (kernel text, with centroid_decay for the backoff
- * ladder); the C functions of the earlier versions' `gaussian boolean` signatures stay, under
- * their own symbols, so a database still at 1.2 calls what its declarations expect.
+ * ht_backoff_radius; no pruning, as its radius depends on the nearest candidate), taken by name
+ * (kernel text, with centroid_decay for the backoff ladder). One version is served, 1.5 (the
+ * cut, migration 0019): the C symbols of htk_distribution, htk_logits, htk_next_token and
+ * htk_step_logits keep the _1_3 suffix of the signatures they were first declared with, and the
+ * unsuffixed symbols of the 1.0-1.2 `gaussian boolean` signatures are gone, so a database still
+ * declaring those gets "could not find function" rather than a call with the wrong arguments.
  *   htk_pick          the pick rule of every draw (ht_pick, sql/030_sampling.sql)
  * Whole steps, reading the atom set through SPI (as the caller: SECURITY INVOKER):
  *   htk_serves        whether the steps below serve a set (rows layout, with token_blocks)
@@ -65,14 +67,10 @@
 PG_MODULE_MAGIC;
 
 PG_FUNCTION_INFO_V1(htk_keys);
-PG_FUNCTION_INFO_V1(htk_distribution);
-PG_FUNCTION_INFO_V1(htk_logits);
 PG_FUNCTION_INFO_V1(htk_pick);
 PG_FUNCTION_INFO_V1(htk_serves);
-PG_FUNCTION_INFO_V1(htk_next_token);
 PG_FUNCTION_INFO_V1(htk_step);
 PG_FUNCTION_INFO_V1(htk_stats);
-PG_FUNCTION_INFO_V1(htk_step_logits);
 PG_FUNCTION_INFO_V1(htk_distribution_1_3);
 PG_FUNCTION_INFO_V1(htk_logits_1_3);
 PG_FUNCTION_INFO_V1(htk_next_token_1_3);
@@ -998,35 +996,27 @@ step_arrays(FunctionCallInfo fcinfo, StepArrays *a)
 }
 
 /*
- * The kernel and its parameters of htk_distribution and htk_logits, from argument 5 on: version 1.3's
- * (kernel text, bandwidth, centroid_decay, ...) or the earlier (gaussian boolean, bandwidth, ...);
- * returns the index of the argument after them (history_weight).
+ * The kernel and its parameters of htk_distribution and htk_logits, arguments 5-7 (kernel text,
+ * bandwidth, centroid_decay), checked; returns the index of the argument after them (history_weight).
  */
 static int
-kernel_args(FunctionCallInfo fcinfo, bool v13, Kernel *kernel, double *bandwidth, double *decay)
+kernel_args(FunctionCallInfo fcinfo, Kernel *kernel, double *bandwidth, double *decay)
 {
-	if (v13)
-		*kernel = kernel_arg(PG_GETARG_TEXT_PP(5));
-	else
-		*kernel = PG_GETARG_BOOL(5) ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+	*kernel = kernel_arg(PG_GETARG_TEXT_PP(5));
 	*bandwidth = PG_GETARG_FLOAT8(6);
 	check_positive("bandwidth", *bandwidth);
-	*decay = 0.5;				/* unused but by the backoff kernel */
-	if (v13)
-	{
-		*decay = PG_GETARG_FLOAT8(7);
-		check_decay(*decay);
-		check_backoff_decay(*kernel, *decay);
-	}
-	return v13 ? 8 : 7;
+	*decay = PG_GETARG_FLOAT8(7);
+	check_decay(*decay);
+	check_backoff_decay(*kernel, *decay);
+	return 8;
 }
 
-static Datum
-distribution(FunctionCallInfo fcinfo, bool v13)
+/* htk_distribution(context, keys, knn_token_ids, knn_weights, knn_distances, kernel, bandwidth,
+ * centroid_decay, history_weight, temperature, top_k, top_p, search_radius, repetition_penalty). */
+Datum
+htk_distribution_1_3(PG_FUNCTION_ARGS)
 {
 	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
-		"gaussian", "bandwidth", "", "temperature", "", "", "", "repetition_penalty", NULL};
-	static const char *const args_1_3[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
 		"kernel", "bandwidth", "centroid_decay", "", "temperature", "", "", "", "repetition_penalty", NULL};
 	StepArrays	a;
 	Kernel		kernel;
@@ -1034,9 +1024,9 @@ distribution(FunctionCallInfo fcinfo, bool v13)
 	bool		has_top_k, has_top_p, has_radius;
 	int			top_k, i;
 
-	require_args(fcinfo, v13 ? args_1_3 : args);
+	require_args(fcinfo, args);
 	step_arrays(fcinfo, &a);
-	i = kernel_args(fcinfo, v13, &kernel, &bandwidth, &decay);
+	i = kernel_args(fcinfo, &kernel, &bandwidth, &decay);
 	history_weight = PG_ARGISNULL(i) ? 0.0 : PG_GETARG_FLOAT8(i);
 	check_nonnegative("history_weight", history_weight);
 	temperature = PG_GETARG_FLOAT8(i + 1);
@@ -1050,23 +1040,9 @@ distribution(FunctionCallInfo fcinfo, bool v13)
 	check_sampler(temperature, has_top_k, top_k, has_top_p, top_p, penalty);
 	check_radius(has_radius, radius);
 
-	return rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn, kernel,
-					   bandwidth, decay, history_weight, has_radius, radius, temperature, has_top_k, top_k,
-					   has_top_p, top_p, penalty);
-}
-
-/* htk_distribution of versions 1.0-1.2: (..., gaussian boolean, bandwidth, history_weight, ...). */
-Datum
-htk_distribution(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_DATUM(distribution(fcinfo, false));
-}
-
-/* htk_distribution from 1.3: (..., kernel text, bandwidth, centroid_decay, history_weight, ...). */
-Datum
-htk_distribution_1_3(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_DATUM(distribution(fcinfo, true));
+	PG_RETURN_DATUM(rows_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
+								kernel, bandwidth, decay, history_weight, has_radius, radius, temperature,
+								has_top_k, top_k, has_top_p, top_p, penalty));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1202,14 +1178,14 @@ logits_record(FunctionCallInfo fcinfo, const int32 *ctx, int n_ctx, const double
  * step's signals, from the same candidates (next_token_signals, sql/050_signals.sql): so a caller
  * that needs both pays for one KNN and one pass. The KNN rows come without search_radius (the
  * nearest stored atom is measured before it); the radius is applied here, as next_token does.
- * Columns: token_ids (ascending), logits, then next_token_signals' first eleven.
+ * Columns: token_ids (ascending), logits, then next_token_signals' first eleven. Arguments: context,
+ * keys, knn_token_ids, knn_weights, knn_distances, kernel, bandwidth, centroid_decay, history_weight,
+ * search_radius.
  */
-static Datum
-logits(FunctionCallInfo fcinfo, bool v13)
+Datum
+htk_logits_1_3(PG_FUNCTION_ARGS)
 {
 	static const char *const args[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
-		"gaussian", "bandwidth", "", "", NULL};
-	static const char *const args_1_3[] = {"context", "keys", "knn_token_ids", "knn_weights", "knn_distances",
 		"kernel", "bandwidth", "centroid_decay", "", "", NULL};
 	StepArrays	a;
 	Kernel		kernel;
@@ -1217,31 +1193,17 @@ logits(FunctionCallInfo fcinfo, bool v13)
 	double		bandwidth, decay, history_weight, radius;
 	int			i;
 
-	require_args(fcinfo, v13 ? args_1_3 : args);
+	require_args(fcinfo, args);
 	step_arrays(fcinfo, &a);
-	i = kernel_args(fcinfo, v13, &kernel, &bandwidth, &decay);
+	i = kernel_args(fcinfo, &kernel, &bandwidth, &decay);
 	history_weight = PG_ARGISNULL(i) ? 0.0 : PG_GETARG_FLOAT8(i);
 	check_nonnegative("history_weight", history_weight);
 	has_radius = !PG_ARGISNULL(i + 1);
 	radius = has_radius ? PG_GETARG_FLOAT8(i + 1) : 0.0;
 	check_radius(has_radius, radius);
 
-	return logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn, kernel,
-						 bandwidth, decay, history_weight, has_radius, radius);
-}
-
-/* htk_logits of versions 1.0-1.2: (..., gaussian boolean, bandwidth, history_weight, search_radius). */
-Datum
-htk_logits(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_DATUM(logits(fcinfo, false));
-}
-
-/* htk_logits from 1.3: (..., kernel text, bandwidth, centroid_decay, history_weight, search_radius). */
-Datum
-htk_logits_1_3(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_DATUM(logits(fcinfo, true));
+	PG_RETURN_DATUM(logits_record(fcinfo, a.ctx, a.n_ctx, a.keys, a.m, a.knn_ids, a.knn_w, a.knn_d, a.n_knn,
+								  kernel, bandwidth, decay, history_weight, has_radius, radius));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2621,9 +2583,8 @@ typedef struct
 	int			n_ctx;
 } SetStep;
 
-/* v13: argument 4 is version 1.3's kernel text, else the earlier versions' gaussian boolean. */
 static void
-set_step_args(FunctionCallInfo fcinfo, bool v13, SetStep *a)
+set_step_args(FunctionCallInfo fcinfo, SetStep *a)
 {
 	a->set_id = PG_GETARG_INT32(0);
 	a->has_window = !PG_ARGISNULL(1);
@@ -2633,10 +2594,7 @@ set_step_args(FunctionCallInfo fcinfo, bool v13, SetStep *a)
 	check_decay(a->decay);
 	a->history = PG_ARGISNULL(3) ? 0 : PG_GETARG_INT32(3);
 	check_between("history_window", a->history, 0, MAX_HISTORY_WINDOW);
-	if (v13)
-		a->kernel = kernel_arg(PG_GETARG_TEXT_PP(4));
-	else
-		a->kernel = PG_GETARG_BOOL(4) ? KERNEL_GAUSSIAN : KERNEL_EXPONENTIAL;
+	a->kernel = kernel_arg(PG_GETARG_TEXT_PP(4));
 	check_backoff_decay(a->kernel, a->decay);
 	a->bandwidth = PG_GETARG_FLOAT8(5);
 	check_positive("bandwidth", a->bandwidth);
@@ -2650,14 +2608,14 @@ set_step_args(FunctionCallInfo fcinfo, bool v13, SetStep *a)
  * weight; next_token's sampler arguments, each checked): the context's state (keys), the KNN
  * (ht_knn's rows, through SPI), the pruned history atoms, kernel and sampler. NULL when this
  * function does not serve the set (htk_serves) or a context token is not in the set: the caller
- * then takes the SQL path, which reports the token.
+ * then takes the SQL path, which reports the token. Arguments: atom_set_id, centroid_window,
+ * centroid_decay, history_window, kernel, bandwidth, history_weight, context, temperature, top_k,
+ * top_p, search_radius, max_neighbors, repetition_penalty.
  */
-static Datum
-next_token_step(FunctionCallInfo fcinfo, bool v13)
+Datum
+htk_next_token_1_3(PG_FUNCTION_ARGS)
 {
-	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
-		"context", "temperature", "", "", "", "max_neighbors", "repetition_penalty", NULL};
-	static const char *const args_1_3[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
+	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
 		"context", "temperature", "", "", "", "max_neighbors", "repetition_penalty", NULL};
 	SetStep		a;
 	bool		served;
@@ -2667,8 +2625,8 @@ next_token_step(FunctionCallInfo fcinfo, bool v13)
 	Datum		result = (Datum) 0;
 	MemoryContext caller;
 
-	require_args(fcinfo, v13 ? args_1_3 : args);
-	set_step_args(fcinfo, v13, &a);
+	require_args(fcinfo, args);
+	set_step_args(fcinfo, &a);
 	temperature = PG_GETARG_FLOAT8(8);
 	has_top_k = !PG_ARGISNULL(9);
 	top_k = has_top_k ? PG_GETARG_INT32(9) : 0;
@@ -2692,20 +2650,6 @@ next_token_step(FunctionCallInfo fcinfo, bool v13)
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
-}
-
-/* htk_next_token of versions 1.0-1.2: (..., history_window, gaussian boolean, bandwidth, ...). */
-Datum
-htk_next_token(PG_FUNCTION_ARGS)
-{
-	return next_token_step(fcinfo, false);
-}
-
-/* htk_next_token from 1.3: (..., history_window, kernel text, bandwidth, ...). */
-Datum
-htk_next_token_1_3(PG_FUNCTION_ARGS)
-{
-	return next_token_step(fcinfo, true);
 }
 
 /*
@@ -3068,12 +3012,10 @@ htk_pick(PG_FUNCTION_ARGS)
  * stored atom is measured before it), as ht_step_logits' SQL path does; every term is scored (the
  * signals count every candidate). NULL where htk_next_token would not serve the call.
  */
-static Datum
-step_logits(FunctionCallInfo fcinfo, bool v13)
+Datum
+htk_step_logits_1_3(PG_FUNCTION_ARGS)
 {
-	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "gaussian", "bandwidth", "",
-		"context", "max_neighbors", "", NULL};
-	static const char *const args_1_3[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
+	static const char *const args[] = {"atom_set_id", "", "centroid_decay", "", "kernel", "bandwidth", "",
 		"context", "max_neighbors", "", NULL};
 	SetStep		a;
 	bool		has_radius;
@@ -3087,8 +3029,8 @@ step_logits(FunctionCallInfo fcinfo, bool v13)
 	bool		served = false;
 	MemoryContext caller;
 
-	require_args(fcinfo, v13 ? args_1_3 : args);
-	set_step_args(fcinfo, v13, &a);
+	require_args(fcinfo, args);
+	set_step_args(fcinfo, &a);
 	max_neighbors = PG_GETARG_INT32(8);
 	check_between("max_neighbors", max_neighbors, 1, MAX_NEIGHBORS);
 	has_radius = !PG_ARGISNULL(9);
@@ -3124,18 +3066,4 @@ step_logits(FunctionCallInfo fcinfo, bool v13)
 	if (!served)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);
-}
-
-/* htk_step_logits of versions 1.0-1.2: (..., history_window, gaussian boolean, bandwidth, ...). */
-Datum
-htk_step_logits(PG_FUNCTION_ARGS)
-{
-	return step_logits(fcinfo, false);
-}
-
-/* htk_step_logits from 1.3: (..., history_window, kernel text, bandwidth, ...). */
-Datum
-htk_step_logits_1_3(PG_FUNCTION_ARGS)
-{
-	return step_logits(fcinfo, true);
 }
