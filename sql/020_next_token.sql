@@ -40,7 +40,7 @@
 --     counts as 0 and R is never below t (so R = t then). A history key that equals the
 --     centre in exact arithmetic (a context repeating with a period that divides the window) lies
 --     at 0 in C and at ~1e-17 here (keys from running sums): both are kept. On deep keys
---     (hartonomous/lattice.py) that rung holds exactly the candidates sharing the longest suffix
+--     (projection/lattice.py) that rung holds exactly the candidates sharing the longest suffix
 --     with the context, so the kernel counts the longest match: a backoff ∞-gram. A token's logit is the log of the sum of its
 --     atoms' contributions, stored and history atoms alike, computed with log-sum-exp
 --     (hartonomous/kernel.py). Tokens without an atom among the candidates have probability 0
