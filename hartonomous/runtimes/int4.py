@@ -21,8 +21,9 @@ default runtime is then the float32 one (hartonomous.runtimes.default_runtime).
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
-import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,9 +34,11 @@ import torch.nn.functional as F
 from hartonomous.runtimes.base import RuntimeModel
 from hartonomous.runtimes.gguf_weights import BLOCK, GGUFWeights, LlamaConfig, Q4_1, Q8_0
 
-PREPARED_VERSION = 1
+PREPARED_VERSION = 2                      # 2: the cache file records its content's SHA-256
 INNER_K_TILES = 2
 ACT = torch.bfloat16
+
+log = logging.getLogger("hartonomous.runtimes.int4")
 
 
 class Int4Linear:
@@ -153,35 +156,74 @@ class Int4Weights:
 
 
 def prepared_path(gguf_path: Path, home: Path) -> Path:
-    """Where the packed weights of `gguf_path` are cached: keyed by the file's name, size and mtime,
-    the torch version (the packed layout is the kernel's) and this module's layout version."""
-    stat = gguf_path.stat()
-    key = f"{gguf_path.name}|{stat.st_size}|{int(stat.st_mtime)}|{torch.__version__}|{PREPARED_VERSION}"
+    """Where the packed weights of `gguf_path` are cached: keyed by the SHA-256 of the file's bytes (a
+    replacement of the same name, size and mtime is another key), the torch version (the packed layout
+    is the kernel's) and this module's layout version."""
+    from hartonomous.model import file_sha256
+
+    key = f"{file_sha256(gguf_path)}|{torch.__version__}|{PREPARED_VERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(home).expanduser().absolute() / "cache" / "runtimes" / f"int4-{gguf_path.stem}-{digest}.pt"
 
 
-def load_int4_weights(gguf_path: Path, home: Path | None) -> Int4Weights:
-    """The prepared weights: read from the cache when present, else packed from the GGUF (~5 s)
-    and cached (atomically; a read-only home only costs the packing on every start)."""
+def _content_digest(config: dict, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the configuration and every tensor's name, type, shape and bytes: what a cache file
+    records of itself, so that a damaged or truncated one is never taken for the weights."""
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        h.update(f"\n{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        h.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def _read_prepared(target: Path) -> Int4Weights | None:
+    """The cached weights when the file is whole and its digest matches, else None. The file is read
+    into memory, not mapped: a cache truncated or rewritten while a process runs on it cannot fault it."""
+    if not target.exists():
+        return None
+    try:
+        saved = torch.load(target, weights_only=True)
+        if saved.get("sha256") != _content_digest(saved["config"], saved["tensors"]):
+            raise ValueError("its content does not match its SHA-256")
+        return Int4Weights(LlamaConfig(**saved["config"]), saved["tensors"])
+    except Exception as exc:  # noqa: BLE001 - any damage means: prepare again from the GGUF
+        log.warning("the packed-weight cache %s is unusable (%s: %s); preparing the weights again",
+                    target, type(exc).__name__, exc)
+        return None
+
+
+def _save_prepared(target: Path, weights: Int4Weights) -> None:
+    """Cache the packed weights (atomically). Caching is an optimisation: any failure (a read-only home,
+    a full disk, which torch.save reports as RuntimeError) is logged and the load goes on."""
     import dataclasses
 
-    target = prepared_path(gguf_path, home) if home is not None else None
-    if target is not None and target.exists():
+    config = dataclasses.asdict(weights.config)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"config": config, "tensors": weights.tensors,
+                    "sha256": _content_digest(config, weights.tensors)}, tmp)
+        tmp.replace(target)
+    except Exception as exc:  # noqa: BLE001 - the weights are prepared; only their cache failed
+        log.warning("could not cache the packed weights in %s (%s: %s); the next start prepares them again",
+                    target, type(exc).__name__, exc)
         try:
-            saved = torch.load(target, mmap=True, weights_only=True)
-            return Int4Weights(LlamaConfig(**saved["config"]), saved["tensors"])
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError):
-            pass                                  # a damaged cache: prepare again below
-    weights = Int4Weights.from_gguf(GGUFWeights(gguf_path))
-    if target is not None:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-            torch.save({"config": dataclasses.asdict(weights.config), "tensors": weights.tensors}, tmp)
-            tmp.replace(target)
+            tmp.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def load_int4_weights(gguf_path: Path, home: Path | None) -> Int4Weights:
+    """The prepared weights: read from the cache when it is whole and of this file's content, else packed
+    from the GGUF (~5 s) and cached (a home that cannot take the cache only costs the packing on every
+    start)."""
+    target = prepared_path(gguf_path, home) if home is not None else None
+    if target is not None and (cached := _read_prepared(target)) is not None:
+        return cached
+    weights = Int4Weights.from_gguf(GGUFWeights(gguf_path))
+    if target is not None:
+        _save_prepared(target, weights)
     return weights
 
 
