@@ -6,6 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from hartonomous.db.connection import owner_url, sqlalchemy_url
+from hartonomous.db.migrate import drop_functions_without_their_schema
 from hartonomous.db.models import Base
 
 config = context.config
@@ -22,19 +23,25 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _migrate(connection) -> None:
+    """The migrations, then (in their transaction) the functions of sql/ whose tables or columns the
+    revision reached lacks dropped: a downgrade leaves no function that would fail on them."""
+    with context.begin_transaction():
+        context.run_migrations()
+        drop_functions_without_their_schema(connection.connection.driver_connection.execute)
+
+
 def run_migrations_online() -> None:
     connectable = config.attributes.get("connection")
     if connectable is not None:
         context.configure(connection=connectable, target_metadata=target_metadata)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connectable)
         return
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata,
                           transaction_per_migration=False)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
 
 
 if context.is_offline_mode():

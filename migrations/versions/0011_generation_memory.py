@@ -49,5 +49,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The memory's bound (0014), which 0014's downgrade keeps for the functions of sql/, goes with it.
+    op.execute("DROP TABLE IF EXISTS memory_bounds")
     op.execute("DROP TABLE IF EXISTS memory_atoms CASCADE")
     op.execute("DROP SEQUENCE IF EXISTS memory_generation_seq")

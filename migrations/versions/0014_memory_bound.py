@@ -10,6 +10,10 @@ Hybrid generations are no longer remembered: their spatial steps are the store's
 not the exact model's choices. Their atoms are removed and `memory_atoms.path` is limited to the
 paths whose every token the exact model chose (exact, speculative).
 
+The downgrade admits hybrid generations again and keeps `memory_bounds` (unused by a revision before
+0014, as 0018 keeps `route`): the functions of sql/ left installed read it, and remember() keeps the
+owner's bound. 0011's downgrade drops it with the memory.
+
 Revision ID: 0014
 Revises: 0013
 """
@@ -25,7 +29,7 @@ WRITERS = ("set_memory_bound(text, integer)", "ht_memory_evict(integer, bigint)"
 
 def upgrade() -> None:
     op.execute("""
-        CREATE TABLE memory_bounds (
+        CREATE TABLE IF NOT EXISTS memory_bounds (
             atom_set_id integer PRIMARY KEY REFERENCES atom_sets(id) ON DELETE CASCADE,
             max_atoms   integer NOT NULL
                 CONSTRAINT memory_bounds_max_atoms_check CHECK (max_atoms BETWEEN 1 AND 10000000),
@@ -49,4 +53,5 @@ def downgrade() -> None:
     op.execute("ALTER TABLE memory_atoms DROP CONSTRAINT memory_atoms_path_check")
     op.execute("ALTER TABLE memory_atoms ADD CONSTRAINT memory_atoms_path_check "
                "CHECK (path IN ('exact', 'speculative', 'hybrid'))")
-    op.execute("DROP TABLE IF EXISTS memory_bounds")
+    # memory_bounds stays: the functions of sql/ installed at head (remember(), memory_status(),
+    # set_memory_bound()) read it; 0011's downgrade drops it with the memory.
