@@ -138,7 +138,7 @@ class Runner:
         from hartonomous.engine import Engine
         from hartonomous.exact import ExactModel
         from hartonomous.generation_config import GenerationConfig
-        from hartonomous.speculative.memory import MemoryWriter
+        from hartonomous.speculative.memory import MemoryPolicy, MemoryWriter
         from hartonomous.speculative.decoding import SpeculativeBackend
 
         self.model = ExactModel.load("smollm2", device="cpu")
@@ -155,7 +155,8 @@ class Runner:
                                                      max_draft_tokens=max(16, draft_tokens), costs=self.costs))
         self.schedule = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial, draft_tokens=draft_tokens,
                                                   max_draft_tokens=max(8, draft_tokens)))
-        self.writer = MemoryWriter(writer_url)
+        # Its generations run greedy past EOS (a fixed length): the policy of its sets' memory admits that.
+        self.writer = MemoryWriter(writer_url, policy=MemoryPolicy(allow_ignore_eos=True))
         name = self.spatial.atom_set.name
         self.with_memory = Engine(SpeculativeBackend(ExactBackend(self.model), self.spatial, draft_tokens=draft_tokens,
                                                      max_draft_tokens=max(16, draft_tokens), costs=self.costs,

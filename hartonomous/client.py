@@ -18,8 +18,9 @@ per-step signals carry the spatial predictor's risk for the same context (read f
 
 A memory of past generations (hartonomous.speculative.memory; off by default): `remember=True` writes every
 completed exact or speculative generation (only tokens the exact model chose: never the spatial or
-hybrid path's) into the atom set's memory, within the set's bound, through an owner
-connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
+hybrid path's) run under sampler settings the set's memory policy admits into the atom set's
+memory, within the set's bound, and says on each result what the memory did with it
+(`result.memory`), through an owner connection of its own (or pass a MemoryWriter to share one), and `memory=True` lets the
 speculative path's drafter read that memory, so repeated or similar requests draft what the model
 said before (the output is the exact path's either way; only the speed changes); the augmented
 path's store reads it too (there it changes the output).
@@ -55,7 +56,7 @@ from typing import Any
 from hartonomous.engine import Engine, GenerationResult, Session, check_prompt
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
+from hartonomous.speculative.memory import MemoryWriter
 
 PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
 SPECULATIVE_TARGETS = ("exact", "augmented")    # the distribution a speculative round verifies against
@@ -126,29 +127,24 @@ class Client:
                 backend = self._augmented_backend()
             else:
                 backend = self._speculative_backend()
-            if path == "augmented":
-                hook = _settle_augmented
-            elif path == "speculative" and self.speculative_target == "augmented":
-                hook = None                   # its output holds the store's guesses: never remembered
-            else:
-                hook = self._remembering(path)
-            self._engines[key] = Engine(backend, on_result=hook)
+            hooks = [hook for hook in (_settle_augmented if path == "augmented" else None,
+                                       self._remembering(key)) if hook is not None]
+            self._engines[key] = Engine(backend, on_result=_chain(hooks))
         return self._engines[key]
 
-    def _remembering(self, path: str):
-        """With a memory writer: the engine's on_result hook that remembers the path's completed
-        generations in the atom set's memory; only for REMEMBERED_PATHS (the spatial and hybrid
-        paths' outputs hold the store's own guesses: never; nor the speculative path verifying
-        against the augmented target, whose output is the augmented path's)."""
-        if self._writer is None or path not in REMEMBERED_PATHS:
+    def _remembering(self, key: tuple[str, bool]):
+        """With a memory writer: the engine's on_result hook that offers each result to the atom
+        set's memory and puts what it did on the result (`result.memory`: remembered, or not and
+        why). Only completed generations of REMEMBERED_PATHS verified against the exact model are
+        written (the spatial, hybrid and augmented paths' outputs hold the store's own guesses), and
+        only under sampler settings the set's policy admits (remember() checks them in SQL)."""
+        if self._writer is None:
             return None
-        if path == "speculative" and self.speculative_target != "exact":
-            return None
-        writer = self._writer
+        writer, path = self._writer, key[0]
 
         def remember(result) -> None:
-            atom_set = self._engines[(path, False)].atom_set if path != "exact" else self.atom_set
-            writer.remember_result(atom_set, result)
+            atom_set = self.atom_set if path == "exact" else self._engines[key].atom_set
+            result.memory = writer.remember_result(atom_set, result)
 
         return remember
 
@@ -332,6 +328,20 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _chain(hooks: list):
+    """One on_result hook running `hooks` in order (None for none)."""
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def run(result) -> None:
+        for hook in hooks:
+            hook(result)
+
+    return run
 
 
 def _settle_augmented(result) -> None:

@@ -114,6 +114,8 @@ class GenerationResult:
     timings: Timings
     probabilities: list[float] = field(default_factory=list)
     stats: Any = None           # path statistics where the path keeps some (speculative: SpeculativeStats)
+    config: GenerationConfig | None = None   # the options it ran with (the memory checks its sampler settings)
+    memory: Any = None          # what a remembering client's memory did with it (speculative.memory.MemoryOutcome)
 
 
 class Session:
@@ -312,7 +314,7 @@ class Session:
         self.result = GenerationResult(
             path=self.backend.name, prompt_ids=self.prompt_ids, token_ids=list(self._tokens),
             text=self._final_text(reason), state=state, finish_reason=reason, seed=self.seed,
-            timings=self._timings, probabilities=list(self._probs), stats=self._stats)
+            timings=self._timings, probabilities=list(self._probs), stats=self._stats, config=self.config)
         if self.engine.on_result is not None:
             self.engine.on_result(self.result)
 

@@ -2,7 +2,7 @@
 
 `next_token`, `next_token_batch`, `sample_next_token`, `generate_tokens`, `draft_tokens`, `draft_tree`, `draft_sources`,
 `next_token_signals`, `ht_step_logits` (the native kernel's logits + signals), `store_distribution`, `ht_kernel`, `context_centroid`
-and the memory's `remember`, `forget`, `set_memory_bound` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
+and the memory's `remember`, `forget`, `set_memory_bound`, `set_memory_policy`, `memory_policy` and `memory_status` are called from here and nowhere else in Python. Arguments are passed by name (`top_k =>
 %(top_k)s`), so a new SQL argument at the end of a signature changes this module only. The
 sampler's defaults (sampler=None) are the generation config's; the test suite checks that the
 SQL functions' own defaults are the same values.
@@ -91,9 +91,16 @@ DRAFT_TREE_SQL = ("SELECT branch, token_id FROM draft_tree(%(context)s::integer[
 _SOURCES_ARGS = ("search_radius", "max_neighbors", "atom_set", "history_weight", "history_window", "memory")
 DRAFT_SOURCES_SQL = ("SELECT step, token_id, source FROM draft_sources(%(context)s::integer[], %(tokens)s::integer[], "
                      f"{_named(_SOURCES_ARGS, _CASTS)}) ORDER BY step")
+_SETTINGS_CASTS = {"temperature": "double precision", "top_k": "integer", "top_p": "double precision",
+                   "repetition_penalty": "double precision", "adaptive": "boolean", "ignore_eos": "boolean"}
 REMEMBER_SQL = ("SELECT generation, remembered, evicted, atoms FROM remember(%(atom_set)s::text, %(context)s::integer[], "
                 "%(generated)s::integer[], %(path)s::text, max_atoms => %(max_atoms)s::integer, "
-                "weight => %(weight)s::double precision)")
+                f"weight => %(weight)s::double precision, {_named(tuple(_SETTINGS_CASTS), _SETTINGS_CASTS)})")
+_POLICY_CASTS = {"min_temperature": "double precision", "max_temperature": "double precision",
+                 "min_top_p": "double precision", "max_top_p": "double precision", "max_top_k": "integer",
+                 "allow_repetition_penalty": "boolean", "allow_adaptive": "boolean", "allow_ignore_eos": "boolean"}
+SET_MEMORY_POLICY_SQL = f"SELECT set_memory_policy(%(atom_set)s::text, {_named(tuple(_POLICY_CASTS), _POLICY_CASTS)})"
+MEMORY_POLICY_SQL = f"SELECT {', '.join(_POLICY_CASTS)}, set_at FROM memory_policy(%(atom_set)s::text)"
 FORGET_SQL = "SELECT forget(%(atom_set)s::text)"
 SET_MEMORY_BOUND_SQL = "SELECT set_memory_bound(%(atom_set)s::text, %(max_atoms)s::integer)"
 MEMORY_STATUS_SQL = "SELECT atoms, generations, oldest, newest FROM memory_status(%(atom_set)s::text)"
@@ -307,13 +314,30 @@ def context_centroid(conn: psycopg.Connection, context: Sequence[int],
 
 
 def remember(conn: psycopg.Connection, atom_set: str | None, context: Sequence[int], generated: Sequence[int],
-             path: str, max_atoms: int | None = None, weight: float | None = None) -> tuple[int, int, int, int]:
+             path: str, settings: dict, max_atoms: int | None = None,
+             weight: float | None = None) -> tuple[int, int, int, int]:
     """`remember(...)` (the owner's connection): (generation, remembered, evicted, atoms now in memory).
-    The set's bound holds; `max_atoms` may only lower it for this call."""
+    `settings`: the sampler settings the generation ran with (temperature, top_k, top_p,
+    repetition_penalty, adaptive, ignore_eos), which the set's memory policy must admit (else
+    SQLSTATE 42501, nothing written). The set's bound holds; `max_atoms` may only lower it for this call."""
     row = run(conn, Query(REMEMBER_SQL, {"atom_set": atom_set, "context": [int(t) for t in context],
                                          "generated": [int(t) for t in generated], "path": path,
-                                         "max_atoms": max_atoms, "weight": weight})).fetchone()
+                                         "max_atoms": max_atoms, "weight": weight,
+                                         **{name: settings[name] for name in _SETTINGS_CASTS}})).fetchone()
     return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def set_memory_policy(conn: psycopg.Connection, atom_set: str | None, policy: dict) -> int:
+    """`set_memory_policy(atom_set, ...)` (the owner's connection): None takes the default policy's
+    value; the atoms of generations the new policy refuses, forgotten."""
+    params = {"atom_set": atom_set, **{name: policy.get(name) for name in _POLICY_CASTS}}
+    return int(run(conn, Query(SET_MEMORY_POLICY_SQL, params)).fetchone()[0])
+
+
+def memory_policy(conn: psycopg.Connection, atom_set: str | None) -> dict:
+    """`memory_policy(atom_set)`: the set's policy by field name (set_at None: the default policy)."""
+    row = run(conn, Query(MEMORY_POLICY_SQL, {"atom_set": atom_set})).fetchone()
+    return dict(zip((*_POLICY_CASTS, "set_at"), row))
 
 
 def set_memory_bound(conn: psycopg.Connection, atom_set: str | None, max_atoms: int) -> int:

@@ -33,13 +33,14 @@ from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter
+from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryPolicy, MemoryWriter
 from test_speculative import tiny_exact_backend
 from tiny_model import TRAIN_TEXT, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 PROMPTS = ["The capital of France is", "def add(a, b):"]
+PAST_EOS = MemoryPolicy(allow_ignore_eos=True)   # the memory tests run greedy past EOS: their set's owner allows it
 SAMPLED = dict(max_new_tokens=12, temperature=1.0, top_k=40, top_p=0.9, seed=7, stop_at_eos=False)
 PLAIN = dict(max_new_tokens=10, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=3,
              stop_at_eos=False)          # the sampler changes nothing: the distribution is the path's own
@@ -245,7 +246,7 @@ def test_a_set_built_from_another_model_is_refused_naming_both(server_url, corpu
 
 def test_the_augmented_path_is_never_remembered(server_url, corpus_set):
     assert "augmented" not in REMEMBERED_PATHS
-    writer = MemoryWriter(server_url)
+    writer = MemoryWriter(server_url, policy=PAST_EOS)
     writer.forget(corpus_set)
     options = dict(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
     try:
@@ -455,7 +456,7 @@ def test_an_unknown_speculative_target_is_refused_by_the_client(target):
 
 
 def test_the_augmented_target_is_never_remembered(server_url, corpus_set):
-    writer = MemoryWriter(server_url)
+    writer = MemoryWriter(server_url, policy=PAST_EOS)
     writer.forget(corpus_set)
     options = dict(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
     try:

@@ -322,8 +322,8 @@ def native(db) -> psycopg.Connection:
 def native_sets(native, sets) -> dict[str, AtomSetData]:
     """The lattice sets, each with a memory of two past generations (read only with memory => true)."""
     for s in sets.values():
-        native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
-        native.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
+        native.execute("SELECT remember(%s, %s, %s, 'exact', temperature => 0)", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
+        native.execute("SELECT remember(%s, %s, %s, 'exact', temperature => 0)", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
     return sets
 
 

@@ -409,7 +409,7 @@ def test_every_routed_call_gives_the_single_nodes_rows(single, coord, kernel_pat
 def test_memory_atoms_route_with_their_set_and_memory_calls_give_the_same_rows(single, coord, kernel_path) -> None:
     name = "citustest_lattice_backoff"
     generated = [int(t) for t in lattice_chain(33, 40)]
-    remember = "SELECT remembered FROM remember(%s, %s, %s, 'exact')"
+    remember = "SELECT remembered FROM remember(%s, %s, %s, 'exact', temperature => 0)"
     if coord.execute("SELECT count(*) FROM memory_atoms m JOIN atom_sets s ON s.id = m.atom_set_id "
                      "WHERE s.name = %s", (name,)).fetchone() == (0,):
         assert coord.execute(remember, (name, [1, 2], generated)).fetchone() == (40,)

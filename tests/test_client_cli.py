@@ -198,6 +198,7 @@ def test_cli_generate_remembers_and_drafts_from_memory(capsys, database_env, cli
               atom_set, "--model", str(tiny_dir), "--device", "cpu", "--json"]
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute("SELECT forget(%s)", (atom_set,))
+        conn.execute("SELECT set_memory_policy(%s, allow_ignore_eos => true)", (atom_set,))   # --ignore-eos
         code, out, _ = run_cli(capsys, *common, "--path", "exact")
         assert code == 0 and conn.execute("SELECT atoms FROM memory_status(%s)", (atom_set,)).fetchone()[0] == 0
         code, out, _ = run_cli(capsys, *common, "--path", "exact", "--remember")

@@ -375,7 +375,7 @@ def memory_runs(server_url, controlled_set):
                                      max_neighbors=20, memory=memory)
             return run_compare(conn, options, model=model, tokenizer=tokenizer, model_name="tiny").report
         runs["before"] = score(False)
-        conn.execute("SELECT remember(%s, %s, %s, 'exact', weight => 1e6)", (name, ids[:1], ids[1:]))
+        conn.execute("SELECT remember(%s, %s, %s, 'exact', weight => 1e6, temperature => 0)", (name, ids[:1], ids[1:]))
         try:
             runs["ignored"], runs["read"] = score(False), score(True)
         finally:

@@ -75,7 +75,7 @@ def sourced(server_url) -> AtomSetData:
     with psycopg.connect(server_url, autocommit=True) as owner:    # a memory of two generations
         owner.execute("SELECT forget(%s)", (s.name,))
         for context, generated in (([1, 2, 3], [7, 8, 9, 10, 11, 12]), ([4, 5], [20, 21, 22, 23])):
-            owner.execute("SELECT remember(%s, %s, %s, 'exact', weight => 3)", (s.name, context, generated))
+            owner.execute("SELECT remember(%s, %s, %s, 'exact', weight => 3, temperature => 0)", (s.name, context, generated))
     return s
 
 

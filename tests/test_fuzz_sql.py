@@ -645,7 +645,7 @@ def test_draft_tree_drafts_branches_of_the_set_or_22023(db, sets, a) -> None:
 # evicting whole generations, oldest first.
 
 MEMORY_SET = "fuzz_memory"
-REMEMBER = "SELECT * FROM remember(%s::text, %s::int[], %s::int[], %s::text, %s::int, %s::float8)"
+REMEMBER = "SELECT * FROM remember(%s::text, %s::int[], %s::int[], %s::text, %s::int, %s::float8, temperature => 0)"
 BOUND_LIMIT = 10_000_000
 VALID_M = {
     "atom_set": st.just(MEMORY_SET),

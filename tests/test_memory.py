@@ -21,13 +21,20 @@ from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.client import Client
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
-from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryWriter, worth_remembering
+from hartonomous.generation_config import GenerationConfig
+from hartonomous.speculative.memory import (REMEMBERED_PATHS, MemoryPolicy, MemoryWriter, NotRemembered,
+                                            SamplerSettings, worth_remembering)
 from generation_helpers import SMOLLM2_ON_TWO_CORES
 from tiny_model import tiny_model
 
 VOCAB = 40
 CONTEXT = [1, 2, 3]
 GENERATED = [7, 8, 9, 10, 11]
+GREEDY = SamplerSettings(temperature=0.0, top_k=None, top_p=1.0, repetition_penalty=1.0, adaptive=False,
+                         ignore_eos=False)
+# The generations below run greedy past the tiny model's EOS (stop_at_eos=False, for a fixed length):
+# the owner of their set allows that (test_memory_policy.py tests the policy itself).
+PAST_EOS = MemoryPolicy(allow_ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +68,14 @@ def owner(server_url: str, memory_set: str):
         conn.execute(UNBOUND, (memory_set,))
 
 
-def remember(conn, atom_set, context=CONTEXT, generated=GENERATED, path="exact", max_atoms=None, weight=None):
-    return conn.execute("SELECT * FROM remember(%s, %s, %s, %s, max_atoms => %s, weight => %s)",
-                        (atom_set, context, generated, path, max_atoms, weight)).fetchone()
+def remember(conn, atom_set, context=CONTEXT, generated=GENERATED, path="exact", max_atoms=None, weight=None,
+             settings=GREEDY):
+    """remember() of a greedy generation (test_memory_policy.py tries the others)."""
+    return conn.execute("SELECT * FROM remember(%s, %s, %s, %s, max_atoms => %s, weight => %s, temperature => %s, "
+                        "top_k => %s, top_p => %s, repetition_penalty => %s, adaptive => %s, ignore_eos => %s)",
+                        (atom_set, context, generated, path, max_atoms, weight, settings.temperature,
+                         settings.top_k, settings.top_p, settings.repetition_penalty, settings.adaptive,
+                         settings.ignore_eos)).fetchone()
 
 
 def memory_rows(conn, atom_set) -> list[tuple]:
@@ -244,7 +256,11 @@ def test_memory_must_be_true_or_false(owner, memory_set, function):
 # -- permissions --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("statement", [
-    "SELECT * FROM remember('memory-test', ARRAY[1], ARRAY[2], 'exact')",
+    "SELECT * FROM remember('memory-test', ARRAY[1], ARRAY[2], 'exact', temperature => 0, repetition_penalty => 1, "
+    "adaptive => false, ignore_eos => false)",
+    "SELECT set_memory_policy('memory-test', max_temperature => 1000)",
+    "UPDATE memory_policies SET max_temperature = 1000",
+    "INSERT INTO memory_policies SELECT id, 0, 1000, 0, 1, 0, true, true, true FROM atom_sets WHERE name = 'memory-test'",
     "SELECT forget('memory-test')",
     "INSERT INTO memory_atoms (atom_set_id, generation, step, position, token_id, weight, path) "
     "SELECT id, 1, 0, ST_MakePoint(0, 0, 0), 1, 1, 'exact' FROM atom_sets WHERE name = 'memory-test'",
@@ -270,7 +286,10 @@ def test_the_reader_role_cannot_write_the_memory_or_its_bound(reader_url, owner,
     assert len(memory_rows(owner, memory_set)) == len(GENERATED)
 
 
-@pytest.mark.parametrize("function", ["remember(text, integer[], integer[], text, integer, double precision)",
+@pytest.mark.parametrize("function", ["remember(text, integer[], integer[], text, integer, double precision, "
+                                      "double precision, integer, double precision, double precision, boolean, boolean)",
+                                      "set_memory_policy(text, double precision, double precision, double precision, "
+                                      "double precision, integer, boolean, boolean, boolean)",
                                       "forget(text)", "set_memory_bound(text, integer)",
                                       "ht_memory_evict(integer, bigint)"])
 def test_the_reader_role_may_not_execute_the_memorys_writers(owner, function):
@@ -372,14 +391,16 @@ def test_dropping_the_set_drops_its_memory(server_url):
 # -- the Python writer and the clients ----------------------------------------------------------
 
 class Result:
-    def __init__(self, path="exact", finish_reason="length", token_ids=(4, 5)):
+    def __init__(self, path="exact", finish_reason="length", token_ids=(4, 5), config=GenerationConfig(temperature=0)):
         self.path, self.finish_reason, self.token_ids, self.prompt_ids = path, finish_reason, list(token_ids), [1]
+        self.config, self.stats = config, None
 
 
 @pytest.mark.parametrize("result, kept", [
     (Result(), True), (Result(path="speculative", finish_reason="eos"), True),
     (Result(path="hybrid"), False), (Result(path="spatial"), False), (Result(path="augmented"), False),
     (Result(finish_reason="cancelled"), False), (Result(finish_reason="error"), False), (Result(token_ids=()), False),
+    (Result(config=None), False),
 ])
 def test_only_completed_generations_of_the_exact_models_words_are_remembered(result, kept):
     """A whitelist: a path that mixes the store's guesses in (hybrid's spatial steps; any path not
@@ -405,14 +426,14 @@ def test_a_writer_with_a_bound_keeps_the_set_at_it_and_one_without_leaves_it(ser
     plain = MemoryWriter(server_url)
     bounded = MemoryWriter(server_url, max_atoms=4)
     try:
-        plain.remember(memory_set, CONTEXT, [1, 2, 3], "exact")
+        plain.remember(memory_set, CONTEXT, [1, 2, 3], "exact", GREEDY)
         assert bound(owner, memory_set) == 50
-        assert bounded.remember(memory_set, CONTEXT, [4, 5], "exact").atoms == 2     # the older 3 evicted
+        assert bounded.remember(memory_set, CONTEXT, [4, 5], "exact", GREEDY).atoms == 2     # the older 3 evicted
         assert bound(owner, memory_set) == 4
         set_bound(owner, memory_set, 6)                                              # an owner lowers it...
-        plain.remember(memory_set, CONTEXT, [6, 7], "exact")
+        plain.remember(memory_set, CONTEXT, [6, 7], "exact", GREEDY)
         assert bound(owner, memory_set) == 6
-        bounded.remember(memory_set, CONTEXT, [8], "exact")                          # ...the server's comes back
+        bounded.remember(memory_set, CONTEXT, [8], "exact", GREEDY)                          # ...the server's comes back
         assert bound(owner, memory_set) == 4 and plain.status(memory_set).atoms <= 4
         assert bounded.set_bound(memory_set, 1) == 2 and bound(owner, memory_set) == 1
     finally:
@@ -423,8 +444,10 @@ def test_a_writer_with_a_bound_keeps_the_set_at_it_and_one_without_leaves_it(ser
 def test_a_failed_remember_is_logged_and_counted_not_raised(server_url, caplog):
     writer = MemoryWriter(server_url)
     try:
-        assert writer.remember_result("no-such-set", Result()) is None
-        assert writer.failed == 1 and writer.written == 0
+        outcome = writer.remember_result("no-such-set", Result())
+        assert isinstance(outcome, NotRemembered) and outcome.failed
+        assert outcome.as_dict()["remembered"] is False and "could not be written" in outcome.reason
+        assert writer.failed == 1 and writer.written == 0 and writer.refused == 0
         assert "could not remember" in caplog.text
     finally:
         writer.close()
@@ -442,7 +465,7 @@ def random_tiny_set(server_url):
 def tiny_client(server_url, random_tiny_set):
     torch.set_num_threads(1)
     model, tokenizer = tiny_model(0)
-    writer = MemoryWriter(server_url, weight=1e6)
+    writer = MemoryWriter(server_url, weight=1e6, policy=PAST_EOS)
     writer.forget(random_tiny_set)
     exact = ExactModel(model, tokenizer)
     exact._hartonomous_forward_costs = SMOLLM2_ON_TWO_CORES      # as measured there: not this run's timings
@@ -478,7 +501,7 @@ def test_a_client_without_memory_neither_reads_nor_writes_it(server_url, random_
         with Client(database_url=server_url, atom_set=random_tiny_set, exact_model=exact_model) as client:
             exact = client.generate([5, 6], path="exact", **options)
             assert writer.status(random_tiny_set).atoms == 0                   # not written
-            writer.remember(random_tiny_set, exact.prompt_ids, exact.token_ids, "exact")
+            writer.remember(random_tiny_set, exact.prompt_ids, exact.token_ids, "exact", GREEDY)
             result = client.generate([5, 6], path="speculative", **options)
         assert result.token_ids == exact.token_ids
         assert result.stats.tokens_per_forward < 2                             # not read
@@ -493,7 +516,7 @@ def test_hybrid_generations_are_not_remembered(server_url, random_tiny_set, risk
     """Hybrid's spatial steps are the store's own guesses (inf: every step); even where every step
     was the model's (0), the path is not on the whitelist. The exact path's are remembered."""
     model, tokenizer = tiny_model(0)
-    writer = MemoryWriter(server_url)
+    writer = MemoryWriter(server_url, policy=PAST_EOS)
     writer.forget(random_tiny_set)
     options = dict(max_new_tokens=8, temperature=0.0, stop_at_eos=False)
     try:
@@ -533,7 +556,7 @@ def test_the_spatial_path_reads_the_memory_only_when_asked(server_url, random_ti
             before = plain.generate([5, 6, 7], path="spatial", **options).token_ids
             remembered = [(3 * j + 1) % VOCAB for j in range(12)]
             assert remembered != before
-            writer.remember(random_tiny_set, [5, 6, 7], remembered, "exact")
+            writer.remember(random_tiny_set, [5, 6, 7], remembered, "exact", GREEDY)
             assert plain.generate([5, 6, 7], path="spatial", **options).token_ids == before
         with Client(database_url=server_url, atom_set=random_tiny_set, spatial_tokenizer=tokenizer,
                     spatial_memory=True) as reading:

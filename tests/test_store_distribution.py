@@ -81,8 +81,8 @@ def sets(db) -> dict[str, AtomSetData]:
                                   history_weight=1.0, history_window=16)}
     for s in made.values():
         s.atom_set_id = add_set(db, s)
-        db.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
-        db.execute("SELECT remember(%s, %s, %s, 'exact')", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
+        db.execute("SELECT remember(%s, %s, %s, 'exact', temperature => 0)", (s.name, [1, 2, 3, 4], [5, 6, 7, 8, 1, 2]))
+        db.execute("SELECT remember(%s, %s, %s, 'exact', temperature => 0)", (s.name, [8, 7, 6], [5, 4, 3, 2, 8, 7, 6]))
     return made
 
 

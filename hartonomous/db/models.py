@@ -112,13 +112,19 @@ class Atom(Base):
 
 class MemoryAtom(Base):
     """One token of a remembered generation, at the key of the text before it (migration 0011,
-    sql/070_memory.sql); partitioned by atom set like `atoms`, written only by `remember()`."""
+    sql/070_memory.sql); partitioned by atom set like `atoms`, written only by `remember()`, with
+    the sampler settings the generation ran with (0020), which the set's policy admitted."""
 
     __tablename__ = "memory_atoms"
     __table_args__ = (
         CheckConstraint("step >= 0", name="memory_atoms_step_check"),
         CheckConstraint("weight > 0 AND weight < 'Infinity'", name="memory_atoms_weight_check"),
         CheckConstraint("path IN ('exact', 'speculative')", name="memory_atoms_path_check"),   # 0014
+        CheckConstraint("temperature >= 0 AND temperature < 'Infinity'", name="memory_atoms_temperature_check"),
+        CheckConstraint("top_k >= 0", name="memory_atoms_top_k_check"),
+        CheckConstraint("top_p > 0 AND top_p <= 1", name="memory_atoms_top_p_check"),
+        CheckConstraint("repetition_penalty > 0 AND repetition_penalty < 'Infinity'",
+                        name="memory_atoms_repetition_penalty_check"),
         Index("memory_atoms_position_gist", "position", postgresql_using="gist",
               postgresql_ops={"position": "gist_geometry_ops_nd"}),
         {"postgresql_partition_by": "LIST (atom_set_id)"},
@@ -135,6 +141,13 @@ class MemoryAtom(Base):
     weight: Mapped[float] = mapped_column(Double)
     path: Mapped[str] = mapped_column(Text)
     remembered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The settings the generation ran with (0020); top_k NULL or 0: off.
+    temperature: Mapped[float] = mapped_column(Double)
+    top_k: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    top_p: Mapped[float] = mapped_column(Double)
+    repetition_penalty: Mapped[float] = mapped_column(Double)
+    adaptive: Mapped[bool] = mapped_column(Boolean)
+    ignore_eos: Mapped[bool] = mapped_column(Boolean)
 
 
 class MemoryBound(Base):
@@ -150,6 +163,34 @@ class MemoryBound(Base):
         ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
     )
     max_atoms: Mapped[int] = mapped_column(Integer)
+    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class MemoryPolicy(Base):
+    """A set's sampler policy for its memory (migration 0020, sql/070_memory.sql): the settings under
+    which `remember()` keeps a generation; written by the owner with `set_memory_policy()`; a set
+    without a row has the default policy (SQL ht_memory_policy)."""
+
+    __tablename__ = "memory_policies"
+    __table_args__ = (
+        CheckConstraint("min_temperature >= 0 AND min_temperature <= max_temperature AND max_temperature <= 1e6",
+                        name="memory_policies_temperature_check"),
+        CheckConstraint("min_top_p >= 0 AND min_top_p <= max_top_p AND max_top_p > 0 AND max_top_p <= 1",
+                        name="memory_policies_top_p_check"),
+        CheckConstraint("max_top_k BETWEEN 0 AND 1000000", name="memory_policies_max_top_k_check"),
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    min_temperature: Mapped[float] = mapped_column(Double)
+    max_temperature: Mapped[float] = mapped_column(Double)
+    min_top_p: Mapped[float] = mapped_column(Double)
+    max_top_p: Mapped[float] = mapped_column(Double)
+    max_top_k: Mapped[int] = mapped_column(Integer)                # 0: any top_k, off included
+    allow_repetition_penalty: Mapped[bool] = mapped_column(Boolean)
+    allow_adaptive: Mapped[bool] = mapped_column(Boolean)
+    allow_ignore_eos: Mapped[bool] = mapped_column(Boolean)
     set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
