@@ -88,18 +88,19 @@ def prose_file(tmp_path_factory) -> Path:
     return path
 
 
-def hartonomous(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI, as a user runs it against the cluster's coordinator."""
+def hartonomous(cluster: CitusCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, as a user runs it against the cluster's coordinator (its home beside the cluster)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARTONOMOUS_")}
-    env["HARTONOMOUS_DATABASE_URL"] = url
+    env["HARTONOMOUS_DATABASE_URL"] = cluster.url()
+    env["HARTONOMOUS_HOME"] = str(cluster.root.parent)
     return subprocess.run([sys.executable, "-m", "hartonomous.cli", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=600)
 
 
-def default_build(url: str, tiny_dir: Path, name: str, corpus: Path, *extra: str) -> None:
+def default_build(cluster: CitusCluster, tiny_dir: Path, name: str, corpus: Path, *extra: str) -> None:
     """`hartonomous build --target corpus` with every other option at its default (gate included),
     at small sizes."""
-    done = hartonomous(url, "build", "--name", name, "--model", str(tiny_dir), "--corpus", str(corpus), *extra,
+    done = hartonomous(cluster, "build", "--name", name, "--model", str(tiny_dir), "--corpus", str(corpus), *extra,
                        "--target", "corpus", "--max-tokens", "3000", "--landmarks", "32", "--holdout-chars", "3000",
                        "--context-length", "64", "--batch-tokens", "512", "--no-teacher-cache")
     assert done.returncode == 0, done.stderr
@@ -114,7 +115,7 @@ def gate_row(url: str, name: str) -> tuple | None:
 @pytest.fixture(scope="module")
 def code_set(citus, tiny_dir, code_dir) -> str:
     name = f"citus-code-{uuid.uuid4().hex[:8]}"
-    default_build(citus.url(), tiny_dir, name, code_dir, "--include", "*.py")
+    default_build(citus, tiny_dir, name, code_dir, "--include", "*.py")
     return name
 
 
@@ -129,7 +130,7 @@ def test_the_default_code_build_routes_and_fits_its_gate_on_the_cluster(citus, c
 
 def test_the_default_prose_build_fits_its_gate_on_the_cluster(citus, tiny_dir, prose_file) -> None:
     name = f"citus-prose-{uuid.uuid4().hex[:8]}"
-    default_build(citus.url(), tiny_dir, name, prose_file)
+    default_build(citus, tiny_dir, name, prose_file)
     with psycopg.connect(citus.url()) as conn:
         kernel, spread = conn.execute("SELECT kernel, route_spread FROM atom_sets WHERE name = %s", (name,)).fetchone()
         gate = load_gate(conn, name)
@@ -139,7 +140,7 @@ def test_the_default_prose_build_fits_its_gate_on_the_cluster(citus, tiny_dir, p
 
 def test_gate_fit_replaces_the_gate_on_the_cluster(citus, code_set) -> None:
     before = gate_row(citus.url(), code_set)
-    done = hartonomous(citus.url(), "gate", "fit", code_set, "--max-positions", "40")
+    done = hartonomous(citus, "gate", "fit", code_set, "--max-positions", "40")
     assert done.returncode == 0, done.stderr
     positions, fitted_at = gate_row(citus.url(), code_set)
     assert positions <= 40 < before[0] and fitted_at > before[1]
