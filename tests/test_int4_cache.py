@@ -2,7 +2,7 @@
 trusted when damaged, and never the reason a load fails.
 
 A replacement of the same name, size and mtime is its own key (the key was name, size and whole-second
-mtime); a cache file truncated, bit-flipped or without its recorded SHA-256 is refused and written again;
+mtime); a cache file truncated, bit-flipped or without its recorded CRC-32 is refused and written again;
 a cache truncated while a process runs on it cannot fault that process (it is read, not mapped); a save
 that fails (torch.save reports a full disk as RuntimeError) is logged and the load returns the weights.
 """
@@ -93,9 +93,9 @@ def truncate_to_half(path: Path) -> None:
 
 
 def drop_the_recorded_digest(path: Path) -> None:
-    """A cache file as the previous layout wrote it: whole, but without its SHA-256."""
+    """A cache file as the previous layout wrote it: whole, but without its CRC-32."""
     saved = torch.load(path, weights_only=True)
-    del saved["sha256"]
+    del saved["crc32"]
     torch.save(saved, path)
 
 
