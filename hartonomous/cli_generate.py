@@ -180,7 +180,9 @@ def register(app: typer.Typer) -> None:
         remember: bool = typer.Option(False, "--remember",
                                       help="Exact, speculative: remember this generation in the atom set's "
                                            "memory (written as the database owner; only the exact model's words "
-                                           "are remembered, so not with spatial or hybrid)."),
+                                           "are remembered, so not with spatial or hybrid, and only under sampler "
+                                           "settings the set's memory policy admits: by default greedy and the "
+                                           "sampler's defaults, no --ignore-eos; stderr says whether it was)."),
         tree_width: int = typer.Option(1, "--tree-width",
                                        help="Speculative: let rounds draft trees of up to this many branches "
                                             "(1 = chains)."),
@@ -246,6 +248,8 @@ def register(app: typer.Typer) -> None:
                 print(_augmented_line(result.stats), file=sys.stderr)
             elif result.stats is not None:
                 print(_speculative_line(result.stats), file=sys.stderr)
+            if result.memory is not None:            # --remember: what the set's memory did with it
+                print(f"[memory] {result.memory.line()}", file=sys.stderr)
 
     @app.command("next-token")
     @with_options
@@ -283,4 +287,5 @@ def result_json(result) -> dict:
             "finish_reason": result.finish_reason, "seed": result.seed, "prompt_ids": result.prompt_ids,
             "timings": {"prefill_s": t.prefill_s, "total_s": t.total_s, "per_token_s": t.per_token_s,
                         "tokens_per_second": t.tokens_per_second},
-            "stats": result.stats.as_dict() if result.stats is not None else None}
+            "stats": result.stats.as_dict() if result.stats is not None else None,
+            "memory": result.memory.as_dict() if result.memory is not None else None}

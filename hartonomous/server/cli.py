@@ -52,15 +52,25 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("info", "--log-level", help="critical | error | warning | info | debug."),
         remember: bool = typer.Option(False, "--remember/--no-remember",
                                       help="Remember completed exact and speculative generations (the exact "
-                                           "model's words) in the atom set's memory (written by the database "
-                                           "owner, never the reader), and let speculative drafts read it. Off by "
-                                           "default."),
+                                           "model's words, under sampler settings the set's memory policy admits: "
+                                           "by default greedy and the sampler's defaults, nothing hotter) in the "
+                                           "atom set's memory (written by the database owner, never the reader), "
+                                           "and let speculative drafts read it. Each response says whether it was "
+                                           "remembered. Off by default."),
         memory_max_atoms: Optional[int] = typer.Option(None, "--memory-max-atoms", min=1, max=10_000_000,
                                                        help="With --remember: set this bound on the memory of each "
                                                             "atom set the server writes, in atoms (one per generated "
                                                             "token; the oldest generations are evicted). Default: "
                                                             "each set's own bound (100,000 unless the owner set "
                                                             "one with set_memory_bound)."),
+        memory_policy: Optional[str] = typer.Option(None, "--memory-policy",
+                                                    help="With --remember: set this sampler policy on the memory "
+                                                         "of each atom set the server writes: KEY=VALUE pairs, "
+                                                         "comma-separated, KEY one of min_temperature, "
+                                                         "max_temperature, min_top_p, max_top_p, max_top_k, "
+                                                         "allow_repetition_penalty, allow_adaptive, "
+                                                         "allow_ignore_eos; keys left out take the default "
+                                                         "policy's (docs/sql.md). Default: each set's own policy."),
         memory_weight: Optional[float] = typer.Option(None, "--memory-weight",
                                                       help="With --remember: a remembered atom's weight (default: "
                                                            "the atom set's history_weight)."),
@@ -79,28 +89,40 @@ def register(app: typer.Typer) -> None:
         with connect(url, autocommit=True) as conn:          # fail now, in one line, if unreachable
             try:
                 info = load_atom_set(conn, atom_set)
-                default_set = f"atom set '{info.name}'"
+                default_set, default_name = f"atom set '{info.name}'", info.name
             except UserError as exc:
                 if atom_set is not None:
                     raise
-                default_set = f"no atom set ({exc}); the exact path still works"
+                default_set, default_name = f"no atom set ({exc}); the exact path still works", None
         if memory_weight is not None and not (0 < memory_weight < float("inf")):
             raise UserError(f"--memory-weight must be a positive finite number, got {memory_weight}")
+        policy = None
+        if memory_policy is not None:
+            from hartonomous.speculative.memory import MemoryPolicy
+
+            if not remember:
+                raise UserError("--memory-policy is the policy of the memory the server writes: add --remember")
+            policy = MemoryPolicy.parse(memory_policy)
         writer_url = None
         if remember:
             writer_url = owner_url()
-            with connect(writer_url, autocommit=True):     # the memory's writer must connect too
-                pass
+            with connect(writer_url) as conn:              # the memory's writer must connect too
+                if policy is not None and default_name is not None:
+                    from hartonomous import sqlcalls   # the database checks the policy's values: now, then undone
+
+                    sqlcalls.set_memory_policy(conn, default_name, policy.arguments())
+                    conn.rollback()
         _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
                               runtime=runtime, preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
-                              memory_weight=memory_weight, writer_url=writer_url)
+                              memory_weight=memory_weight, memory_policy=policy, writer_url=writer_url)
         if not _is_loopback(host):
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
                   "address can use it", file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
         bound = f"at most {memory_max_atoms:,} atoms per set" if memory_max_atoms else "each set's own bound"
-        memory = f"; remembering generations ({bound})" if remember else ""
+        rule = "the policy given" if policy is not None else "each set's own sampler policy"
+        memory = f"; remembering generations ({bound}, {rule})" if remember else ""
         print(f"hartonomous: http://{shown}:{port}/ (playground), /docs (API); database {redact(url)}; "
               f"{default_set}{memory}", file=sys.stderr)
         uvicorn.run(create_app(config=config), host=host, port=port, log_level=log_level.lower(),

@@ -26,6 +26,18 @@ class Result(dict):
     """The final summary of a streamed generation (sent as `event: result`)."""
 
 
+class MemoryNote(dict):
+    """What a remembering server's memory did with a streamed generation, when the stream carries
+    no result (sent as `event: memory`): the `memory` object of the response."""
+
+
+def memory_out(result: GenerationResult) -> dict | None:
+    """The response's `memory`: None where the server does not remember, else whether this
+    generation was remembered and, if not, why (its path, its end, or the set's sampler policy)."""
+    outcome = getattr(result, "memory", None)
+    return outcome.as_dict() if outcome is not None else None
+
+
 def result_out(result: GenerationResult, atom_set: str | None) -> dict:
     """A GenerationResult as the API's GenerateResponse."""
     t = result.timings
@@ -34,7 +46,8 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
             "finish_reason": result.finish_reason, "seed": result.seed,
             "timings": {"prefill_s": t.prefill_s, "total_s": t.total_s, "tokens_per_second": t.tokens_per_second,
                         "time_to_first_token_s": t.time_to_first_token_s},
-            "stats": result.stats.as_dict() if result.stats is not None else None}
+            "stats": result.stats.as_dict() if result.stats is not None else None,
+            "memory": memory_out(result)}
 
 
 def _client(runtime: Runtime, req):
@@ -97,6 +110,8 @@ def produce_stream(runtime: Runtime, req: StreamRequest, emit: Callable[[Any], N
             emit({"token": session.tail})
         if req.details:
             emit(Result(result_out(session.result, engine.atom_set)))
+        elif session.result is not None and memory_out(session.result) is not None:
+            emit(MemoryNote(memory_out(session.result)))
 
 
 def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:

@@ -93,7 +93,9 @@ def healthz(request: Request) -> JSONResponse:
         return JSONResponse(status_code=503, content=info)
     writer = runtime.memory_writer
     info["memory"] = ({"remember": True, "max_atoms": writer.max_atoms, "remembered": writer.written,
-                       "failed": writer.failed} if writer is not None else {"remember": False})
+                       "refused": writer.refused, "failed": writer.failed,
+                       "policy": writer.policy.arguments() if writer.policy is not None else None}
+                      if writer is not None else {"remember": False})
     return JSONResponse(info)
 
 

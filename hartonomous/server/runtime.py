@@ -12,8 +12,10 @@ waits behind a generation on the model (docs/server.md says how both are sized).
 With `remember` on, completed exact and speculative generations (the exact model's words; never
 the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
 through one writer connection of the owner's, kept apart from the reader pool, and speculative
-drafts read that memory. `memory_max_atoms`, when set, is written as the bound of each set's memory
-before the server writes there; the database enforces it.
+drafts read that memory, under the sampler settings each set's memory policy admits (by default
+greedy and the sampler's defaults: a request at temperature 100 is answered, not remembered; the
+response's `memory` says so). `memory_max_atoms` and `memory_policy`, when set, are written as the
+bound and the policy of each set's memory before the server writes there; the database enforces both.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ServerConfig:
     remember: bool = False                # write completed generations to the set's memory; drafts read it
     memory_max_atoms: int | None = None   # the bound this server sets on each set's memory (None: the sets' own)
     memory_weight: float | None = None    # a remembered atom's weight (None: the set's history_weight)
+    memory_policy: Any = None             # the sampler policy this server sets on each set's memory
+                                          # (a speculative.memory.MemoryPolicy; None: the sets' own)
     writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
 
 
@@ -141,7 +145,7 @@ class Runtime:
             from hartonomous.speculative.memory import MemoryWriter
 
             self.memory_writer = MemoryWriter(self.config.writer_url, max_atoms=self.config.memory_max_atoms,
-                                              weight=self.config.memory_weight)
+                                              weight=self.config.memory_weight, policy=self.config.memory_policy)
         self.database_executor = ThreadPoolExecutor(max_workers=database, thread_name_prefix="hartonomous-database")
         self.model_executor = ThreadPoolExecutor(max_workers=model, thread_name_prefix="hartonomous-model")
         if self.config.preload_exact and self._exact is None:

@@ -232,6 +232,14 @@ class AugmentedStatsOut(BaseModel):
     store_top_picked: int = Field(description="Steps whose picked token was the store's most probable one.")
 
 
+class MemoryOut(BaseModel):
+    remembered: bool = Field(description="Whether the atom set's memory kept this generation.")
+    reason: str | None = Field(None, description="Why not: its path (only the exact model's words are kept), "
+                                                 "its end, or the set's sampler policy (the settings it refused).")
+    generation: int | None = Field(None, description="The remembered generation's number.")
+    atoms: int = Field(0, description="Atoms written (one per generated token).")
+
+
 class GenerateResponse(BaseModel):
     path: GenerationPath
     atom_set: str | None = None
@@ -245,6 +253,9 @@ class GenerateResponse(BaseModel):
     stats: SpeculativeStatsOut | HybridStatsOut | AugmentedStatsOut | None = Field(
         None, description="Speculative: rounds, acceptance, draft vs verify time; hybrid: steps sent to the exact "
                           "model; augmented: the mean λ and how often the store's top token was picked.")
+    memory: MemoryOut | None = Field(
+        None, description="On a server that remembers generations (`serve --remember`): whether this one was "
+                          "remembered, and if not why; null elsewhere.")
 
 
 class BatchResponse(BaseModel):

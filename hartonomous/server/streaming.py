@@ -7,7 +7,8 @@ polling for a client disconnect while it waits.
 
 Wire format (the original protocol): `data: {"token": "..."}` per token, then `data: [DONE]`.
 Extra, only on request (`details`): more fields in each token event and a final
-`event: result`. On a failure after the stream started: `event: error` with
+`event: result`. A server that remembers generations ends a stream without details with
+`event: memory` (whether the memory kept it, and why not). On a failure after the stream started: `event: error` with
 `{"error": "..."}`, then `data: [DONE]`. Keep-alive pings are SSE comments (`: ping ...`).
 """
 
@@ -26,7 +27,7 @@ import psycopg
 from starlette.requests import Request
 
 from hartonomous.errors import UserError
-from hartonomous.server.generation import Result
+from hartonomous.server.generation import MemoryNote, Result
 
 log = logging.getLogger("hartonomous.server")
 T = TypeVar("T")
@@ -109,6 +110,8 @@ async def sse_events(stream: WorkerStream) -> AsyncIterator[dict]:
         async for item in stream:
             if isinstance(item, Result):
                 yield {"event": "result", "data": _json(dict(item))}
+            elif isinstance(item, MemoryNote):
+                yield {"event": "memory", "data": _json(dict(item))}
             else:
                 yield {"data": _json(item)}
     except UserError as exc:
