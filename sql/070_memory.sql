@@ -80,9 +80,10 @@
 --     (sql/015_knn.sql), and run memory_status() and memory_policy().
 --  6. A set's memory lives in its own partition, memory_atoms_<id>, created by its first
 --     remember() and dropped with the set (hartonomous atom-sets drop), as are its bound and policy.
---  7. Citus: set_memory_policy() has no ON CONFLICT ... DO UPDATE clause (a coordinator requires
---     its functions IMMUTABLE): it reads the set's row, then updates it or inserts one, under the
---     set's memory lock.
+--  7. Citus: every function here works on a coordinator. No write has an ON CONFLICT ... DO
+--     UPDATE clause (Citus requires the functions of its SET IMMUTABLE, and now() is not):
+--     set_memory_bound() and set_memory_policy() read the set's row, then update it or insert
+--     one, under the set's memory lock, with the time read once into a variable.
 
 CREATE OR REPLACE FUNCTION ht_memory_set(p_atom_set text, OUT id integer, OUT name text,
                                          OUT centroid_window integer,
@@ -360,14 +361,20 @@ AS $$
 DECLARE
     s      record;
     v_have bigint;
+    v_now  timestamptz := now();
+    v_old  integer;
 BEGIN
     SELECT * INTO s FROM ht_memory_set(set_memory_bound.atom_set);
     PERFORM ht_check_between('max_atoms', set_memory_bound.max_atoms, 1, 10000000,
                              'max_atoms bounds the set''s memory, in atoms (one per remembered token).');
     PERFORM pg_advisory_xact_lock(hashtext('hartonomous.speculative.memory'), s.id);
-    INSERT INTO memory_bounds AS b (atom_set_id, max_atoms) VALUES (s.id, set_memory_bound.max_atoms)
-        ON CONFLICT (atom_set_id) DO UPDATE SET max_atoms = excluded.max_atoms, set_at = now()
-        WHERE b.max_atoms IS DISTINCT FROM excluded.max_atoms;
+    -- No ON CONFLICT ... DO UPDATE (rule 7): read, then update a changed bound or insert a new one.
+    SELECT b.max_atoms INTO v_old FROM memory_bounds b WHERE b.atom_set_id = s.id;
+    IF NOT FOUND THEN
+        INSERT INTO memory_bounds (atom_set_id, max_atoms, set_at) VALUES (s.id, set_memory_bound.max_atoms, v_now);
+    ELSIF v_old <> set_memory_bound.max_atoms THEN
+        UPDATE memory_bounds b SET max_atoms = set_memory_bound.max_atoms, set_at = v_now WHERE b.atom_set_id = s.id;
+    END IF;
     SELECT count(*) INTO v_have FROM memory_atoms m WHERE m.atom_set_id = s.id;
     RETURN ht_memory_evict(s.id, v_have - set_memory_bound.max_atoms);
 END
