@@ -34,9 +34,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "[install] python environment ready in $(VENV)"
 
-install-llama: install-python ## llama.cpp for the llama runtime and bench --speculative's peer (compiles: ~6-10 min on 2 cores)
-	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q -e '.[llama]'
-	@echo "[install] llama-cpp-python ready"
+install-llama: install-python ## llama.cpp for the llama runtime and bench --speculative's peer (compiled once per CPU, ~12 min on 2 cores; then its cached wheel, ~3 s)
+	@PY=$(PY) bash scripts/install-llama.sh
 
 db-up: install ## Start the embedded database and migrate it
 	@$(HT) db up
@@ -45,7 +44,7 @@ db-up: install ## Start the embedded database and migrate it
 demo: db-up ## Build atom sets from SmolLM2, answer next_token, generate, write the comparison report
 	@bash scripts/demo.sh
 
-test: install ## Run the whole suite against a real PostGIS
+test: install install-llama ## Run the whole suite against a real PostGIS (with the llama runtime: docs/reliability.md)
 	@$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 readme: ## Regenerate README's results table from the result JSONs in docs/results/ (scripts/results_table.py)
