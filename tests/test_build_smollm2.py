@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from optional_parts import require_smollm2
 
-from hartonomous.errors import UserError
 from projection.build import BuildOptions, build
 
 
@@ -14,12 +14,8 @@ from projection.build import BuildOptions, build
 def test_smollm2_token_and_context_sets(server_url: str) -> None:
     from hartonomous.model import load_model, load_tokenizer
 
-    try:
-        model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
-    except UserError as exc:
-        if "not installed" not in str(exc):
-            raise
-        pytest.skip(f"SmolLM2 is not installed: {exc}")
+    require_smollm2()
+    model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
     common = dict(model="smollm2", max_tokens=3000, holdout_chars=3000, replace=True)
     results = {}
     with psycopg.connect(server_url) as conn:

