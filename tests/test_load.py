@@ -1,9 +1,9 @@
 """LOAD TEST (~90 s): 16 clients against `hartonomous serve`, 5 s warm-up + 60 s, mixed next_token and generate.
 
 The server is the real command in its own process (tiny model, a hand-made 320-token atom set,
-the reader role, the default pool of 4 connections), on loopback, remembering generations
+the reader role, the default pools of 4 + 8 connections), on loopback, remembering generations
 (`--remember`, a bound of MEMORY_MAX_ATOMS atoms, so eviction runs under load too). Asserts zero
-errors, that the server never holds more connections than its pool, that every connection is
+errors, that the server never holds more connections than its pools and writer, that every connection is
 gone once it stops, and that the memory was written, never failed and stayed within its bound. Prints the figures (run with -s) and writes them, with the machine's load average before and after,
 to test-artifacts/load.json; the run docs/reliability.md quotes is that file committed as
 docs/results/<date>-load.json (tests/test_docs_results.py checks the docs against it).
@@ -31,7 +31,9 @@ from hartonomous.reliability.load import ConnectionSampler, connection_counts, r
 
 CLIENTS = 16
 SECONDS = float(os.environ.get("HARTONOMOUS_LOAD_SECONDS", "60"))
-POOL_SIZE = 4                 # ServerConfig's default
+POOL_SIZE = 4                 # ServerConfig's default: database-only requests, each on a connection
+MODEL_POOL_SIZE = 8           # ServerConfig.max_concurrent's default: requests on the model, one each
+SERVER_CONNECTIONS = POOL_SIZE + MODEL_POOL_SIZE + 1     # the two pools and the memory's writer
 MEMORY_MAX_ATOMS = 300        # small: a minute of load evicts many generations
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "load.json"
 
@@ -112,8 +114,8 @@ def test_sixteen_clients_for_a_minute_without_errors_or_leaks(server_url, reader
     assert 0 < held[0] <= MEMORY_MAX_ATOMS, held
     assert all(s["requests"] > 0 for s in report.by_kind.values()), report.by_kind
     assert report.seconds >= SECONDS
-    assert 1 <= peak <= POOL_SIZE, f"the server held {peak} connections; its pool has {POOL_SIZE}"
-    assert during["server"] <= POOL_SIZE and during.get("server_idle_in_transaction", 0) == 0
+    assert 1 <= peak <= SERVER_CONNECTIONS, f"the server held {peak} connections; its pools and writer have {SERVER_CONNECTIONS}"
+    assert during["server"] <= SERVER_CONNECTIONS and during.get("server_idle_in_transaction", 0) == 0
     assert during.get("server_active", 0) == 0          # nothing left running after the last answer
     assert after["all"] <= before["all"], "connections leaked past the server's shutdown"
     assert proc.returncode == 0, output
