@@ -103,6 +103,14 @@ class ExactBackend:
         self.model._check(ids)
         return ExactState(ids, self.model.new_cache() if self.model.use_cache else None, None)
 
+    def _prefill_prompt(self, state: ExactState) -> list[int]:
+        """The ids not yet cached, after prefilling the prompt if nothing is cached yet: the speculative
+        path's first forward prefills exactly as `start` does (a runtime may batch a prompt's rows,
+        never a decoded or drafted token's), so both paths read the same cache."""
+        if state.cache.length == 0 and state.logits is None:
+            state.logits = self.model.prefill(state.ids, state.cache)
+        return state.ids[state.cache.length:]
+
     def score_logits(self, state: ExactState, draft: list[int]) -> torch.Tensor:
         """Raw logits (k+1, V): row j is the next-token logits after ids + draft[:j], k = len(draft).
 
@@ -112,7 +120,7 @@ class ExactBackend:
         k = len(draft)
         if state.cache is None:
             return self.model.full_logits_many(state.ids + draft, k + 1)
-        pending = state.ids[state.cache.length:]
+        pending = self._prefill_prompt(state)
         if not pending:                    # everything cached: the logits after ids are known
             if state.logits is None:
                 raise RuntimeError("exact state has its ids cached but no logits; this is a bug")
@@ -140,7 +148,7 @@ class ExactBackend:
             root = self.model.full_logits_many(state.ids, 1)[0]
             rows = [self.model.full_logits_many(state.ids + b, len(b)) if b else root[:0] for b in branches]
         else:
-            pending = state.ids[state.cache.length:]
+            pending = self._prefill_prompt(state)
             if not pending and state.logits is None:
                 raise RuntimeError("exact state has its ids cached but no logits; this is a bug")
             flat = self.model.extend_tree(pending, branches, state.cache) if pending or any(branches) else None

@@ -14,6 +14,10 @@ costs nothing, and a tree of drafts is verified in one forward with explicit pos
 runs one row at a time over the keys that row sees, and every other operation computes each row
 alone, so a token's logits are bitwise the same whether it is decoded alone or verified in a chain
 or a tree: speculative greedy output on this runtime is its own one-token greedy output.
+The prompt is the exception, since only its last row gives logits: `prefill` cuts it at absolute
+multiples of `prefill_chunk` and computes each chunk's rows together (batched attention, matmuls on
+the weights unpacked to bfloat16), so a prompt continued from its cached whole chunks
+(hartonomous.runtimes.prefix_cache) gives the bits of the same prompt prefilled cold.
 On CPUs without AVX-512 BF16 the same code runs (bfloat16 is emulated, correctly but slowly); the
 default runtime is then the float32 one (hartonomous.runtimes.default_runtime).
 """
@@ -38,6 +42,8 @@ from hartonomous.runtimes.gguf_weights import BLOCK, GGUFWeights, LlamaConfig, Q
 PREPARED_VERSION = 3                      # 3: the cache file records its content's CRC-32
 INNER_K_TILES = 2
 ACT = torch.bfloat16
+PREFILL_CHUNK = 128      # a prompt is computed in chunks of positions [128j, 128(j+1)): docs/runtimes.md
+EXACT_ROWS = 32          # a chunk of fewer rows is computed as decoding computes it (row-exact)
 
 log = logging.getLogger("hartonomous.runtimes.int4")
 
@@ -63,6 +69,30 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, BLOCK, self.scales_zeros)
 
+    def dense(self) -> torch.Tensor:
+        """The weight (N, K) in bfloat16, unpacked once: the prompt's matmuls run on it, where the
+        int4 kernel costs as much per row for 256 rows as for one (docs/runtimes.md)."""
+        weight = getattr(self, "_dense", None)
+        if weight is None:
+            n = self.packed.shape[0]
+            k = self.scales_zeros.shape[0] * BLOCK
+            if n % 64 == 0 and self.packed.shape == (n, k // 2):
+                # the CPU packing: per 64 rows and per column, byte j holds row j (low) and row 32+j (high)
+                blocks = self.packed.reshape(n // 64, k, 32)
+                codes = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).permute(0, 2, 1).reshape(n, k)
+                sz = self.scales_zeros.float()                         # (K/32, N, 2)
+                scale = sz[..., 0].T.repeat_interleave(BLOCK, dim=1)
+                zero = sz[..., 1].T.repeat_interleave(BLOCK, dim=1)
+                weight = ((codes.float() - 8) * scale + zero).to(ACT)
+            else:                                                      # another layout: ask the kernel itself
+                weight = self(torch.eye(k, dtype=ACT)).T.contiguous()
+            self._dense = weight
+        return weight
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x @ W.T for a chunk of prompt rows, on the unpacked weight."""
+        return F.linear(x, self.dense())
+
     def state(self) -> dict:
         return {"packed": self.packed, "scales_zeros": self.scales_zeros}
 
@@ -83,6 +113,17 @@ class Q8Head:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.hi(x).float() + self.lo(x).float()
+
+
+def prefill_chunks(start: int, end: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """Positions start..end cut at the multiples of `chunk`: the same cut whatever was cached before,
+    so a prompt continued from a cache of k*chunk tokens computes the chunks a cold prefill computes."""
+    cuts, at = [], start
+    while at < end:
+        stop = min((at // chunk + 1) * chunk, end)
+        cuts.append((at, stop))
+        at = stop
+    return cuts
 
 
 def _concat_q4_1(parts: Sequence[Q4_1]) -> Q4_1:
@@ -241,7 +282,7 @@ class StaticKVCache:
     def _allocate(self, capacity: int) -> None:
         c = self._config
         shape = (c.layers, c.kv_heads, capacity, c.head_dim)
-        new_k, new_v = torch.zeros(shape), torch.zeros(shape)
+        new_k, new_v = torch.empty(shape), torch.empty(shape)      # a slot is read only once written
         if getattr(self, "k", None) is not None and self.length:
             new_k[:, :, :self.length] = self.k[:, :, :self.length]
             new_v[:, :, :self.length] = self.v[:, :, :self.length]
@@ -283,6 +324,7 @@ class Int4Model(RuntimeModel):
         inv = 1.0 / (c.rope_base ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self._inv_freq = inv
         self._rope = self._rope_table(4096)
+        self.prefill_chunk = PREFILL_CHUNK          # where a prompt is cut (prefill_chunks)
 
     def _rope_table(self, length: int) -> torch.Tensor:
         angles = torch.outer(torch.arange(length, dtype=torch.float64), self._inv_freq)
@@ -357,12 +399,86 @@ class Int4Model(RuntimeModel):
         last = x if keep is None else x[n - keep:]
         return w.head(F.rms_norm(last, dim, w.norm, eps).to(ACT))
 
+    # -- the prompt: chunks of batched attention ----------------------------------------------
+
+    @torch.inference_mode()
+    def _forward_chunks(self, ids: Sequence[int], cache: StaticKVCache,
+                        chunks: list[tuple[int, int]]) -> torch.Tensor:
+        """Feed consecutive prompt chunks (absolute positions, starting at cache.length), layer by layer
+        (each layer's unpacked weight is read once for all of them): a chunk's rows attend in one
+        batched call to the keys before them and to each other (causally), its matmuls run on the
+        bfloat16 weight. Every operation depends only on the chunk's own rows and the cache before
+        it, so a chunk gives the same bits whenever it is computed. Returns the logits (V,) after the
+        last row."""
+        c, w = self.config, self.weights
+        start, end = chunks[0][0], chunks[-1][1]
+        hd, nq, nkv = c.head_dim, c.heads, c.kv_heads
+        q_end, k_end = nq * hd, (nq + nkv) * hd
+        dim, eps, hidden = (c.dim,), c.norm_eps, c.hidden
+        x = w.embed(torch.as_tensor(list(ids), dtype=torch.long))
+        rot = self._rope[start:end][:, None, :]
+        masks = [torch.arange(e)[None, :] <= torch.arange(s, e)[:, None] for s, e in chunks]
+        for i, layer in enumerate(w.layers):
+            for (s, e), mask in zip(chunks, masks):
+                n, xs, r = e - s, x[s - start:e - start], rot[s - start:e - start]
+                qkv = layer["qkv"].rows(F.rms_norm(xs, dim, layer["attn_norm"], eps).to(ACT)).float()
+                qk = torch.view_as_real(torch.view_as_complex(qkv[:, :k_end].view(n, nq + nkv, hd // 2, 2)) * r)
+                cache.k[i].narrow(1, s, n).copy_(qk[:, nq:].view(n, nkv, hd).transpose(0, 1))
+                cache.v[i].narrow(1, s, n).copy_(qkv[:, k_end:].view(n, nkv, hd).transpose(0, 1))
+                q = qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None]          # (1, nq, n, hd)
+                keys, values = cache.k[i:i + 1, :, :e].contiguous(), cache.v[i:i + 1, :, :e].contiguous()
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+                xs += layer["out"].rows(attn[0].transpose(0, 1).reshape(n, q_end).to(ACT))
+                gate, up = layer["gate_up"].rows(F.rms_norm(xs, dim, layer["ffn_norm"], eps).to(ACT)).split(hidden, -1)
+                xs += layer["down"].rows(F.silu(gate) * up)
+        cache.length = end
+        return w.head(F.rms_norm(x[-1:], dim, w.norm, eps).to(ACT))[0]
+
+    def _prefill_rows(self, ids: Sequence[int], cache: StaticKVCache) -> torch.Tensor:
+        """Feed the prompt's `ids` after the cache's tokens; the logits (V,) after the last.
+
+        The prompt is cut at absolute multiples of `prefill_chunk` (prefill_chunks). A chunk of at
+        least EXACT_ROWS rows is batched (_forward_chunks): its rows differ from decoded ones in the
+        last bits, which nothing compares, since only the prompt's last row gives logits. A shorter
+        chunk is computed as decoding computes it (_forward), so a short prompt's rows are the bits
+        of decoding it token by token. The cut and the choice depend on positions alone, so a prompt
+        continued from a cached prefix of whole chunks gives the bits of the same prompt cold."""
+        start = cache.length
+        end = start + len(ids)
+        cache.reserve(len(ids))
+        if end > self._rope.shape[0]:
+            self._rope = self._rope_table(max(end, 2 * self._rope.shape[0]))
+        logits, batch = None, []
+
+        def flush() -> None:
+            nonlocal logits
+            if batch:
+                logits = self._forward_chunks(ids[batch[0][0] - start:batch[-1][1] - start], cache, list(batch))
+                batch.clear()
+
+        for s, e in prefill_chunks(start, end, self.prefill_chunk):
+            if e - s >= EXACT_ROWS:
+                batch.append((s, e))
+                continue
+            flush()
+            logits = self._forward(ids[s - start:e - start], cache, None, None, 1)[0]
+        flush()
+        return logits
+
     # -- the exact model's operations (hartonomous.exact.ExactModel) ------------------------------
 
     def prefill(self, ids: Sequence[int], cache: StaticKVCache) -> torch.Tensor:
+        """The logits after the prompt `ids`, fed into an emptied cache (_prefill_rows)."""
         self._check(ids)
         cache.reset()
-        return self._forward(ids, cache, None, None, 1)[0]
+        return self._prefill_rows(ids, cache)
+
+    def prefill_more(self, ids: Sequence[int], cache: StaticKVCache) -> torch.Tensor:
+        """The logits after a prompt whose first cache.length tokens are cached and `ids` follow: the
+        bits of prefill(cached + ids) when the cache holds whole chunks a prefill computed
+        (hartonomous.runtimes.prefix_cache)."""
+        self._check(ids)
+        return self._prefill_rows(ids, cache)
 
     def decode_one_token(self, token_id: int, cache: StaticKVCache) -> torch.Tensor:
         self._check([token_id])

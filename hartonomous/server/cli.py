@@ -74,6 +74,11 @@ def register(app: typer.Typer) -> None:
         memory_weight: Optional[float] = typer.Option(None, "--memory-weight",
                                                       help="With --remember: a remembered atom's weight (default: "
                                                            "the atom set's history_weight)."),
+        prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb", min=0, max=1 << 20,
+                                            help="Keep recent prompts' KV caches, at most this many MiB, so a "
+                                                 "prompt that extends one (an editor's next keystroke, a chat's "
+                                                 "next turn) computes only its new part, with the same answer "
+                                                 "(int4 runtime; 0: off; SmolLM2 takes 45 KiB a token)."),
     ) -> None:
         """Run the HTTP API (SSE streaming) and the playground page at http://HOST:PORT/."""
         import uvicorn
@@ -115,7 +120,8 @@ def register(app: typer.Typer) -> None:
         _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
                               runtime=runtime, preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
-                              memory_weight=memory_weight, memory_policy=policy, writer_url=writer_url)
+                              memory_weight=memory_weight, memory_policy=policy, writer_url=writer_url,
+                              prefix_cache_mb=prefix_cache_mb)
         if not _is_loopback(host):
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
                   "address can use it", file=sys.stderr)

@@ -1,23 +1,23 @@
-"""The endpoints: /api/next_token, /api/generate(/stream|/batch), /api/atom_sets, /healthz, /."""
+"""The endpoints: /api/next_token, /api/generate(/stream|/batch), /api/atom_sets, /api/paths, /healthz, /."""
 
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from sse_starlette import EventSourceResponse
 
 from hartonomous.atomset import atom_set_names, list_atom_sets
+from hartonomous.paths import DEFAULT_PATH, as_dicts
 from hartonomous.server import generation
+from hartonomous.server.playground import STATIC_DIR, page as playground_page
 from hartonomous.server.runtime import Runtime
 from hartonomous.server.schemas import (AtomSetsResponse, BatchRequest, BatchResponse, ErrorResponse,
                                         GenerateRequest, GenerateResponse, NextTokenRequest, NextTokenResponse,
                                         StreamRequest)
 from hartonomous.server.streaming import WorkerStream, run_blocking, sse_events
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}, 500: {"model": ErrorResponse}}
 ATOM_SET_FIELDS = ("name", "model", "kind", "vocab_size", "embedding_dim", "projection", "kernel", "bandwidth",
                    "centroid_window", "centroid_decay", "history_weight", "history_window", "is_default", "created_at")
@@ -96,10 +96,18 @@ def healthz(request: Request) -> JSONResponse:
                        "refused": writer.refused, "failed": writer.failed,
                        "policy": writer.policy.arguments() if writer.policy is not None else None}
                       if writer is not None else {"remember": False})
+    info["prefix_cache"] = runtime.prefix_cache_stats()
     return JSONResponse(info)
 
 
+@router.get("/api/paths", tags=["service"])
+def paths() -> dict:
+    """The generation paths as declared (hartonomous/paths/): what each does and needs, its options
+    and their defaults, its extra per-token fields."""
+    return {"paths": as_dicts(), "default": DEFAULT_PATH}
+
+
 @router.get("/", include_in_schema=False)
-def playground() -> FileResponse:
-    """The playground page."""
-    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+def playground() -> HTMLResponse:
+    """The playground page, with a pane for each declared path."""
+    return HTMLResponse(playground_page())

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hartonomous.errors import UserError
+from hartonomous.paths import model_paths
 
 log = logging.getLogger("hartonomous.server")
 
-MODEL_PATHS = frozenset({"exact", "speculative", "hybrid", "augmented"})    # the paths that run the exact model
+MODEL_PATHS = model_paths()    # the paths that run the exact model (their declarations say so)
 
 
 class ServiceUnavailable(UserError):
@@ -62,6 +63,8 @@ class ServerConfig:
     memory_policy: Any = None             # the sampler policy this server sets on each set's memory
                                           # (a speculative.memory.MemoryPolicy; None: the sets' own)
     writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
+    prefix_cache_mb: int = 256            # recent prompts' KV prefixes kept for reuse, MiB (0: none);
+                                          # hartonomous.runtimes.prefix_cache
 
 
 class SharedModel:
@@ -106,7 +109,7 @@ class Runtime:
                  spatial_tokenizer: Any = None):
         self.config = config or ServerConfig()
         self.spatial_tokenizer = spatial_tokenizer
-        self._exact = SharedModel(exact_model) if exact_model is not None else None
+        self._exact = SharedModel(self._cached(exact_model)) if exact_model is not None else None
         self._exact_given = exact_model is not None    # then config.model (if set) names it
         self._exact_error: str | None = None
         self._exact_lock = threading.Lock()
@@ -208,7 +211,7 @@ class Runtime:
                 try:
                     model = load_exact_model(self.config.runtime or settings.runtime, name,
                                              self.config.device or settings.device, self.config.dtype)
-                    self._exact = SharedModel(model)
+                    self._exact = SharedModel(self._cached(model))
                 except Exception as exc:
                     self._exact_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     raise ServiceUnavailable(f"the exact model '{name}' could not be loaded "
@@ -216,6 +219,17 @@ class Runtime:
                 self._exact_error = None
                 log.info("exact model loaded on the %s runtime", model.runtime)
         return self._exact
+
+    def _cached(self, model: Any) -> Any:
+        """The exact model with this server's prefix cache, where its runtime can use one."""
+        from hartonomous.runtimes.prefix_cache import with_prefix_cache
+
+        return with_prefix_cache(model, self.config.prefix_cache_mb)
+
+    def prefix_cache_stats(self) -> dict | None:
+        """The prefix cache's hits, misses and bytes (None before the model loads or without one)."""
+        cache = getattr(self._exact, "prefix_cache", None) if self._exact is not None else None
+        return cache.stats() if cache is not None else None
 
     def exact_model_key(self) -> str | None:
         """The exact model's load name ('smollm2' or a folder), which the augmented path checks atom
@@ -269,32 +283,30 @@ class Runtime:
             log.warning("could not preload the exact model: %s", self._exact_error)
 
     @contextmanager
-    def client(self, path: str, atom_set: str | None = None, search_radius: float | None = None,
-               max_neighbors: int = 100, history_weight: float | None = None,
-               history_window: int | None = None, draft_tokens: int = 4,
-               risk_threshold: float = 0.5, augment_weight: float | None = None,
-               speculative_target: str | None = None) -> Iterator[Any]:
-        """A Client for one request: its own pooled connection (spatial), the shared model (exact), or
-        both (speculative, hybrid, augmented; `speculative_target` None: the exact model)."""
-        from hartonomous.client import Client
+    def engine(self, path: str, options: Any = None, atom_set: str | None = None, *,
+               in_database: bool = False) -> Iterator[Any]:
+        """The engine of one request on `path`, built by its declaration (hartonomous.paths) with
+        `options` (a PathOptions; None: the defaults) over its own pooled connection (a path on an
+        atom set), the shared model (a path on the exact model), or both."""
+        from contextlib import ExitStack
 
-        memory = {"memory": self.memory_writer is not None, "remember": self.memory_writer or False}
-        if path == "exact":
-            exact = self.exact_model()
-            with self._exclusive(exact), Client(exact_model=exact, atom_set=atom_set or self.config.atom_set,
-                                                **memory) as client:
-                yield client
-            return
-        exact = self.exact_model() if path in MODEL_PATHS else None
-        with self._exclusive(exact), self.connection(model_bound=exact is not None) as conn:
-            with Client(connection=conn, atom_set=atom_set or self.config.atom_set, search_radius=search_radius,
-                        max_neighbors=max_neighbors, history_weight=history_weight, history_window=history_window,
-                        spatial_tokenizer=self.spatial_tokenizer, exact_model=exact,
-                        draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
-                        risk_threshold=risk_threshold, augment_weight=augment_weight,
-                        speculative_target=speculative_target or "exact",
-                        model=self.exact_model_key() if exact is not None else None, **memory) as client:
-                yield client
+        from hartonomous.paths import declaration
+        from hartonomous.paths.context import PathResources, build_engine
+
+        declared = declaration(path)
+        exact = self.exact_model() if declared.uses_model else None
+        resources = dict(options=options, atom_set=atom_set or self.config.atom_set, exact_model=exact,
+                         memory=self.memory_writer is not None)
+        with self._exclusive(exact), ExitStack() as stack:
+            if declared.needs_atom_set:    # the exact path's risk source connects only when asked for signals
+                conn = stack.enter_context(self.connection(model_bound=exact is not None))
+                resources.update(connection=conn, spatial_tokenizer=self.spatial_tokenizer,
+                                 model=self.exact_model_key() if exact is not None else None)
+            shared = PathResources(**resources)
+            stack.callback(shared.close)
+            engine = build_engine(path, shared, in_database=in_database, writer=self.memory_writer)
+            stack.callback(engine.close)
+            yield engine
 
     # -- bookkeeping ---------------------------------------------------------------------
 
