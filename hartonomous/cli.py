@@ -84,6 +84,9 @@ def db_status(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
     from hartonomous.runtimes import runtime_summary
 
     info["exact_runtime"] = runtime_summary()
+    from hartonomous.paths import PATHS
+
+    info["paths"] = ", ".join(PATHS)       # the generation paths this install declares (hartonomous/paths/)
     if as_json:
         print(json.dumps(info, indent=2, default=str))
     else:

@@ -19,19 +19,15 @@ from typer.models import OptionInfo
 
 from hartonomous.engine import check_prompt   # light: no torch until used
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
+from hartonomous.paths import DEFAULT_PATH, PATHS, describe, next_token_paths, speculative_targets   # light
+from hartonomous.paths.options import MAX_DRAFT_TOKENS, MAX_TREE_WIDTH, PathOptions, draft_ceiling
 
-PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache) or augmented (the exact "
-             "model mixed with the atom set's store by the set's gate).")
-GENERATE_PATH_HELP = ("spatial (PostGIS next_token), exact (the transformer with a KV cache), speculative "
-                      "(spatial drafts, exact verifies: the exact path's output, faster when drafts are kept) or "
-                      "hybrid (each step spatial when the predicted risk is below --risk-threshold, else exact) or augmented "
-                      "(each step (1 - λ) exact + λ the atom set's store, λ from the set's gate; needs a set built "
-                      "with corpus labels and a gate: hartonomous gate fit SET).")
-GENERATE_PATHS = ("spatial", "exact", "speculative", "hybrid", "augmented")
-NEXT_TOKEN_PATHS = ("spatial", "exact", "augmented")
-SPECULATIVE_TARGETS = ("exact", "augmented")   # hartonomous.client.SPECULATIVE_TARGETS (not imported: light CLI)
-MAX_DRAFT_TOKENS = 64     # hartonomous.speculative.decoding.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
-MAX_TREE_WIDTH = 16       # hartonomous.speculative.decoding.MAX_TREE_WIDTH (likewise)
+NEXT_TOKEN_PATHS = next_token_paths()
+PATH_HELP = f"{describe(NEXT_TOKEN_PATHS)}."
+GENERATE_PATHS = PATHS
+GENERATE_PATH_HELP = (f"{describe()}. Augmented needs a set built with corpus labels and a gate (hartonomous "
+                      f"gate fit SET); hybrid's threshold is --risk-threshold.")
+SPECULATIVE_TARGETS = speculative_targets()
 
 
 def _option(name: str, annotation, default: OptionInfo) -> inspect.Parameter:
@@ -51,7 +47,7 @@ CLIENT_OPTIONS = [
     _option("atom_set", Optional[str], typer.Option(None, "--atom-set",
                                                     help="Spatial, augmented: atom set (default set if omitted).")),
     _option("search_radius", Optional[float], typer.Option(None, "--search-radius", help="Spatial: KNN radius.")),
-    _option("max_neighbors", int, typer.Option(100, "--max-neighbors", help="Spatial: KNN size (1..100000).")),
+    _option("max_neighbors", int, typer.Option(PathOptions.max_neighbors, "--max-neighbors", help="Spatial: KNN size (1..100000).")),
     _option("history_weight", Optional[float], typer.Option(
         None, "--history-weight", help="Spatial: weight of the context's own history atoms (0 = off; default: the "
                                        "atom set's calibrated weight).")),
@@ -88,8 +84,9 @@ def with_options(command: Callable) -> Callable:
     return wrapper
 
 
-def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS, draft_tokens: int = 4,
-            risk_threshold: float = 0.5, memory: bool = False, remember: bool = False, tree_width: int = 1,
+def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS,
+            draft_tokens: int = PathOptions.draft_tokens, risk_threshold: float = PathOptions.risk_threshold,
+            memory: bool = False, remember: bool = False, tree_width: int = PathOptions.max_tree_width,
             speculative_target: str | None = None):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
@@ -121,9 +118,9 @@ def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS
         what = "the augmented target's" if path == "speculative" else f"the {path} path's"
         raise UserError(f"--remember keeps only the exact model's words: use it with --path "
                         f"{' or '.join(REMEMBERED_PATHS)} ({what} output holds the store's own guesses)")
-    return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=max(8, draft_tokens),
+    return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=draft_ceiling(draft_tokens),
                   risk_threshold=risk_threshold, memory=memory, remember=remember, max_tree_width=tree_width,
-                  speculative_target=speculative_target or "exact")
+                  speculative_target=speculative_target or PathOptions.speculative_target)
 
 
 def _stats_line(result, runtime: str | None = None) -> str:
@@ -160,9 +157,9 @@ def register(app: typer.Typer) -> None:
     @with_options
     def generate_cmd(
         prompt: str = typer.Argument(..., help="Text to continue."),
-        path: str = typer.Option("spatial", "--path", help=GENERATE_PATH_HELP),
+        path: str = typer.Option(DEFAULT_PATH, "--path", help=GENERATE_PATH_HELP),
         stream: bool = typer.Option(False, "--stream", help="Print tokens as they are made, then tokens/s."),
-        draft_tokens: int = typer.Option(4, "--draft-tokens",
+        draft_tokens: int = typer.Option(PathOptions.draft_tokens, "--draft-tokens",
                                          help=f"Speculative: tokens drafted in the first round, then adaptive "
                                               f"(1..{MAX_DRAFT_TOKENS})."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
@@ -183,7 +180,7 @@ def register(app: typer.Typer) -> None:
                                            "are remembered, so not with spatial or hybrid, and only under sampler "
                                            "settings the set's memory policy admits: by default greedy and the "
                                            "sampler's defaults, no --ignore-eos; stderr says whether it was)."),
-        tree_width: int = typer.Option(1, "--tree-width",
+        tree_width: int = typer.Option(PathOptions.max_tree_width, "--tree-width",
                                        help="Speculative: let rounds draft trees of up to this many branches "
                                             "(1 = chains)."),
         speculative_target: Optional[str] = typer.Option(
@@ -191,7 +188,7 @@ def register(app: typer.Typer) -> None:
             help="Speculative: verify the drafts against exact (the default: the exact path's output) or "
                  "augmented (the augmented path's output, chains only; needs what --path augmented needs; "
                  "never remembered)."),
-        risk_threshold: float = typer.Option(0.5, "--risk-threshold",
+        risk_threshold: float = typer.Option(PathOptions.risk_threshold, "--risk-threshold",
                                              help="Hybrid: spatial step when the predicted risk is below this "
                                                   "(0: always exact; inf: always spatial)."),
         adaptive: bool = typer.Option(GenerationConfig.adaptive, "--adaptive",
@@ -209,7 +206,7 @@ def register(app: typer.Typer) -> None:
         sampler_options: dict | None = None,
         client_options: dict | None = None,
     ) -> None:
-        """Continue PROMPT with the spatial, exact, speculative, hybrid or augmented path."""
+        """Continue PROMPT with one of the paths (--path; hartonomous/paths declares them)."""
         from hartonomous.client import make_config
 
         config = make_config(max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop),
@@ -255,7 +252,7 @@ def register(app: typer.Typer) -> None:
     @with_options
     def next_token_cmd(
         prompt: str = typer.Argument(..., help="Context text."),
-        path: str = typer.Option("spatial", "--path", help=PATH_HELP),
+        path: str = typer.Option(DEFAULT_PATH, "--path", help=PATH_HELP),
         limit: int = typer.Option(20, "--limit", help="Rows to show in the table (JSON has all)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         sampler_options: dict | None = None,

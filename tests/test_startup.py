@@ -97,13 +97,13 @@ def test_the_server_runs_one_generation_at_a_time_on_a_runtime_with_one_kv_seque
         release = threading.Event()
 
         def first():
-            with runtime.client("exact"):
+            with runtime.engine("exact"):
                 inside.set()
                 release.wait(5)
 
         def second():
             inside.wait(5)
-            with runtime.client("exact"):
+            with runtime.engine("exact"):
                 second_entered.set()
 
         threads = [threading.Thread(target=first), threading.Thread(target=second)]

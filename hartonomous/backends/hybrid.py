@@ -18,14 +18,14 @@ The engine picks the token from either distribution with the same seeded uniform
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from hartonomous.backends.base import Distribution
 from hartonomous.backends.exact import ExactBackend, ExactState
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
-from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
+from hartonomous.paths.options import PathOptions, check_threshold
 from hartonomous.signals import StepSignals
 
 
@@ -56,21 +56,13 @@ class HybridState:
     step_signals: StepSignals | None = None  # the current step's spatial signals (None: not computed)
 
 
-def check_threshold(threshold: float) -> float:
-    """The routing threshold: a number >= 0 (math.inf: always spatial)."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold) \
-            or threshold < 0:
-        raise InvalidArgument("risk_threshold", f"risk_threshold must be a number >= 0 (0: always exact, "
-                                                f"inf: always spatial), got {threshold!r}")
-    return float(threshold)
-
-
 class HybridBackend:
     """Routes each step to the spatial or the exact backend by the predicted risk."""
 
     name = "hybrid"
 
-    def __init__(self, spatial: SpatialBackend, exact: ExactBackend, risk_threshold: float = 0.5):
+    def __init__(self, spatial: SpatialBackend, exact: ExactBackend,
+                 risk_threshold: float = PathOptions.risk_threshold):
         self.spatial, self.exact = spatial, exact
         self.threshold = check_threshold(risk_threshold)
         self.tokenizer = exact.tokenizer

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hartonomous.client import make_config
+from hartonomous.client import distribution_rows, make_config
 from hartonomous.engine import GenerationResult, TokenEvent, check_prompt, check_prompts
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.server.runtime import Runtime
@@ -50,10 +50,9 @@ def result_out(result: GenerationResult, atom_set: str | None) -> dict:
             "memory": memory_out(result)}
 
 
-def _client(runtime: Runtime, req):
-    return runtime.client(req.path, req.atom_set, req.search_radius, req.max_neighbors, req.history_weight,
-                          req.history_window, getattr(req, "draft_tokens", 4), getattr(req, "risk_threshold", 0.5),
-                          req.augment_weight, getattr(req, "speculative_target", None))
+def _engine(runtime: Runtime, req):
+    """The request's engine, built by its path's declaration over the server's shared resources."""
+    return runtime.engine(req.path, req.path_options(), req.atom_set, in_database=getattr(req, "in_database", False))
 
 
 def _config(req, *prompts: str) -> GenerationConfig:
@@ -65,18 +64,17 @@ def _config(req, *prompts: str) -> GenerationConfig:
 
 
 def next_token(runtime: Runtime, req: NextTokenRequest) -> dict:
-    _config(req, req.prompt)
-    with _client(runtime, req) as client:
-        rows = client.next_token(req.prompt, req.path, **req.sampler_options())
-        atom_set = client.engine(req.path).atom_set
+    config = _config(req, req.prompt)
+    with _engine(runtime, req) as engine:
+        rows = distribution_rows(engine, req.prompt, config)
+        atom_set = engine.atom_set
     return {"path": req.path, "atom_set": atom_set, "total_rows": len(rows),
             "rows": [r.__dict__ for r in rows[:req.limit]]}
 
 
 def generate(runtime: Runtime, req: GenerateRequest, cancel: threading.Event) -> dict:
     config = _config(req, req.prompt)
-    with _client(runtime, req) as client:
-        engine = client.engine(req.path, in_database=req.in_database)
+    with _engine(runtime, req) as engine:
         session = engine.stream(req.prompt, config, cancel)
         with runtime.tracking(session):
             result = session.run()
@@ -86,8 +84,7 @@ def generate(runtime: Runtime, req: GenerateRequest, cancel: threading.Event) ->
 def generate_batch(runtime: Runtime, req: BatchRequest, cancel: threading.Event) -> dict:
     config = _config(req)
     check_prompts(req.prompts)
-    with _client(runtime, req) as client:
-        engine = client.engine(req.path, in_database=req.in_database)
+    with _engine(runtime, req) as engine:
         results = engine.generate_batch(req.prompts, config, cancel)
         return {"results": [result_out(r, engine.atom_set) for r in results]}
 
@@ -96,8 +93,7 @@ def produce_stream(runtime: Runtime, req: StreamRequest, emit: Callable[[Any], N
                    cancel: threading.Event) -> None:
     """Emit READY, then one payload per event ({"token": text, ...}), then a Result (with details)."""
     config = _config(req, req.prompt)
-    with _client(runtime, req) as client:
-        engine = client.engine(req.path, in_database=req.in_database)
+    with _engine(runtime, req) as engine:
         session = engine.stream(req.prompt, config, cancel)
         emit(READY)
         with runtime.tracking(session):

@@ -9,7 +9,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from sse_starlette import EventSourceResponse
 
 from hartonomous.atomset import atom_set_names, list_atom_sets
-from hartonomous.paths import DEFAULT_PATH, as_dicts
+from hartonomous.paths import DEFAULT_PATH
+from hartonomous.paths.context import as_dicts
 from hartonomous.server import generation
 from hartonomous.server.playground import STATIC_DIR, page as playground_page
 from hartonomous.server.runtime import Runtime

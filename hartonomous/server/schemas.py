@@ -10,6 +10,7 @@ behind these: their InvalidArgument is answered with the same 422 naming the fie
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -17,8 +18,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
+from hartonomous.paths import DEFAULT_PATH, PATHS, describe, next_token_paths, speculative_targets
+from hartonomous.paths.options import MAX_DRAFT_TOKENS, PathOptions, draft_ceiling
 
-MAX_DRAFT_TOKENS = 64          # hartonomous.speculative.decoding.MAX_DRAFT_TOKENS (not imported: it pulls in torch)
 
 MAX_PROMPT_CHARS = 8000        # characters of one prompt
 MAX_NEW_TOKENS_PER_REQUEST = 512   # the server's cap on max_new_tokens; within the engine's MAX_NEW_TOKENS
@@ -27,10 +29,11 @@ MAX_STOP_STRINGS = 8
 MAX_DISTRIBUTION_ROWS = 1000   # rows next_token returns at most (`limit`)
 INT64 = 2**63
 
-PathName = Literal["spatial", "exact", "augmented"]
-GenerationPath = Literal["spatial", "exact", "speculative", "hybrid", "augmented"]  # speculative, hybrid: generation only
+# The paths' names and help come from their declarations (hartonomous/paths/).
+PathName = Literal[next_token_paths()]          # the paths with a next-token distribution of their own
+GenerationPath = Literal[PATHS]                 # every path generates
 CautiousMode = Literal["flatten", "signal", "abstain"]
-SpeculativeTarget = Literal["exact", "augmented"]      # hartonomous.client.SPECULATIVE_TARGETS
+SpeculativeTarget = Literal[speculative_targets()]
 StopString = Annotated[str, Field(min_length=1, max_length=200)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS,
                               description=f"Text to continue (at most {MAX_PROMPT_CHARS} characters, "
@@ -46,9 +49,7 @@ class Strict(BaseModel):
 class SamplerParams(Strict):
     """The shared sampler (docs/design.md: repetition penalty -> temperature -> top-k -> top-p)."""
 
-    path: PathName = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer) or "
-                                                  "augmented (the exact model mixed with the atom set's store by "
-                                                  "the set's gate).")
+    path: PathName = Field(DEFAULT_PATH, description=f"{describe(next_token_paths())}.")
     temperature: float = Field(GenerationConfig.temperature, ge=0, le=100, allow_inf_nan=False,
                                description="0 = greedy, else at least 1e-06.")
     top_k: int | None = Field(GenerationConfig.top_k, ge=0, le=1_000_000,
@@ -59,7 +60,7 @@ class SamplerParams(Strict):
     atom_set: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00]*$",
                                  description="Spatial: atom set name (the server's default if omitted).")
     search_radius: float | None = Field(None, gt=0, allow_inf_nan=False, description="Spatial: KNN radius.")
-    max_neighbors: int = Field(100, ge=1, le=100_000, description="Spatial: KNN size.")
+    max_neighbors: int = Field(PathOptions.max_neighbors, ge=1, le=100_000, description="Spatial: KNN size.")
     history_weight: float | None = Field(None, ge=0, allow_inf_nan=False,
                                          description="Spatial: weight of the context's own history atoms; 0 = off, "
                                                      "null = the atom set's calibrated weight.")
@@ -101,6 +102,12 @@ class SamplerParams(Strict):
         """Keyword options for hartonomous.client.make_config."""
         return self.sampler_options()
 
+    def path_options(self) -> PathOptions:
+        """The paths' options (hartonomous.paths.options.PathOptions); the rest keep their defaults."""
+        return PathOptions(search_radius=self.search_radius, max_neighbors=self.max_neighbors,
+                           history_weight=self.history_weight, history_window=self.history_window,
+                           augment_weight=self.augment_weight)
+
 
 class NextTokenRequest(SamplerParams):
     prompt: Prompt
@@ -108,13 +115,9 @@ class NextTokenRequest(SamplerParams):
 
 
 class GenerationOptions(SamplerParams):
-    path: GenerationPath = Field("spatial", description="spatial (PostGIS next_token), exact (the transformer), "
-                                                        "speculative (spatial drafts, exact verifies: the exact "
-                                                        "path's output, with `stats`), hybrid (each step spatial "
-                                                        "or exact by the predicted risk) or augmented (each step "
-                                                        "(1 - λ) exact + λ the atom set's store, λ from the set's "
-                                                        "gate; `stats` has the mean λ).")
-    draft_tokens: int = Field(4, ge=1, le=MAX_DRAFT_TOKENS,
+    path: GenerationPath = Field(DEFAULT_PATH, description=f"{describe()}. `stats`: speculative's rounds, hybrid's "
+                                                        "steps sent to the exact model, augmented's mean λ.")
+    draft_tokens: int = Field(PathOptions.draft_tokens, ge=1, le=MAX_DRAFT_TOKENS,
                               description="Speculative: tokens drafted in the first round (then adaptive).")
     speculative_target: SpeculativeTarget | None = Field(
         None, description="Speculative only: what the drafts are verified against, exact (the exact model; "
@@ -128,7 +131,7 @@ class GenerationOptions(SamplerParams):
     stop_token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(default_factory=list, max_length=32)
     ignore_eos: bool = Field(False, description="Keep going after the end-of-sequence token.")
     in_database: bool = Field(False, description="Spatial: run the whole loop in SQL generate_tokens.")
-    risk_threshold: float = Field(0.5, ge=0, allow_inf_nan=False,
+    risk_threshold: float = Field(PathOptions.risk_threshold, ge=0, allow_inf_nan=False,
                                   description="Hybrid: a step goes to the spatial path when the atom set's predicted "
                                               "risk is below this, else to the exact model (0: always exact; "
                                               "above 1: always spatial).")
@@ -152,6 +155,12 @@ class GenerationOptions(SamplerParams):
                                                                                        "a step explores.")
     cautious_risk: float = Field(GenerationConfig.cautious_risk, ge=0, le=1, description="Adaptive: risk from "
                                                                                          "which a step is cautious.")
+
+    def path_options(self) -> PathOptions:
+        """The paths' options, with the speculative and hybrid ones (the draft length's ceiling as the CLI's)."""
+        return replace(super().path_options(), draft_tokens=self.draft_tokens,
+                       max_draft_tokens=draft_ceiling(self.draft_tokens), risk_threshold=self.risk_threshold,
+                       speculative_target=self.speculative_target or PathOptions.speculative_target)
 
     def config_options(self) -> dict:
         """Keyword options for hartonomous.client.make_config."""
@@ -216,7 +225,7 @@ class SpeculativeStatsOut(BaseModel):
     draft_widths: list[int] = []          # branches per round: 1 = a chain, > 1 = a tree
     acceptance_rate: float | None = None
     tokens_per_forward: float | None = None
-    target: SpeculativeTarget = "exact"   # what the drafts were verified against
+    target: SpeculativeTarget = PathOptions.speculative_target   # what the drafts were verified against
 
 
 class HybridStatsOut(BaseModel):

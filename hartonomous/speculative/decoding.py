@@ -62,11 +62,10 @@ from hartonomous.backends.spatial import SpatialBackend, SpatialState
 from hartonomous.speculative.draft_cost import CostShapedPolicy, ForwardCosts
 from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
+from hartonomous.paths.options import MAX_DRAFT_TOKENS, MAX_TREE_WIDTH, PathOptions
 from hartonomous.sampling import pick_index, seeded_uniform
 
 DRAFT_SALT = 0x5EC0_DA7A_D4AF_7000          # separates the draft's uniforms from the verifier's
-MAX_DRAFT_TOKENS = 64                        # draft_tokens' own bound on n
-MAX_TREE_WIDTH = 16                          # draft_tree's own bound on width
 # Break-even acceptance for a 1-token draft, measured on SmolLM2 (CPU): a round costs ~2 ms of
 # drafting plus a 2-token forward (~1.12x a 1-token one, ~40 ms) and yields 1 + a tokens, so it
 # beats a plain step when a > 2/40 + 0.12 ~ 0.17; 0.2 leaves room for the round's Python overhead.
@@ -396,10 +395,11 @@ class SpeculativeBackend:
 
     name = "speculative"
 
-    def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *, draft_tokens: int = 4,
-                 max_draft_tokens: int = 8, adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE,
-                 probe_every: int = PROBE_EVERY, costs: ForwardCosts | None = None, memory: bool = False,
-                 max_tree_width: int = 1):
+    def __init__(self, exact: ExactBackend, spatial: SpatialBackend, *,
+                 draft_tokens: int = PathOptions.draft_tokens, max_draft_tokens: int = PathOptions.max_draft_tokens,
+                 adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE, probe_every: int = PROBE_EVERY,
+                 costs: ForwardCosts | None = None, memory: bool = False,
+                 max_tree_width: int = PathOptions.max_tree_width):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:

@@ -25,18 +25,20 @@ from datetime import datetime
 from typing import Any
 
 from hartonomous.errors import UserError
+from hartonomous.paths import remembered_paths
 
 log = logging.getLogger("hartonomous.speculative.memory")
 
 DEFAULT_MAX_ATOMS = 100_000          # a set's bound where the owner never set one (SQL ht_memory_bound)
 MAX_ATOMS_LIMIT = 10_000_000         # set_memory_bound()'s own limit on a bound
-# A whitelist of the paths whose every token is the exact model's choice: exact, and speculative
-# verifying against the exact model (a draft is kept only where the model agrees). A path that
-# mixes the store's guesses into the output is never remembered: the spatial path, hybrid (its
-# spatial steps are the store's), augmented (and speculative verifying against it), and any later
-# one until it is added here and to remember()'s own list on purpose. sql/070_memory.sql refuses
-# any other path too.
-REMEMBERED_PATHS = ("exact", "speculative")
+# A whitelist of the paths whose every token is the exact model's choice, read from the paths'
+# declarations (`remembered=True`, hartonomous/paths/): exact, and speculative verifying against
+# the exact model (a draft is kept only where the model agrees). A path that mixes the store's
+# guesses into the output is never remembered: the spatial path, hybrid (its spatial steps are the
+# store's), augmented (and speculative verifying against it), and any later one until its
+# declaration says so and remember()'s own list in sql/070_memory.sql names it too, on purpose
+# (the SQL refuses any other path).
+REMEMBERED_PATHS = remembered_paths()
 REMEMBERED_REASONS = ("eos", "length", "stop_token", "stop_string")   # completed, not cancelled or failed
 # set_memory_policy()'s arguments (sql/070_memory.sql, rule 2a); the values live there, not here.
 POLICY_FIELDS = {"min_temperature": float, "max_temperature": float, "min_top_p": float, "max_top_p": float,

@@ -1,4 +1,4 @@
-// Hartonomous playground: streams the chosen paths (spatial, exact, speculative, hybrid, augmented)
+// Hartonomous playground: streams the chosen paths (one pane each, as the server declares them)
 // side by side over SSE (fetch + POST, parsed here, since EventSource cannot POST), colours each
 // token of the speculative and hybrid panes by where it came from (on the speculative pane, a kept
 // draft also by the source of the atom that voted for it most) and each token of the augmented
@@ -8,8 +8,9 @@
 const $ = (id) => document.getElementById(id);
 const NUMBER_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty"];
 const TOP_N = 12;
-const PATHS = ["spatial", "exact", "speculative", "hybrid", "augmented"];
-const OPTIONAL_PANES = ["speculative", "hybrid", "augmented"];   // shown only while their box is ticked
+// The paths are the server's (hartonomous/paths/, rendered into the page as one pane each).
+const PATHS = [...document.querySelectorAll(".pane")].map((pane) => pane.dataset.path);
+const OPTIONAL_PANES = [...document.querySelectorAll(".pane[data-optional]")].map((pane) => pane.dataset.path);
 // Where a token came from, per path: the stream event's field and the words for its tooltip.
 const ORIGIN = {
   speculative: { field: "origin", words: { draft: "drafted by the spatial path, kept by the exact model",
