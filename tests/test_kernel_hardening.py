@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from hand_sets import add_set, random_set, reference_sets
-from native_kernel import assert_same_rows, module_connection, nonzero
+from native_kernel import assert_same_rows, module_connection, nonzero, require_native_kernel
 
 TOL = 1e-12
 NEXT_TOKEN = ("SELECT * FROM next_token(%(context)s, %(temperature)s, %(top_k)s, %(top_p)s, %(search_radius)s, "
@@ -114,6 +114,78 @@ def test_a_set_rebuilt_under_a_reused_id_is_read_again(own) -> None:
     reference = own.execute(NEXT_TOKEN, args).fetchall()
     assert nonzero(reference) != nonzero(before)     # the two sets answer differently
     assert_same_rows(nonzero(native), nonzero(reference), TOL)
+
+
+LOOP_STEP = ("SELECT token_ids, probabilities FROM htk_next_token(%(id)s, 3, 0.6, 0, 'gaussian', 0.15, 0, "
+             "%(context)s, 1.0, NULL, NULL, NULL, 50, 1.0)")
+
+
+def _rebuild_under_the_same_id(conn: psycopg.Connection, set_id: int, s) -> None:
+    """Delete set `set_id` and write `s` under the same id (the sequence restarted)."""
+    from hartonomous.atomset.catalog import delete_atom_set_rows
+
+    delete_atom_set_rows(conn, set_id)
+    (sequence,) = conn.execute("SELECT pg_get_serial_sequence('atom_sets', 'id')").fetchone()
+    conn.execute(f"ALTER SEQUENCE {sequence} RESTART WITH {set_id}")
+    assert add_set(conn, s) == set_id
+
+
+def _reference_step(conn: psycopg.Connection, name: str, context: list[int]) -> list[tuple]:
+    """next_token's rows on the PL/pgSQL reference with LOOP_STEP's arguments."""
+    conn.execute("SELECT set_config('hartonomous.kernel', 'plpgsql', false)")
+    rows = conn.execute("SELECT token_id, probability FROM next_token(%s, 1.0, NULL, NULL, NULL, 50, %s, 1.0, 0)",
+                        (context, name)).fetchall()
+    conn.execute("SELECT set_config('hartonomous.kernel', '', false)")
+    return rows
+
+
+def _as_rows(step: tuple) -> list[tuple]:
+    return list(zip(step[0], step[1]))
+
+
+def test_a_loop_step_reads_a_set_rebuilt_in_its_own_transaction(own) -> None:
+    """The loops' step (htk_next_token) reads the set's row version only where the snapshot may see
+    another one; a rebuild earlier in the same transaction is such a change: the next step reads
+    the new set's positions, not the cached ones."""
+    first = random_set("kerneltest_loop_own", 43, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    second = random_set("kerneltest_loop_own", 44, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    context = [1, 2, 3, 4, 5, 6]
+    set_id = add_set(own, first)
+    before = _as_rows(own.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone())
+    assert _as_rows(own.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone()) == before
+    _rebuild_under_the_same_id(own, set_id, second)
+    after = _as_rows(own.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone())
+    reference = _reference_step(own, second.name, context)
+    assert nonzero(reference) != nonzero(before)     # the two sets answer differently
+    assert_same_rows(nonzero(after), nonzero(reference), TOL)
+
+
+def test_a_loop_step_reads_a_set_another_transaction_rebuilt(server_url: str) -> None:
+    """Between two steps of one backend another transaction rebuilds the set under the same id and
+    commits: the next step reads the new set, as a loop's next statement sees the commit."""
+    first = random_set("kerneltest_loop_other", 45, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    second = random_set("kerneltest_loop_other", 46, kernel="gaussian", bandwidth=0.15, window=3, decay=0.6)
+    context = [6, 5, 4, 3, 2, 1]
+    with psycopg.connect(server_url) as writer, psycopg.connect(server_url, autocommit=True) as reader:
+        set_id = add_set(writer, first)
+        writer.commit()
+        try:
+            if reader.execute("SELECT ht_kernel()").fetchone() != ("native",):
+                require_native_kernel()
+            before = _as_rows(reader.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone())
+            assert _as_rows(reader.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone()) == before
+            _rebuild_under_the_same_id(writer, set_id, second)
+            writer.commit()
+            after = _as_rows(reader.execute(LOOP_STEP, {"id": set_id, "context": context}).fetchone())
+            reference = _reference_step(reader, second.name, context)
+            assert nonzero(reference) != nonzero(before)
+            assert_same_rows(nonzero(after), nonzero(reference), TOL)
+        finally:
+            from hartonomous.atomset.catalog import delete_atom_set_rows
+
+            writer.rollback()
+            delete_atom_set_rows(writer, set_id)
+            writer.commit()
 
 
 BLOCK = "INSERT INTO token_blocks (atom_set_id, block, xs, ys, zs) VALUES (%s, %s, %s, %s, %s)"

@@ -62,6 +62,7 @@
 #include "utils/float.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "storage/itemptr.h"
 
 PG_MODULE_MAGIC;
@@ -1387,8 +1388,11 @@ htk_store(PG_FUNCTION_ARGS)
  * A backend-local cache of atom sets' token positions, so a step looks every context token up in
  * memory: the set's token_blocks rows are read once, into one array of x, y, z per token id (NaN:
  * no such token). An entry belongs to one version of the set's atom_sets row (xmin, ctid), read
- * on every call: a set deleted and rebuilt under the same id (a sequence restarted, the
- * extension re-created) is a new row version and is read again. A set without token_blocks or of
+ * on every call whose snapshot may see another one: a set deleted and rebuilt under the same id (a
+ * sequence restarted, the extension re-created) is a new row version and is read again. A loop's
+ * steps (generate_tokens, draft_tokens) take one snapshot after another in which no transaction
+ * ended and this one changed nothing: those see the row version the last read found, so they do
+ * not read it again (what_changed). A set without token_blocks or of
  * the tiles layout is not served (the SQL path serves it), nor one whose positions exceed
  * max_state_memory. Eight sets at most, the least recently used dropped.
  */
@@ -1412,6 +1416,8 @@ typedef struct
 	int32		slots;			/* token ids 0 .. slots - 1 */
 	double	   *xyz;			/* 3 * slots, in TopMemoryContext */
 	uint64		used;			/* LRU clock */
+	uint64		seen_ends;		/* the snapshot the version was read under: transactions ended */
+	CommandId	seen_cid;		/* and its command id (this transaction's own changes) */
 } PositionCache;
 
 static PositionCache cache[CACHE_SETS];
@@ -1425,6 +1431,31 @@ same_version(const SetVersion *a, const SetVersion *b)
 }
 
 static void trim_kept(Size limit, const PositionCache *pin_set, const void *pin_state);
+
+/*
+ * Whether the active snapshot may see another version of the set's row than the one read under
+ * the snapshot slot->seen_*: true unless a transaction ended since (PostgreSQL counts them in
+ * snapXactCompletionCount; 0 where it does not) and this transaction changed nothing (the command
+ * id). Reading the version through SPI costs a query per step; this costs a comparison.
+ */
+static bool
+what_changed(const PositionCache *slot)
+{
+	Snapshot	snap = ActiveSnapshotSet() ? GetActiveSnapshot() : NULL;
+
+	return snap == NULL || snap->snapXactCompletionCount == 0
+		|| snap->snapXactCompletionCount != slot->seen_ends || snap->curcid != slot->seen_cid;
+}
+
+/* Record the active snapshot as the one the slot's version was read under. */
+static void
+seen_under(PositionCache *slot)
+{
+	Snapshot	snap = ActiveSnapshotSet() ? GetActiveSnapshot() : NULL;
+
+	slot->seen_ends = snap != NULL ? snap->snapXactCompletionCount : 0;
+	slot->seen_cid = snap != NULL ? snap->curcid : InvalidCommandId;
+}
 
 /* The version of atom set set_id's row and whether its layout is rows; false: no such set. Inside SPI. */
 static SPIPlanPtr set_version_plan = NULL;
@@ -1560,6 +1591,13 @@ cached_set(int32 set_id, const SetVersion *known, bool known_rows)
 	SetVersion	v;
 	bool		rows = known_rows;
 
+	if (known == NULL)
+		for (int i = 0; i < CACHE_SETS; i++)
+			if (cache[i].set.id == set_id && cache[i].served && !what_changed(&cache[i]))
+			{
+				cache[i].used = ++lru_clock;
+				return &cache[i];	/* the version read last is the one this snapshot sees */
+			}
 	if (known != NULL)
 		v = *known;
 	else if (!read_set_version(set_id, &v, &rows))
@@ -1572,6 +1610,7 @@ cached_set(int32 set_id, const SetVersion *known, bool known_rows)
 			if (same_version(&cache[i].set, &v) && (cache[i].refused_kb == 0 || cache[i].refused_kb == max_state_kb))
 			{
 				cache[i].used = ++lru_clock;
+				seen_under(&cache[i]);
 				return cache[i].served ? &cache[i] : NULL;
 			}
 			slot = &cache[i];	/* another version of the set (or another bound): read it again */
@@ -1593,6 +1632,7 @@ cached_set(int32 set_id, const SetVersion *known, bool known_rows)
 	load_positions(slot, &v);
 	slot->set = v;
 	slot->used = ++lru_clock;
+	seen_under(slot);
 	return slot->served ? slot : NULL;
 }
 
@@ -1744,6 +1784,37 @@ knn_execute(SPIPlanPtr plan, ParamListInfo params, int k, bool has_radius, doubl
 		}
 		*n = k;
 	}
+}
+
+/*
+ * The KNN's centre as one geometry parameter: ST_MakePoint(x, y, z) called once per KNN, here,
+ * rather than in the query, where the index scan's recheck and the select list each evaluated it
+ * again for every row they read (the same function, so the same point and the same distances).
+ * The type and the function are looked up once per session, as the query's names were.
+ */
+static Oid	knn_geometry = InvalidOid;
+static FmgrInfo knn_make_point;
+
+static void
+knn_point_init(void)
+{
+	bool		isnull;
+	Oid			make_point;
+
+	if (SPI_execute("SELECT 'geometry'::regtype::oid,"
+					" 'st_makepoint(double precision, double precision, double precision)'::regprocedure::oid",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "htk: looking up geometry and ST_MakePoint failed");
+	knn_geometry = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	make_point = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	fmgr_info_cxt(make_point, &knn_make_point, TopMemoryContext);
+}
+
+static Datum
+knn_point(const double *center)
+{
+	return FunctionCall3(&knn_make_point, Float8GetDatum(center[0]), Float8GetDatum(center[1]),
+						 Float8GetDatum(center[2]));
 }
 
 static ParamListInfo
@@ -1921,16 +1992,23 @@ knn_rows(int32 set_id, const double *center, int k, bool has_radius, double radi
 		}
 	}
 	{
-		Oid			types[5] = {INT4OID, FLOAT8OID, FLOAT8OID, FLOAT8OID, INT4OID};
-		Datum		values[5] = {Int32GetDatum(set_id), Float8GetDatum(center[0]), Float8GetDatum(center[1]),
-								 Float8GetDatum(center[2]), Int32GetDatum(k)};
+		Oid			types[3] = {INT4OID, InvalidOid, INT4OID};
+		Datum		values[3];
 
 		if (knn_plan == NULL)
-			knn_plan = knn_prepare("SELECT a.token_id, a.weight, a.position <<->> ST_MakePoint($2, $3, $4)"
+		{
+			knn_point_init();
+			types[1] = knn_geometry;
+			knn_plan = knn_prepare("SELECT a.token_id, a.weight, a.position <<->> $2"
 								   "  FROM atoms a WHERE a.atom_set_id = $1"
-								   " ORDER BY a.position <<->> ST_MakePoint($2, $3, $4) FETCH FIRST $5 ROWS WITH TIES",
-								   5, types);
-		knn_execute(knn_plan, knn_params(5, types, values), k, has_radius, radius, ids, ws, ds, n);
+								   " ORDER BY a.position <<->> $2 FETCH FIRST $3 ROWS WITH TIES",
+								   3, types);
+		}
+		types[1] = knn_geometry;
+		values[0] = Int32GetDatum(set_id);
+		values[1] = knn_point(center);
+		values[2] = Int32GetDatum(k);
+		knn_execute(knn_plan, knn_params(3, types, values), k, has_radius, radius, ids, ws, ds, n);
 	}
 }
 
