@@ -426,6 +426,7 @@ class Int4Model(RuntimeModel):
                 cache.k[i].narrow(1, s, n).copy_(qk[:, nq:].view(n, nkv, hd).transpose(0, 1))
                 cache.v[i].narrow(1, s, n).copy_(qkv[:, k_end:].view(n, nkv, hd).transpose(0, 1))
                 q = qk[:, :nq].view(n, nq, hd).transpose(0, 1)[None]          # (1, nq, n, hd)
+                # contiguous: the same bits whatever the cache's capacity (a warm cache's may differ)
                 keys, values = cache.k[i:i + 1, :, :e].contiguous(), cache.v[i:i + 1, :, :e].contiguous()
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
                 xs += layer["out"].rows(attn[0].transpose(0, 1).reshape(n, q_end).to(ACT))

@@ -74,6 +74,11 @@ def register(app: typer.Typer) -> None:
         memory_weight: Optional[float] = typer.Option(None, "--memory-weight",
                                                       help="With --remember: a remembered atom's weight (default: "
                                                            "the atom set's history_weight)."),
+        threads: Optional[int] = typer.Option(None, "--threads",
+                                              help="Threads for the exact model's forwards, 1 to the cores. "
+                                                   "Default: the cores less the other processes running, "
+                                                   "chosen before each prompt (a busy neighbour made two "
+                                                   "threads 4-10x slower than one on 2 cores)."),
         prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb", min=0, max=1 << 20,
                                             help="Keep recent prompts' KV caches, at most this many MiB, so a "
                                                  "prompt that extends one (an editor's next keystroke, a chat's "
@@ -86,8 +91,10 @@ def register(app: typer.Typer) -> None:
         from hartonomous.atomset import load_atom_set
         from hartonomous.db.connection import connect, owner_url, reader_url, redact
         from hartonomous.errors import UserError
+        from hartonomous.runtimes.threads import check_threads
         from hartonomous.server import ServerConfig, create_app
 
+        check_threads(threads)
         if log_level.lower() not in LOG_LEVELS:
             raise UserError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got '{log_level}'")
         url = reader_url()
@@ -121,7 +128,7 @@ def register(app: typer.Typer) -> None:
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
                               runtime=runtime, preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
                               memory_weight=memory_weight, memory_policy=policy, writer_url=writer_url,
-                              prefix_cache_mb=prefix_cache_mb)
+                              prefix_cache_mb=prefix_cache_mb, threads=threads)
         if not _is_loopback(host):
             print(f"warning: binding {host}: the API has no authentication; anyone who can reach this "
                   "address can use it", file=sys.stderr)

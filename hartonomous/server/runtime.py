@@ -65,20 +65,26 @@ class ServerConfig:
     writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
     prefix_cache_mb: int = 256            # recent prompts' KV prefixes kept for reuse, MiB (0: none);
                                           # hartonomous.runtimes.prefix_cache
+    threads: int | None = None            # torch threads for the forwards (None: all cores less the busy
+                                          # neighbours, chosen before each prompt; runtimes.threads)
 
 
 class SharedModel:
-    """An ExactModel whose forward passes take a lock; everything else is passed through."""
+    """An ExactModel whose forward passes take a lock; everything else is passed through. With a
+    ThreadPolicy, each prompt's prefill first sets the thread count the generation runs with."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, threads: Any = None):
         self._model = model
         self._lock = threading.Lock()
+        self.threads = threads
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
     def prefill(self, *args, **kwargs):
         with self._lock:
+            if self.threads is not None:
+                self.threads.apply()
             return self._model.prefill(*args, **kwargs)
 
     def decode_one_token(self, *args, **kwargs):
@@ -109,7 +115,7 @@ class Runtime:
                  spatial_tokenizer: Any = None):
         self.config = config or ServerConfig()
         self.spatial_tokenizer = spatial_tokenizer
-        self._exact = SharedModel(self._cached(exact_model)) if exact_model is not None else None
+        self._exact = self._shared(exact_model) if exact_model is not None else None
         self._exact_given = exact_model is not None    # then config.model (if set) names it
         self._exact_error: str | None = None
         self._exact_lock = threading.Lock()
@@ -211,7 +217,7 @@ class Runtime:
                 try:
                     model = load_exact_model(self.config.runtime or settings.runtime, name,
                                              self.config.device or settings.device, self.config.dtype)
-                    self._exact = SharedModel(self._cached(model))
+                    self._exact = self._shared(model)
                 except Exception as exc:
                     self._exact_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     raise ServiceUnavailable(f"the exact model '{name}' could not be loaded "
@@ -220,11 +226,13 @@ class Runtime:
                 log.info("exact model loaded on the %s runtime", model.runtime)
         return self._exact
 
-    def _cached(self, model: Any) -> Any:
-        """The exact model with this server's prefix cache, where its runtime can use one."""
+    def _shared(self, model: Any) -> SharedModel:
+        """The exact model behind the forwards' lock, with this server's thread policy and its prefix
+        cache where the runtime can use one."""
         from hartonomous.runtimes.prefix_cache import with_prefix_cache
+        from hartonomous.runtimes.threads import ThreadPolicy
 
-        return with_prefix_cache(model, self.config.prefix_cache_mb)
+        return SharedModel(with_prefix_cache(model, self.config.prefix_cache_mb), ThreadPolicy(self.config.threads))
 
     def prefix_cache_stats(self) -> dict | None:
         """The prefix cache's hits, misses and bytes (None before the model loads or without one)."""
