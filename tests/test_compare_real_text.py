@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hartonomous.augment.calibrate import Walk
-from hartonomous.augment.counting import CountingModel, CountingStep, feature_row
+from hartonomous.compare.counting import CountingModel, CountingStep, feature_row
 from hartonomous.augment.gate import FEATURES
 from hartonomous.compare import CompareOptions, run_compare
 from hartonomous.compare import real_text as rt

@@ -85,7 +85,7 @@ def exact_side(exact_probs: np.ndarray, other_top: int | None, entropy: float | 
     distribution's most probable token (None: it has none): exact_top, exact_entropy, agree,
     exact_on_store_top. `entropy`: the distribution's Shannon entropy when the caller has it (the
     augmented backend gets it from the logits for one dot product). Shared with the counting
-    baseline's gate (hartonomous.augment.counting)."""
+    baseline's gate (hartonomous.compare.counting)."""
     exact_probs = np.asarray(exact_probs, dtype=np.float64)
     e_top_id = int(np.argmax(exact_probs))
     h = float(entr(exact_probs).sum()) if entropy is None else float(entropy)

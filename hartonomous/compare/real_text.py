@@ -8,7 +8,7 @@ asks which path predicts the text itself best, on the same positions and with th
 - counting: the counting model the gate below chose (∞-gram or ∞-gram + cache), alone;
 - augmented: (1 − λ) p_exact + λ p_store with the set's stored gate (hartonomous.augment);
 - counting ⊕ exact: (1 − λ) p_exact + λ p_count, λ from a gate of the same family fitted on the
-  set's calibration split (hartonomous.augment.counting); of the counting models, the one whose
+  set's calibration split (hartonomous.compare.counting); of the counting models, the one whose
   gate fits the calibration split best (lowest mixture log-loss there), never chosen on the
   scored text.
 
@@ -131,8 +131,8 @@ def mixture_scores(walk, lam: np.ndarray) -> Scores:
 
 def counting_models(predictors: dict) -> dict:
     """The ∞-gram and its cache mixture behind compare's predictors of those names (the bound
-    methods' objects), as hartonomous.augment.counting.CountingModel; {} without the ∞-gram."""
-    from hartonomous.augment.counting import CountingModel
+    methods' objects), as hartonomous.compare.counting.CountingModel; {} without the ∞-gram."""
+    from hartonomous.compare.counting import CountingModel
     from hartonomous.compare.cache import CachedNGram
     from hartonomous.compare.infinigram import InfiniGram
 
@@ -150,7 +150,7 @@ def counting_walks(models: dict, texts: Iterable[ForcedText], window: int | None
     """One calibrate.Walk per counting model over the texts: the counting distribution in the
     store's place, its features by counting.feature_row."""
     from hartonomous.augment.calibrate import Walk
-    from hartonomous.augment.counting import feature_row
+    from hartonomous.compare.counting import feature_row
 
     walks = {name: Walk() for name in models}
     for index, t, ids, probs in positions(texts):

@@ -36,9 +36,6 @@ class PathOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "risk_threshold", check_threshold(self.risk_threshold))
         object.__setattr__(self, "augment_weight", check_augment_weight(self.augment_weight))
-        if not isinstance(self.speculative_target, str):   # which paths can be a target: the registry's
-            raise InvalidArgument("speculative_target", f"speculative_target must be a path name, got "
-                                                        f"{self.speculative_target!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
