@@ -9,7 +9,7 @@ ExactBackend), the speculative path (the spatial path drafts from the atom set, 
 verifies; draft lengths from the forward costs measured on that runtime at start-up,
 hartonomous/speculative/draft_cost.py, as the client and server run it), the speculative path with a
 memory of past generations (`speculative_memory`: its drafts read the set's memory, and each of its
-completed generations is remembered, hartonomous/speculative/memory.py; the memory is emptied before
+completed generations is remembered, hartonomous/memory.py; the memory is emptied before
 each remembering method's pass over a workload, so none reads another's), and with greedy draft trees
 (`speculative_tree`: up to TREE_WIDTH branches from one `draft_tree` call, verified in one forward;
 where the runtime verifies trees). On the float32 `torch` runtime the methods keep their plain names
@@ -138,7 +138,7 @@ class Runner:
         from hartonomous.engine import Engine
         from hartonomous.exact import ExactModel
         from hartonomous.generation_config import GenerationConfig
-        from hartonomous.speculative.memory import MemoryPolicy, MemoryWriter
+        from hartonomous.memory import MemoryPolicy, MemoryWriter
         from hartonomous.speculative.decoding import SpeculativeBackend
 
         self.model = ExactModel.load("smollm2", device="cpu")

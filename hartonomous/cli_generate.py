@@ -90,7 +90,7 @@ def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS
             speculative_target: str | None = None):
     from hartonomous.client import Client
     from hartonomous.errors import UserError
-    from hartonomous.speculative.memory import REMEMBERED_PATHS
+    from hartonomous.memory import REMEMBERED_PATHS
 
     check_prompt(prompt)
     if path not in paths:

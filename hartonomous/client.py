@@ -16,7 +16,7 @@ step from the spatial path when the atom set's predicted risk is below `risk_thr
 the exact model (hartonomous.backends.hybrid; `result.stats` is a HybridStats). The exact path's
 per-step signals carry the spatial predictor's risk for the same context (read from the database).
 
-A memory of past generations (hartonomous.speculative.memory; off by default): `remember=True` writes every
+A memory of past generations (hartonomous.memory; off by default): `remember=True` writes every
 completed exact or speculative generation (only tokens the exact model chose: never the spatial or
 hybrid path's) run under sampler settings the set's memory policy admits into the atom set's
 memory, within the set's bound, and says on each result what the memory did with it
@@ -59,7 +59,7 @@ from hartonomous.paths import (DEFAULT_PATH, PATHS, check_speculative_target, de
 from hartonomous.paths.context import PathResources, build_engine
 from hartonomous.paths.augmented import check_same_model  # noqa: F401  (its home; imported from here too)
 from hartonomous.paths.options import PathOptions, check_augment_weight  # noqa: F401
-from hartonomous.speculative.memory import MemoryWriter
+from hartonomous.memory import MemoryWriter
 
 SPECULATIVE_TARGETS = speculative_targets()    # the distributions a speculative round verifies against
 CONFIG_OPTIONS = tuple(f.name for f in fields(GenerationConfig))

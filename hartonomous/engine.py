@@ -115,7 +115,7 @@ class GenerationResult:
     probabilities: list[float] = field(default_factory=list)
     stats: Any = None           # path statistics where the path keeps some (speculative: SpeculativeStats)
     config: GenerationConfig | None = None   # the options it ran with (the memory checks its sampler settings)
-    memory: Any = None          # what a remembering client's memory did with it (speculative.memory.MemoryOutcome)
+    memory: Any = None          # what a remembering client's memory did with it (hartonomous.memory.MemoryOutcome)
 
 
 class Session:

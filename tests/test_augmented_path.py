@@ -33,7 +33,7 @@ from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative.memory import REMEMBERED_PATHS, MemoryPolicy, MemoryWriter
+from hartonomous.memory import REMEMBERED_PATHS, MemoryPolicy, MemoryWriter
 from test_speculative import tiny_exact_backend
 from tiny_model import TRAIN_TEXT, tiny_model
 

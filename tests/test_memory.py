@@ -22,7 +22,7 @@ from hartonomous.client import Client
 from hartonomous.errors import UserError
 from hartonomous.exact import ExactModel
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative.memory import (REMEMBERED_PATHS, MemoryPolicy, MemoryWriter, NotRemembered,
+from hartonomous.memory import (REMEMBERED_PATHS, MemoryPolicy, MemoryWriter, NotRemembered,
                                             SamplerSettings, worth_remembering)
 from generation_helpers import SMOLLM2_ON_TWO_CORES
 from tiny_model import tiny_model

@@ -17,7 +17,7 @@ import pytest
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.errors import UserError
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.speculative.memory import (MemoryPolicy, MemoryWriter, NotRemembered, Remembered,
+from hartonomous.memory import (MemoryPolicy, MemoryWriter, NotRemembered, Remembered,
                                             SamplerSettings)
 
 SET = "memory-policy-test"

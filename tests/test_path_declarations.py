@@ -84,7 +84,7 @@ def test_everything_that_lists_paths_reads_the_declarations() -> None:
     from hartonomous.server.playground import page
     from hartonomous.server.runtime import MODEL_PATHS
     from hartonomous.server.schemas import GenerateRequest, GenerationPath, PathName, SpeculativeTarget
-    from hartonomous.speculative.memory import REMEMBERED_PATHS
+    from hartonomous.memory import REMEMBERED_PATHS
 
     assert CLIENT_PATHS == GENERATE_PATHS == PATHS and get_args(GenerationPath) == PATHS
     assert NEXT_TOKEN_PATHS == get_args(PathName) == next_token_paths()

@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--memory-weight must be a positive finite number, got {memory_weight}")
         policy = None
         if memory_policy is not None:
-            from hartonomous.speculative.memory import MemoryPolicy
+            from hartonomous.memory import MemoryPolicy
 
             if not remember:
                 raise UserError("--memory-policy is the policy of the memory the server writes: add --remember")

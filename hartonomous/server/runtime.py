@@ -10,7 +10,7 @@ hybrid, augmented) from the model pool; spatial and SQL-only requests run in the
 the database pool. Neither can occupy the other's threads or connections, so database-only work never
 waits behind a generation on the model (docs/server.md says how both are sized).
 With `remember` on, completed exact and speculative generations (the exact model's words; never
-the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/speculative/memory.py)
+the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/memory.py)
 through one writer connection of the owner's, kept apart from the reader pool, and speculative
 drafts read that memory, under the sampler settings each set's memory policy admits (by default
 greedy and the sampler's defaults: a request at temperature 100 is answered, not remembered; the
@@ -61,7 +61,7 @@ class ServerConfig:
     memory_max_atoms: int | None = None   # the bound this server sets on each set's memory (None: the sets' own)
     memory_weight: float | None = None    # a remembered atom's weight (None: the set's history_weight)
     memory_policy: Any = None             # the sampler policy this server sets on each set's memory
-                                          # (a speculative.memory.MemoryPolicy; None: the sets' own)
+                                          # (a hartonomous.memory.MemoryPolicy; None: the sets' own)
     writer_url: str | None = None         # the memory writer's (owner) connection; None: the owner's default
     prefix_cache_mb: int = 256            # recent prompts' KV prefixes kept for reuse, MiB (0: none);
                                           # hartonomous.runtimes.prefix_cache
@@ -151,7 +151,7 @@ class Runtime:
         self.pool.open(wait=False)
         self.model_pool.open(wait=False)
         if self.config.remember:
-            from hartonomous.speculative.memory import MemoryWriter
+            from hartonomous.memory import MemoryWriter
 
             self.memory_writer = MemoryWriter(self.config.writer_url, max_atoms=self.config.memory_max_atoms,
                                               weight=self.config.memory_weight, policy=self.config.memory_policy)

@@ -1,6 +1,6 @@
 """Speculative decoding: the database drafts, the exact model verifies.
 
 `decoding` is the backend (chains and trees, acceptance, KV rollback), `draft_cost` the measured
-forward costs that shape each round's draft, `memory` the store of past generations the drafter
-reads.
+forward costs that shape each round's draft. The memory of past generations the drafter reads
+serves every path, so it lives beside them (hartonomous/memory.py).
 """

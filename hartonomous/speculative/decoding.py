@@ -85,7 +85,7 @@ class Draft:
 
 class SpatialDrafter:
     """Drafts with SQL `draft_tokens`: n spatial steps in one database call; with `memory`, from the
-    set's memory of past generations too (hartonomous/speculative/memory.py)."""
+    set's memory of past generations too (hartonomous/memory.py)."""
 
     def __init__(self, spatial: SpatialBackend, memory: bool = False):
         self.spatial = spatial

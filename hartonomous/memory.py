@@ -27,7 +27,7 @@ from typing import Any
 from hartonomous.errors import UserError
 from hartonomous.paths import remembered_paths
 
-log = logging.getLogger("hartonomous.speculative.memory")
+log = logging.getLogger("hartonomous.memory")
 
 DEFAULT_MAX_ATOMS = 100_000          # a set's bound where the owner never set one (SQL ht_memory_bound)
 MAX_ATOMS_LIMIT = 10_000_000         # set_memory_bound()'s own limit on a bound
