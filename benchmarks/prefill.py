@@ -49,10 +49,11 @@ def commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def best(fn, repeats: int) -> float:
+def best(fn, repeats: int, before=lambda: None) -> float:
     fn()
     times = []
     for _ in range(repeats):
+        before()
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
@@ -63,7 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="256,1024", help="prompt lengths, comma-separated")
     parser.add_argument("--extend", type=int, default=32, help="tokens a warm prompt adds to a recent one")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", default=None,
+                        help="torch threads, or 'auto': the server's default, chosen before each timed prefill "
+                             "(hartonomous.runtimes.threads; default: torch's)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-rows", action="store_true", help="leave out the row-at-a-time forward")
     parser.add_argument("--out", type=Path, default=None)
@@ -73,11 +76,19 @@ def main() -> None:
 
     from hartonomous.runtimes import load_exact_model
     from hartonomous.runtimes.prefix_cache import with_prefix_cache
+    from hartonomous.runtimes.threads import ThreadPolicy
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    policy = ThreadPolicy(None if args.threads in (None, "auto") else int(args.threads))
+    chosen: list[int] = []
+    if args.threads is not None:
+        policy.apply()
     load_before = os.getloadavg()
     model = load_exact_model("int4")
+
+    def choose() -> None:
+        if args.threads == "auto":
+            chosen.append(policy.apply())
+
     lengths = [int(n) for n in args.lengths.split(",")]
     ids = held_out_ids(model.tokenizer, max(lengths) + args.extend)
     rows = []
@@ -85,8 +96,8 @@ def main() -> None:
         prompt = ids[:n]
         row = {"tokens": n}
         if not args.skip_rows:
-            row["rows_s"] = best(lambda: model._forward(prompt, model.new_cache(), None, None, 1), args.repeats)
-        row["chunked_s"] = best(lambda: model.prefill(prompt, model.new_cache()), args.repeats)
+            row["rows_s"] = best(lambda: model._forward(prompt, model.new_cache(), None, None, 1), args.repeats, choose)
+        row["chunked_s"] = best(lambda: model.prefill(prompt, model.new_cache()), args.repeats, choose)
         warm_model = with_prefix_cache(model, 1024)
         longer = ids[:n + args.extend]
 
@@ -94,6 +105,7 @@ def main() -> None:
             warm_model.prefix_cache._entries.clear()
             warm_model.prefix_cache.bytes = 0
             warm_model.prefill(prompt, warm_model.new_cache())
+            choose()
             started = time.perf_counter()
             warm_model.prefill(longer, warm_model.new_cache())
             row.setdefault("extend_runs", []).append(time.perf_counter() - started)
@@ -107,7 +119,8 @@ def main() -> None:
     result = {"command": "benchmarks/prefill.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                              if v not in (None, False) and k != "out"),
               "commit": commit(), "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": cpu_name(),
-              "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+              "cores": os.cpu_count(), "torch_threads": args.threads or torch.get_num_threads(),
+              "auto_threads_chosen": chosen or None,
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": rows}
     text = json.dumps(result, indent=2)
     if args.out:
