@@ -203,11 +203,17 @@ def register(app: typer.Typer) -> None:
                                            help="Adaptive: risk from which a step explores (0..1)."),
         cautious_risk: float = typer.Option(GenerationConfig.cautious_risk, "--cautious-risk",
                                             help="Adaptive: risk from which a step is cautious (0..1)."),
+        threads: Optional[int] = typer.Option(None, "--threads",
+                                              help="Threads for the exact model's forwards, 1 to the cores. "
+                                                   "Default: the cores less the other processes running now."),
         sampler_options: dict | None = None,
         client_options: dict | None = None,
     ) -> None:
         """Continue PROMPT with one of the paths (--path; hartonomous/paths declares them)."""
         from hartonomous.client import make_config
+        from hartonomous.runtimes.threads import ThreadPolicy
+
+        ThreadPolicy(threads).apply()           # a count outside 1..cores: one line, before anything loads
 
         config = make_config(max_new_tokens=max_new_tokens, seed=seed, stop_strings=tuple(stop),
                              stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos, adaptive=adaptive,

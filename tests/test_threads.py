@@ -27,8 +27,9 @@ def test_a_thread_count_outside_one_to_the_cores_is_refused_naming_the_option(ba
         ThreadPolicy(bad)
 
 
-def test_serve_refuses_a_bad_thread_count_in_one_line_before_it_connects():
-    done = subprocess.run([sys.executable, "-m", "hartonomous.cli", "serve", "--threads", str(cores() + 1)],
+@pytest.mark.parametrize("command", [["serve"], ["generate", "def f():"]])
+def test_serve_and_generate_refuse_a_bad_thread_count_in_one_line_before_they_connect(command):
+    done = subprocess.run([sys.executable, "-m", "hartonomous.cli", *command, "--threads", str(cores() + 1)],
                           capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "HARTONOMOUS_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
     assert done.returncode != 0
