@@ -1,4 +1,4 @@
-"""Per-token latency of the exact path (hartonomous engine + exact.py) vs transformers `generate`.
+"""Per-token latency of the exact path (hartonomous engine + hartonomous/runtimes/reference.py) vs transformers `generate`.
 
 Both decode greedily (and optionally with sampling) from the same prompt on the same model,
 device and threads, in one process. Per-token latency is the wall time between consecutive
@@ -55,7 +55,7 @@ def main() -> None:
 
     from hartonomous.backends.exact import ExactBackend
     from hartonomous.engine import Engine
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
     from hartonomous.generation_config import GenerationConfig
 
     if args.threads:

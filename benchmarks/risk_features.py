@@ -62,7 +62,7 @@ def gather(args) -> None:
     from hartonomous import sqlcalls
     from hartonomous.atomset import load_atom_set
     from hartonomous.db.connection import owner_url
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
     from hartonomous.generation_config import SamplerArgs
     from hartonomous.splits import recorded_halves
     from hartonomous.corpus.teacher import teacher_force

@@ -42,7 +42,7 @@ from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.compare.routing import risk_auc, routing_curve
 from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine, GenerationConfig
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.splits import recorded_halves
 from hartonomous.corpus.teacher import teacher_force
 from projection.risk import calibration_gap

@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD .venv/bin/python benchmarks/runtime_agreement.py [--atom-set NAME | --text FILE]
         [--max-positions 2000] [--runtimes int4,llama] [--out FILE.json]
 
-The reference is the torch runtime (transformers in float32, hartonomous.exact). For each fast runtime,
+The reference is the torch runtime (transformers in float32, hartonomous.runtimes.reference). For each fast runtime,
 teacher-forced on the positions `compare` scores (the atom set's held-out test half, split by compare's
 own budget; or the given text): top-1 agreement with the reference, max / median / p99 |Δ logit|, and at
 every position where the argmax differs the reference's own top-2 logit gap there, checked against the
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.speculative import SHORT_PROMPTS
     from hartonomous import measure
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
     from hartonomous.runtimes import load_exact_model
     from hartonomous.threads import machine_threads
 

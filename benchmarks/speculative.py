@@ -136,7 +136,7 @@ class Runner:
         from hartonomous.backends.spatial import SpatialBackend
         from hartonomous.speculative.draft_cost import forward_costs
         from hartonomous.engine import Engine
-        from hartonomous.exact import ExactModel
+        from hartonomous.runtimes.reference import ExactModel
         from hartonomous.generation_config import GenerationConfig
         from hartonomous.memory import MemoryPolicy, MemoryWriter
         from hartonomous.speculative.decoding import SpeculativeBackend

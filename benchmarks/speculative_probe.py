@@ -17,7 +17,7 @@ from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.db.connection import owner_url
 from hartonomous.engine import Engine
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.speculative.decoding import SpeculativeBackend
 

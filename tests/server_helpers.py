@@ -7,7 +7,7 @@ import time
 
 import uvicorn
 
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.server import Runtime, ServerConfig, create_app
 from tiny_model import tiny_model, tiny_tokenizer
 

@@ -31,7 +31,7 @@ from hartonomous.augment.gates import save_gate
 from hartonomous.client import Client
 from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.memory import REMEMBERED_PATHS, MemoryPolicy, MemoryWriter
 from test_speculative import tiny_exact_backend

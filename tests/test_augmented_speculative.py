@@ -23,7 +23,7 @@ from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.engine import Engine
 from hartonomous.errors import UserError
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sampling import logits_to_probs, process_logits
 from hartonomous.speculative.decoding import SpeculativeBackend

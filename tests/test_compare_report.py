@@ -20,7 +20,7 @@ from hartonomous.centroid import prefix_centroids
 from hartonomous.compare import CompareOptions, run_compare, write_report
 from hartonomous.compare.render import SECTIONS
 from hartonomous.compare.schema import report_schema, validate_report
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from tiny_model import TRAIN_TEXT, tiny_model
 
 CORPUS = "\n".join(TRAIN_TEXT[:4]) * 2

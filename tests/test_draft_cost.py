@@ -6,7 +6,7 @@ import pytest
 
 from hartonomous.speculative.draft_cost import (MAX_PROBE_EVERY, PROBE_EVERY, CostShapedPolicy, ForwardCosts,
                                                 expected_tokens, measure_forward_costs)
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from tiny_model import tiny_model
 
 # SmolLM2 on 2 CPU cores (issue 25): 2-3 tokens cost the most per token, 4-16 about 1.5x one.

@@ -13,7 +13,7 @@ from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.engine import Engine, State
 from hartonomous.errors import InvalidArgument
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
 from hartonomous.textstream import REPLACEMENT, decode
 from tiny_model import tiny_model

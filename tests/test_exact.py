@@ -10,7 +10,7 @@ import torch
 
 from hartonomous.backends.exact import ExactBackend, ordered_distribution
 from hartonomous.engine import Engine
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from tiny_model import tiny_model
 

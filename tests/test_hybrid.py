@@ -17,7 +17,7 @@ from hartonomous.backends.spatial import SpatialState
 from hartonomous.client import Client
 from hartonomous.engine import Engine
 from hartonomous.errors import InvalidArgument, UserError
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.risk import RiskModel
 from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, spatial,  # noqa: F401

@@ -20,7 +20,7 @@ from generation_helpers import drop_atom_set, write_tiny_atom_set
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.client import Client
 from hartonomous.errors import UserError
-from hartonomous.exact import ExactModel
+from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.memory import (REMEMBERED_PATHS, MemoryPolicy, MemoryWriter, NotRemembered,
                                             SamplerSettings, worth_remembering)

@@ -465,7 +465,7 @@ def test_after_a_tree_and_a_crop_to_its_first_branch_decoding_goes_on_as_after_t
 
 @pytest.mark.integration
 def test_teacher_forced_on_held_out_code_it_picks_the_references_token_but_at_near_ties(smollm2):
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
 
     started = time.perf_counter()
     reference = ExactModel.load("smollm2", "cpu")

@@ -184,7 +184,7 @@ def test_greedy_decoding_is_llama_cpp_generate(model):
 
 @pytest.mark.integration
 def test_teacher_forced_argmax_agrees_with_the_float32_reference_but_at_near_ties(model):
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
 
     text = (Path(__file__).resolve().parents[1] / "hartonomous" / "engine.py").read_text()[:2000]
     ids = ids_of(model, text)[:301]

@@ -1,4 +1,4 @@
-"""The exact backend: the KV-cached transformer (hartonomous.exact) behind the engine's interface.
+"""The exact backend: the KV-cached transformer (hartonomous.runtimes.reference) behind the engine's interface.
 
 Besides the engine's step interface (`start` / `distribution` / `advance`) it verifies drafts for
 speculative decoding: `score` runs the tokens not yet cached plus a draft through one forward and
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from hartonomous.backends.base import Distribution
-from hartonomous.exact import ExactModel, KVCache
+from hartonomous.runtimes.reference import ExactModel, KVCache
 from hartonomous.generation_config import SamplerArgs
 from hartonomous.sampling import logits_to_probs
 from hartonomous.signals import StepSignals, distribution_signals

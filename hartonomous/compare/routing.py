@@ -193,7 +193,7 @@ def measure_exact_steps(model, tokenizer, ids: Sequence[int], steps: int = EXACT
     (prefill the rest, then per token: the greedy distribution and the KV-cached forward of that
     token, as ExactBackend does per exact step), and the context lengths they ran at."""
     from hartonomous.backends.exact import ExactBackend
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
 
     ids = [int(t) for t in ids]
     steps = max(min(steps, len(ids) - 1), 0)

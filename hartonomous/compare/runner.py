@@ -254,7 +254,7 @@ def _sample_contexts(encoded, keep, n) -> list[list[int]]:
 
 def _generation(conn, info, model, tokenizer, prompts, options, progress) -> dict:
     from hartonomous.client import Client
-    from hartonomous.exact import ExactModel
+    from hartonomous.runtimes.reference import ExactModel
 
     progress.stage("free generation (both paths)", generation.steps(prompts))
     client = Client(connection=conn, atom_set=info.name, spatial_tokenizer=tokenizer,

@@ -1,6 +1,6 @@
 """Exact runtimes: interchangeable implementations of the exact model's operations.
 
-- `torch`: transformers in float32 (hartonomous.exact.ExactModel), the reference: the oracle in
+- `torch`: transformers in float32 (hartonomous.runtimes.reference.ExactModel), the reference: the oracle in
   tests, the teacher for build labels and self-distillation, the labels of `compare`, and the CUDA path.
 - `int4`: the GGUF's Q4_1/Q8_0 codes on torch's int4 kernel with bfloat16 activations
   (hartonomous.runtimes.int4); no transformers import.
@@ -99,7 +99,7 @@ def load_exact_model(runtime: str | None = "auto", model: str = "smollm2", devic
     device = pick_device(device)
     name = resolve_runtime(runtime, device, model, dtype)
     if name == "torch":
-        from hartonomous.exact import ExactModel
+        from hartonomous.runtimes.reference import ExactModel
 
         return ExactModel.load(model, device, dtype)
     if dtype not in ("float32", "fp32"):

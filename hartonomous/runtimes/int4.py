@@ -7,7 +7,7 @@ matmuls of the high and low nibbles of its codes offset by 128 (exact as well), 
 embedding, attention and residual stream stay in float32, and only the matmul inputs and outputs are
 bfloat16. The kernel wants bfloat16 activations to be fast, so this runtime is the GGUF's model to
 within bfloat16 rounding, not float32 arithmetic: docs/runtimes.md measures how often that changes
-the argmax against the float32 reference (hartonomous.exact).
+the argmax against the float32 reference (hartonomous.runtimes.reference).
 
 The KV cache is static (grown by doubling, cropped by moving its length), so speculative rollback
 costs nothing, and a tree of drafts is verified in one forward with explicit positions. Attention
@@ -466,7 +466,7 @@ class Int4Model(RuntimeModel):
         flush()
         return logits
 
-    # -- the exact model's operations (hartonomous.exact.ExactModel) ------------------------------
+    # -- the exact model's operations (hartonomous.runtimes.reference.ExactModel) ------------------------------
 
     def prefill(self, ids: Sequence[int], cache: StaticKVCache) -> torch.Tensor:
         """The logits after the prompt `ids`, fed into an emptied cache (_prefill_rows)."""

@@ -182,7 +182,7 @@ class LlamaCppModel(RuntimeModel):
             self._owner = cache
             return logits
 
-    # -- the exact model's operations (hartonomous.exact.ExactModel) ----------------------------
+    # -- the exact model's operations (hartonomous.runtimes.reference.ExactModel) ----------------------------
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], cache: LlamaCache) -> torch.Tensor:

@@ -137,7 +137,7 @@ def architecture_fingerprint(torch_model) -> str:
 
 
 def cost_key(model) -> dict:
-    """What the measured costs of `model` (hartonomous.exact.ExactModel) depend on; any change
+    """What the measured costs of `model` (hartonomous.runtimes.reference.ExactModel) depend on; any change
     measures again."""
     import torch
 
@@ -179,7 +179,7 @@ def _save(cache_dir: Path, key: dict, costs: ForwardCosts) -> None:
 
 def measure_forward_costs(model, max_tokens: int = MAX_MEASURED, prefix: int = MEASURE_PREFIX,
                           repeats: int = MEASURE_REPEATS) -> ForwardCosts:
-    """Time `model` (hartonomous.exact.ExactModel) feeding n = 1..max_tokens tokens after a cached
+    """Time `model` (hartonomous.runtimes.reference.ExactModel) feeding n = 1..max_tokens tokens after a cached
     prefix, the logits of every fed position kept (as verification keeps them); the median of
     `repeats` passes over n = 1..max_tokens after one warm-up pass, the cache cropped back after each."""
     import torch
