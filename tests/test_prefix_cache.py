@@ -182,3 +182,20 @@ def test_the_server_wraps_its_model_and_reports_the_cache(tiny):
     assert stats["hits"] == 1 and stats["misses"] == 1 and stats["max_bytes"] == 8 << 20
     assert stats["bytes"] >= CHUNK * KV_BYTES_PER_TOKEN
     assert Runtime(ServerConfig(prefix_cache_mb=0), exact_model=tiny).prefix_cache_stats() is None
+
+
+@pytest.mark.integration
+def test_on_smollm2_a_hit_gives_the_tokens_of_a_cold_request_greedily_and_for_a_seed():
+    """The real model: a 300-token prompt after a 256-token one of the same code, 12 tokens."""
+    from test_runtime_int4 import smollm2_gguf
+
+    from hartonomous.runtimes import load_exact_model
+
+    smollm2_gguf()
+    model = load_exact_model("int4", "smollm2", "cpu")
+    ids = model.tokenizer.encode(open(__file__).read())[:300]
+    warm = cached(model, 64)
+    warm.prefill(ids[:256], warm.new_cache())
+    for temperature, seed in ((0.0, 0), (0.8, 42)):
+        assert run(ExactBackend(warm), ids, 12, temperature, seed) == run(ExactBackend(model), ids, 12, temperature, seed)
+    assert warm.prefix_cache.stats()["tokens_reused"] == 2 * 256
