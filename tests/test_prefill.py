@@ -148,3 +148,26 @@ def greedy():
     from hartonomous.generation_config import GenerationConfig
 
     return GenerationConfig(max_new_tokens=8, temperature=0.0, stop_at_eos=False).sampler
+
+
+def test_preparing_the_prefill_unpacks_every_projection_and_changes_no_bit(tmp_path):
+    """A server's preload unpacks the weights before the first prompt; the prompt's bits are those of
+    unpacking them lazily."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+
+    def load() -> Int4Model:
+        model = Int4Model(Int4Weights.from_gguf(GGUFWeights(path)), tokenizer=None, description="tiny")
+        model.prefill_chunk = CHUNK
+        return model
+
+    def unpacked(model: Int4Model) -> list[bool]:
+        return [getattr(layer[name], "_dense", None) is not None
+                for layer in model.weights.layers for name in ("qkv", "out", "gate_up", "down")]
+
+    ids = random_ids(9, CHUNK + 40)
+    lazy, prepared = load(), load()
+    expected = lazy.prefill(ids, lazy.new_cache())
+    assert not any(unpacked(prepared))
+    prepared.prepare_prefill()
+    assert all(unpacked(prepared))
+    assert torch.equal(prepared.prefill(ids, prepared.new_cache()), expected)

@@ -468,6 +468,13 @@ class Int4Model(RuntimeModel):
 
     # -- the exact model's operations (hartonomous.runtimes.reference.ExactModel) ------------------------------
 
+    def prepare_prefill(self) -> None:
+        """Unpack every layer's weights for the prompt's matmuls now (about 0.7 s on one thread, 212 MB
+        for SmolLM2) rather than in the first prompt of EXACT_ROWS tokens or more (a server's preload)."""
+        for layer in self.weights.layers:
+            for name in ("qkv", "out", "gate_up", "down"):
+                layer[name].dense()
+
     def prefill(self, ids: Sequence[int], cache: StaticKVCache) -> torch.Tensor:
         """The logits after the prompt `ids`, fed into an emptied cache (_prefill_rows)."""
         self._check(ids)

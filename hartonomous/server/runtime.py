@@ -286,7 +286,10 @@ class Runtime:
 
     def _preload(self) -> None:
         try:
-            self.exact_model()
+            model = self.exact_model()
+            prepare = getattr(model, "prepare_prefill", None)   # the int4 runtime's unpacked weights
+            if callable(prepare):
+                prepare()
         except Exception:
             log.warning("could not preload the exact model: %s", self._exact_error)
 
