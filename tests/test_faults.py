@@ -95,7 +95,7 @@ def _client(cluster: EmbeddedCluster, atom_set: str, policy: RetryPolicy | None 
 
 
 def _close(client: Client) -> None:
-    conn = client._conn
+    conn = client.resources.connection()
     client.close()
     conn.close()            # passed in, so not closed by the client
 
@@ -138,7 +138,7 @@ def test_a_restart_between_steps_resumes_the_generation(up, atom_set) -> None:
     restarter.join()
     assert time.monotonic() - started < BOUND_S
     assert first + rest == expected and session.state is State.COMPLETE
-    assert client._conn.reconnects == 1
+    assert client.resources.connection().reconnects == 1
     _close(client)
 
 
@@ -154,7 +154,7 @@ def test_a_restart_during_an_in_database_generation_reruns_it(up, atom_set) -> N
     restarter.join()
     assert time.monotonic() - started < BOUND_S
     assert result.token_ids == expected and result.state is State.COMPLETE
-    assert client._conn.reconnects == 1
+    assert client.resources.connection().reconnects == 1
     _close(client)
 
 
@@ -195,7 +195,7 @@ def test_sigkill_then_hartonomous_db_up_recovers_and_nothing_is_lost(up, atom_se
     assert time.monotonic() - started < 2 * BOUND_S
     busy_thread.join(timeout=BOUND_S)
     assert isinstance(busy.get("error"), psycopg.OperationalError)      # the orphan was stopped, not waited for
-    assert first + rest == expected and client._conn.reconnects == 1
+    assert first + rest == expected and client.resources.connection().reconnects == 1
     _close(client)
     with psycopg.connect(up.url()) as conn:
         assert conn.execute("SELECT note FROM fault_marker WHERE id = 1").fetchone() == ("committed before the crash",)
@@ -245,7 +245,7 @@ def test_a_cancelled_query_is_not_mistaken_for_a_lost_connection(up, atom_set) -
     cancel = threading.Event()
     _after(0, lambda: (_wait_for_query(up, "generate_tokens"), cancel.set()))
     result = client.generate(PROMPT, seed=3, max_new_tokens=MAX_NEW_TOKENS, in_database=True, cancel=cancel)
-    assert result.state is State.CANCELLED and client._conn.reconnects == 0
+    assert result.state is State.CANCELLED and client.resources.connection().reconnects == 0
     assert client.generate(PROMPT, seed=3, max_new_tokens=3, stop_at_eos=False).token_ids    # still usable
     _close(client)
 
@@ -265,7 +265,7 @@ def test_inference_connects_as_the_reader_and_builds_as_the_owner_by_default(up,
     try:
         with Client(atom_set=atom_set, spatial_tokenizer=tiny_tokenizer()) as client:      # CLI generate/next-token
             assert client.next_token(PROMPT, top_k=5)
-            assert client._conn.execute("SELECT current_user").fetchone() == ("hartonomous_reader",)
+            assert client.resources.connection().execute("SELECT current_user").fetchone() == ("hartonomous_reader",)
         runtime = Runtime(ServerConfig(), spatial_tokenizer=tiny_tokenizer())               # hartonomous serve
         runtime.open()
         try:
