@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from hartonomous.server import errors
+from hartonomous.server import errors, openai_api
 from hartonomous.server.routes import STATIC_DIR, router
 from hartonomous.server.runtime import Runtime, ServerConfig
 
@@ -34,6 +34,7 @@ def create_app(runtime: Runtime | None = None, config: ServerConfig | None = Non
                   lifespan=lifespan, redoc_url=None)
     app.state.runtime = runtime
     app.include_router(router)
+    openai_api.install(app)             # /v1: the OpenAI-compatible API (docs/openai.md)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     errors.install(app)
     return app

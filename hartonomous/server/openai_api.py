@@ -1,0 +1,444 @@
+"""The OpenAI-compatible API under /v1: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Same app, same engines as /api (Runtime.engine), OpenAI's shapes (docs/openai.md). Each request is
+validated (hartonomous.server.openai_schemas) before anything loads; its model id names a path and
+an atom set (hartonomous.server.openai_models). The generation runs in the path's executor; a
+client that disconnects cancels it within one step, streamed or not, as on /api.
+
+finish_reason: `length` when max_tokens ran out; `stop` for an end-of-sequence token, a stop
+sequence, and the project's own ends `no_candidates` (the path had nothing left to propose) and
+`abstain` (adaptive sampling stopped); the project's reason is in the response's `hartonomous`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import psycopg
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from hartonomous.errors import InvalidArgument, UserError
+from hartonomous.generation_config import GenerationConfig, SamplerArgs
+from hartonomous.paths import DECLARATIONS
+from hartonomous.server.openai_models import list_models, resolve
+from hartonomous.server.openai_schemas import (ChatRequest, Common, CompletionRequest, OpenAIError, invalid,
+                                               parse)
+from hartonomous.server.streaming import DONE, WorkerStream, run_blocking
+from hartonomous.textstream import decode
+
+log = logging.getLogger("hartonomous.server")
+router = APIRouter(prefix="/v1", tags=["openai"])
+RAW = SamplerArgs(temperature=1.0, top_k=None, top_p=1.0, repetition_penalty=1.0)   # logprobs' distribution
+FINISH = {"length": "length"}    # every other end of the project's is "stop" (module docstring)
+
+
+def finish_reason(reason: str) -> str:
+    return FINISH.get(reason, "stop")
+
+
+# -- the generation, in a worker thread ----------------------------------------------------------
+
+
+class RawTap:
+    """A backend that also keeps each step's own distribution at temperature 1, before top-k and
+    top-p (`last`): the logprobs. Computed first, so the step's state is the sampler's afterwards."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+        self.last = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def distribution(self, state: Any, sampler: SamplerArgs):
+        self.last = self._backend.distribution(state, RAW)
+        return self.last if sampler == RAW else self._backend.distribution(state, sampler)
+
+
+@dataclass
+class Piece:
+    """One token's output: its text and, with logprobs, its own and the top alternatives'."""
+
+    text: str
+    token_id: int | None = None
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What one /v1 request runs: a path over an atom set, a prompt (text, ids, or chat), options."""
+
+    model_id: str
+    path: str
+    atom_set: str | None
+    prompt: str | list[int] | None
+    messages: list[dict] | None
+    max_tokens: int
+    config_options: dict
+    path_options: Any
+    logprobs: int | None          # top alternatives per token (0: the token's own only); None: none
+
+
+def plan(request: Common, model_id) -> Plan:
+    from hartonomous.paths.options import PathOptions
+
+    chat = isinstance(request, ChatRequest)
+    top = (request.top_logprobs or 0) if chat and request.logprobs else (None if chat else request.logprobs)
+    if top is not None and not DECLARATIONS[model_id.path].next_token:
+        raise invalid("logprobs", f"the {model_id.path} path has no next-token distribution of its own: "
+                                  f"{DECLARATIONS[model_id.path].next_token_instead or 'ask without logprobs'}")
+    max_tokens = request.new_tokens() if chat else (request.max_tokens or 16)
+    options = dict(temperature=request.temperature, top_k=request.top_k or None, top_p=request.top_p,
+                   repetition_penalty=request.repetition_penalty, max_new_tokens=max_tokens, seed=request.seed,
+                   stop_strings=request.stops())
+    return Plan(model_id.id, model_id.path, model_id.atom_set, None if chat else request.prompt,
+                request.chat() if chat else None, max_tokens, options, PathOptions(), top)
+
+
+def context_length(model: Any) -> int | None:
+    """The exact model's context in tokens, where its runtime says (llama n_ctx, GGUF, transformers config)."""
+    n_ctx = getattr(model, "n_ctx", None)
+    if isinstance(n_ctx, int):
+        return n_ctx
+    length = getattr(getattr(model, "config", None), "context_length", None)
+    if isinstance(length, int):
+        return length
+    inner = getattr(getattr(model, "model", None), "config", None)
+    length = getattr(inner, "max_position_embeddings", None)
+    return length if isinstance(length, int) else None
+
+
+def render_chat(tokenizer: Any, messages: list[dict]) -> str:
+    """The messages in the model's own chat template (its tokenizer's metadata), ready for the reply."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid("messages", "this model has no chat template in its tokenizer metadata, so chat cannot be "
+                                  "rendered; use POST /v1/completions with your own prompt")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str]:
+    """The prompt's token ids and text; a prompt plus max_tokens beyond the model's context is a 400."""
+    tokenizer = engine.tokenizer
+    if p.messages is not None:
+        text = render_chat(tokenizer, p.messages)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        param = "messages"
+    elif isinstance(p.prompt, str):
+        text, ids, param = p.prompt, list(engine.encode(p.prompt)), "prompt"
+    else:
+        vocab = len(tokenizer)
+        if any(t >= vocab for t in p.prompt):
+            raise invalid("prompt", f"token ids must be below the vocabulary size {vocab}")
+        ids, param = list(p.prompt), "prompt"
+        text = decode(tokenizer, ids)
+    model = getattr(engine.backend, "model", None) or getattr(getattr(engine.backend, "exact", None), "model", None)
+    limit = context_length(model) if model is not None else None
+    if limit is not None and len(ids) + p.max_tokens > limit:
+        raise invalid(param, f"this model's context is {limit} tokens; the prompt holds {len(ids)} and max_tokens "
+                             f"asks for {p.max_tokens} more ({len(ids) + p.max_tokens}); shorten the prompt or "
+                             "lower max_tokens", "context_length_exceeded")
+    return ids, text
+
+
+def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threading.Event) -> None:
+    """Emit Ready once set up, then a Piece per token, then the GenerationResult (with the prompt)."""
+    from hartonomous.client import make_config
+
+    try:
+        config: GenerationConfig = make_config(**p.config_options)
+    except InvalidArgument as exc:
+        raise invalid(exc.name, " ".join(str(exc).split())) from exc
+    with runtime.engine(p.path, p.path_options, p.atom_set) as engine:
+        ids, text = prompt_ids(engine, p)
+        tap = None
+        if p.logprobs is not None:
+            tap = engine.backend = RawTap(engine.backend)
+        session = engine.stream(ids, config, cancel)
+        tokenizer = engine.tokenizer
+        emit(Ready(tokenizer))
+        with runtime.tracking(session):
+            for event in session.events():
+                piece = Piece(event.text, event.token_id)
+                if tap is not None and tap.last is not None:
+                    piece.logprob, piece.top = _logprobs(tap.last, event.token_id, p.logprobs)
+                if event.token_id in session.eos_ids or event.token_id in session.stop_ids:
+                    piece.token_id = None       # not part of the output: no logprobs entry
+                emit(piece)
+        if session.tail:
+            emit(Piece(session.tail))
+        emit(Finished(session.result, ids, text, tokenizer, engine.atom_set))
+
+
+@dataclass
+class Ready:
+    """The generation is set up (errors before this are HTTP errors; after, stream errors)."""
+
+    tokenizer: Any
+
+
+@dataclass
+class Finished:
+    result: Any
+    prompt_ids: list[int]
+    prompt_text: str
+    tokenizer: Any
+    atom_set: str | None
+
+
+def _logprobs(dist: Any, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    probs = dict(zip(dist.token_ids, dist.probabilities))
+    own = probs.get(token, 0.0)
+    return _log(own), [(t, _log(q)) for t, q in zip(dist.token_ids[:top], dist.probabilities[:top])]
+
+
+def _log(p: float) -> float:
+    return math.log(p) if p > 0 else -9999.0      # OpenAI's floor for an impossible token
+
+
+# -- the wire shapes ---------------------------------------------------------------------------
+
+
+def usage(done: Finished) -> dict:
+    n_prompt, n_out = len(done.prompt_ids), len(done.result.token_ids)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+
+def extension(done: Finished, p: Plan, memory: bool) -> dict:
+    """The project's own fields: the path, the set, the project's finish reason, the seed (and memory)."""
+    from hartonomous.server.generation import memory_out
+
+    r = done.result
+    out = {"path": r.path, "atom_set": done.atom_set, "finish_reason": r.finish_reason, "seed": r.seed,
+           "stats": r.stats.as_dict() if r.stats is not None else None}
+    if memory:
+        out["memory"] = memory_out(r)
+    return out
+
+
+def _text(tokenizer: Any, token_id: int) -> str:
+    return decode(tokenizer, [token_id])
+
+
+def completion_logprobs(pieces: list[Piece], tokenizer: Any, offset: int) -> dict:
+    tokens, own, tops, offsets = [], [], [], []
+    for piece in pieces:
+        if piece.token_id is None:
+            continue
+        text = _text(tokenizer, piece.token_id)
+        offsets.append(offset)
+        offset += len(text)
+        tokens.append(text)
+        own.append(piece.logprob)
+        tops.append({_text(tokenizer, t): lp for t, lp in piece.top})
+    return {"tokens": tokens, "token_logprobs": own, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(pieces: list[Piece], tokenizer: Any) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = _text(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [dict(entry(p.token_id, p.logprob), top_logprobs=[entry(t, lp) for t, lp in p.top])
+                        for p in pieces if p.token_id is not None], "refusal": None}
+
+
+class Shape:
+    """The response objects of one request (non-streamed and chunks), chat or text."""
+
+    def __init__(self, p: Plan, request: Common):
+        self.p, self.request = p, request
+        self.chat = p.messages is not None
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.tokenizer: Any = None          # the engine's, once the generation is set up
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.p.model_id,
+                "system_fingerprint": None}
+
+    def whole(self, pieces: list[Piece], done: Finished) -> dict:
+        text = done.result.text
+        reason = finish_reason(done.result.finish_reason)
+        if self.chat:
+            logprobs = chat_logprobs(pieces, done.tokenizer) if self.p.logprobs is not None else None
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": logprobs, "finish_reason": reason}
+            body = self._head("chat.completion")
+        else:
+            echo = getattr(self.request, "echo", False)
+            logprobs = completion_logprobs(pieces, done.tokenizer, 0) if self.p.logprobs is not None else None
+            choice = {"index": 0, "text": (done.prompt_text + text) if echo else text, "logprobs": logprobs,
+                      "finish_reason": reason}
+            body = self._head("text_completion")
+        return dict(body, choices=[choice], usage=usage(done),
+                    hartonomous=extension(done, self.p, self.request.memory))
+
+    def chunk(self, piece: Piece | None, tokenizer: Any, *, first: bool = False,
+              done: Finished | None = None) -> dict:
+        reason = finish_reason(done.result.finish_reason) if done is not None else None
+        with_logprobs = self.p.logprobs is not None and piece is not None
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first else (
+                {"content": piece.text} if piece is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs([piece], tokenizer) if with_logprobs
+                      else None, "finish_reason": reason}
+            body = self._head("chat.completion.chunk")
+        else:
+            text = piece.text if piece is not None else ""
+            choice = {"index": 0, "text": text, "logprobs": completion_logprobs([piece], tokenizer, 0)
+                      if with_logprobs else None, "finish_reason": reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        if self.request.include_usage():
+            body["usage"] = None
+        if done is not None:
+            body["hartonomous"] = extension(done, self.p, self.request.memory)
+        return body
+
+    def usage_chunk(self, done: Finished) -> dict:
+        return dict(self._head("chat.completion.chunk" if self.chat else "text_completion"), choices=[],
+                    usage=usage(done))
+
+
+# -- the endpoints ---------------------------------------------------------------------------------
+
+
+def _runtime(request: Request) -> Any:
+    return request.app.state.runtime
+
+
+def openai_error(exc: BaseException) -> OpenAIError:
+    """Any failure of a /v1 request in OpenAI's shape (a traceback never reaches the client)."""
+    from hartonomous.errors import DatabaseUnavailable
+    from hartonomous.server.runtime import ServiceUnavailable
+
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, InvalidArgument):
+        return invalid(exc.name, " ".join(str(exc).split()))
+    if isinstance(exc, (ServiceUnavailable, DatabaseUnavailable)):
+        return OpenAIError(503, " ".join(str(exc).split()), None, "service_unavailable", "server_error")
+    if isinstance(exc, UserError):
+        return invalid(None, " ".join(str(exc).split()))
+    if isinstance(exc, psycopg.OperationalError):
+        return OpenAIError(503, "the database is unreachable; try again shortly, and check GET /healthz", None,
+                           "service_unavailable", "server_error")
+    error_id = uuid.uuid4().hex[:12]
+    log.error("/v1 request failed (error id %s)", error_id, exc_info=exc)
+    return OpenAIError(500, f"internal server error (id {error_id}); the server log has the details", None, None,
+                       "server_error")
+
+
+async def _plan(request: Request, model: type[Common]) -> tuple[Common, Plan]:
+    body = parse(await request.body(), model)
+    runtime = _runtime(request)
+    model_id = await run_in_threadpool(resolve, runtime, body.model, body.path, body.atom_set)
+    return body, plan(body, model_id)
+
+
+async def _generate(request: Request, model: type[Common]):
+    try:
+        body, p = await _plan(request, model)
+        runtime = _runtime(request)
+        executor = runtime.executor_for(p.path)
+        shape = Shape(p, body)
+        if body.stream:
+            stream = WorkerStream(executor, partial(produce, runtime, p))
+            try:
+                shape.tokenizer = (await stream.get()).tokenizer   # Ready: set-up errors are HTTP errors here
+            except BaseException:
+                stream.cancel.set()
+                raise
+            return EventSourceResponse(_chunks(stream, shape), ping=runtime.config.ping_seconds, sep="\n",
+                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        def collect(cancel: threading.Event) -> tuple[list[Piece], Finished]:
+            items: list[Any] = []
+            produce(runtime, p, items.append, cancel)
+            return [i for i in items if isinstance(i, Piece)], items[-1]
+
+        pieces, done = await run_blocking(request, executor, collect)
+        return JSONResponse(shape.whole(pieces, done))
+    except Exception as exc:
+        error = openai_error(exc)
+        return JSONResponse(status_code=error.status, content=error.body())
+
+
+async def _chunks(stream: WorkerStream, shape: Shape) -> AsyncIterator[dict]:
+    """The chunks, then `data: [DONE]`; an error after the first chunk is a chunk with `error`.
+    Leaving early (the client went away) cancels the generation."""
+    try:
+        if shape.chat:
+            yield {"data": _json(shape.chunk(None, None, first=True))}
+        async for item in stream:
+            if isinstance(item, Finished):
+                yield {"data": _json(shape.chunk(None, item.tokenizer, done=item))}
+                if shape.request.include_usage():
+                    yield {"data": _json(shape.usage_chunk(item))}
+            elif isinstance(item, Piece) and (item.text or (shape.p.logprobs is not None
+                                                            and item.token_id is not None)):
+                yield {"data": _json(shape.chunk(item, shape.tokenizer))}
+    except Exception as exc:
+        yield {"data": _json(openai_error(exc).body())}
+    finally:
+        stream.cancel.set()
+    yield {"data": DONE}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+@router.get("/models")
+async def models(request: Request) -> JSONResponse:
+    """Every servable id: the exact model, then each path over each atom set whose needs are met."""
+    try:
+        listed = await run_in_threadpool(list_models, _runtime(request))
+    except Exception as exc:
+        error = openai_error(exc)
+        return JSONResponse(status_code=error.status, content=error.body())
+    return JSONResponse({"object": "list", "data": [_model(m.id) for m in listed]})
+
+
+@router.get("/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> JSONResponse:
+    try:
+        found = await run_in_threadpool(resolve, _runtime(request), model_id)
+    except Exception as exc:
+        error = openai_error(exc)
+        return JSONResponse(status_code=error.status, content=error.body())
+    return JSONResponse(_model(found.id))
+
+
+def _model(model_id: str) -> dict:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "hartonomous"}
+
+
+@router.post("/completions")
+async def completions(request: Request):
+    """OpenAI's text completion (docs/openai.md)."""
+    return await _generate(request, CompletionRequest)
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request):
+    """OpenAI's chat completion, the messages in the model's own chat template (docs/openai.md)."""
+    return await _generate(request, ChatRequest)
+
+
+def install(app: FastAPI) -> None:
+    """Serve /v1 on `app`."""
+    app.include_router(router)

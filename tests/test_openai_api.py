@@ -1,0 +1,329 @@
+"""The OpenAI-compatible API (/v1) through the official `openai` client, against a live server with
+the tiny model and a real database: the Python Client on the same model is the oracle."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import threading
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from generation_helpers import tiny_atom_set
+from hartonomous.client import Client
+from hartonomous.runtimes.reference import ExactModel
+from server_helpers import WAIT_S, GatedModel, live_app
+from tiny_model import tiny_model, tiny_tokenizer
+
+PROMPT = "def add(a, b):"
+# A chat template for the tiny tokenizer, as a model's metadata would carry one (the real one is tested below).
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "add two numbers"}]
+
+
+def templated_tokenizer():
+    """A copy of the (shared, cached) tiny tokenizer with TEMPLATE in its metadata."""
+    tokenizer = copy.deepcopy(tiny_tokenizer())
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def templated_model() -> ExactModel:
+    return ExactModel(tiny_model(0)[0], templated_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def atom_set(server_url):
+    with tiny_atom_set(server_url, seed=5) as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def served(reader_url, atom_set):
+    """(base URL, runtime) of a server whose tiny model carries a chat template."""
+    server, runtime = live_app(reader_url, atom_set, exact_model=templated_model(), pool_size=2)
+    with server as url:
+        yield url, runtime
+
+
+@pytest.fixture(scope="module")
+def client(served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def direct(reader_url, atom_set):
+    """The Python client on the same database and model: the oracle for the API."""
+    with Client(database_url=reader_url, atom_set=atom_set, spatial_tokenizer=tiny_tokenizer(),
+                exact_model=templated_model()) as c:
+        yield c
+
+
+def greedy(direct, prompt, n: int, path: str = "exact", **options):
+    return direct.generate(prompt, path, temperature=0, top_k=None, top_p=1.0, max_new_tokens=n, **options)
+
+
+def rendered(messages) -> list[int]:
+    tokenizer = templated_tokenizer()
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def error_of(call) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    return info.value
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+
+def test_models_list_the_exact_model_and_each_servable_path_over_the_set(client, atom_set):
+    ids = [m.id for m in client.models.list()]
+    assert ids[0] == "exact"
+    assert f"exact:spatial:{atom_set}" in ids and f"exact:speculative:{atom_set}" in ids
+    # The tiny set has no corpus labels, gate or risk predictor: the paths needing them are not offered.
+    assert f"exact:augmented:{atom_set}" not in ids and f"exact:hybrid:{atom_set}" not in ids
+    assert client.models.retrieve(f"exact:spatial:{atom_set}").id == f"exact:spatial:{atom_set}"
+
+
+@pytest.mark.parametrize("model", ["smollm3", "exact:augmented:{set}", "exact:spatial:no_such_set", "exact:warp:{set}"])
+def test_an_unknown_or_unservable_model_is_404_model_not_found(client, atom_set, model):
+    model = model.format(set=atom_set)
+    error = error_of(lambda: client.completions.create(model=model, prompt=PROMPT, max_tokens=2))
+    assert error.status_code == 404 and error.code == "model_not_found" and error.param == "model"
+    assert error_of(lambda: client.models.retrieve(model)).status_code == 404
+
+
+# -- completions ----------------------------------------------------------------------------------------
+
+
+def test_greedy_completion_is_the_exact_paths_text_with_usage(client, direct):
+    reply = client.completions.create(model="exact", prompt=PROMPT, max_tokens=6, temperature=0)
+    expected = greedy(direct, PROMPT, 6)
+    choice = reply.choices[0]
+    assert reply.object == "text_completion" and reply.model == "exact"
+    assert choice.text == expected.text
+    assert choice.finish_reason == ("length" if expected.finish_reason == "length" else "stop")
+    assert reply.usage.prompt_tokens == len(expected.prompt_ids)
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_a_prompt_of_token_ids_and_echo(client, direct):
+    ids = tiny_tokenizer().encode(PROMPT)
+    reply = client.completions.create(model="exact", prompt=ids, max_tokens=4, temperature=0, echo=True)
+    expected = greedy(direct, ids, 4)
+    assert reply.choices[0].text == direct.engine("exact").tokenizer.decode(ids) + expected.text
+    assert reply.usage.prompt_tokens == len(ids)
+
+
+def test_a_seed_reproduces_a_sampled_completion_at_openais_defaults(client):
+    runs = [client.completions.create(model="exact", prompt=PROMPT, max_tokens=8, seed=11).choices[0].text
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_the_spatial_path_over_the_set_matches_the_client(client, direct, atom_set):
+    reply = client.completions.create(model=f"exact:spatial:{atom_set}", prompt=PROMPT, max_tokens=5, temperature=0)
+    assert reply.choices[0].text == greedy(direct, PROMPT, 5, "spatial").text
+    assert reply.model_extra["hartonomous"]["path"] == "spatial"
+    assert reply.model_extra["hartonomous"]["atom_set"] == atom_set
+
+
+def test_a_stop_sequence_cuts_the_text_and_finishes_with_stop(client, direct):
+    full = greedy(direct, PROMPT, 12).text
+    stop = full[3:5]
+    reply = client.completions.create(model="exact", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop])
+    assert reply.choices[0].text == full[:full.find(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model_extra["hartonomous"]["finish_reason"] == "stop_string"
+
+
+def test_logprobs_are_the_paths_own_distribution_at_temperature_1(client, direct):
+    reply = client.completions.create(model="exact", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=5)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 3
+    first = direct.next_token(PROMPT, "exact", temperature=1.0, top_k=None, top_p=1.0)
+    top = logprobs.top_logprobs[0]
+    assert len(top) == 5
+    for row in first[:5]:
+        assert math.isclose(top[row.text], math.log(row.probability), rel_tol=1e-5, abs_tol=1e-6)
+    # Greedy picks the most likely token: its logprob is the best of the top five.
+    assert logprobs.token_logprobs[0] == pytest.approx(max(top.values()))
+
+
+def test_streamed_completion_joins_to_the_whole_text_then_usage(client, direct):
+    chunks = list(client.completions.create(model="exact", prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy(direct, PROMPT, 6).text
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+# -- chat ----------------------------------------------------------------------------------------------
+
+
+def test_chat_renders_the_models_template_and_answers_as_the_exact_path(client, direct):
+    reply = client.chat.completions.create(model="exact", messages=MESSAGES, max_completion_tokens=5, temperature=0)
+    expected = greedy(direct, rendered(MESSAGES), 5)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected.text
+    assert reply.usage.prompt_tokens == len(rendered(MESSAGES))
+
+
+def test_streamed_chat_deltas_join_to_the_reply_with_usage_last(client, direct):
+    stream = client.chat.completions.create(model="exact", messages=MESSAGES, max_tokens=5, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy(direct, rendered(MESSAGES), 5).text
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == len(rendered(MESSAGES))
+
+
+def test_chat_logprobs_list_each_token_with_its_top_alternatives(client):
+    reply = client.chat.completions.create(model="exact", messages=MESSAGES, max_tokens=3, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 3
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
+    assert "".join(entry.token for entry in content) == reply.choices[0].message.content
+
+
+def test_async_client_chat_and_stream(served, direct):
+    async def main():
+        async with openai.AsyncOpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0) as c:
+            whole = await c.chat.completions.create(model="exact", messages=MESSAGES, max_tokens=4, temperature=0)
+            stream = await c.completions.create(model="exact", prompt=PROMPT, max_tokens=4, temperature=0,
+                                                stream=True)
+            pieces = [chunk.choices[0].text async for chunk in stream]
+            return whole.choices[0].message.content, "".join(pieces)
+
+    chat, text = asyncio.run(main())
+    assert chat == greedy(direct, rendered(MESSAGES), 4).text
+    assert text == greedy(direct, PROMPT, 4).text
+
+
+def test_a_model_without_a_chat_template_is_400_for_chat(reader_url, atom_set):
+    server, _ = live_app(reader_url, atom_set, pool_size=1)
+    with server as url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:
+        error = error_of(lambda: c.chat.completions.create(model="exact", messages=MESSAGES, max_tokens=2))
+        assert error.status_code == 400 and error.param == "messages" and "chat template" in error.message
+        assert c.completions.create(model="exact", prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
+
+
+# -- bad input ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"n": 2}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"), ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"logprobs": 6}, "logprobs"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"), ({"best_of": 3}, "best_of"),
+    ({"echo": True, "logprobs": 1}, "echo"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_completion_fields_out_of_range_are_400_naming_them(client, extra, param):
+    error = error_of(lambda: client.completions.create(model="exact", prompt=PROMPT, max_tokens=2, extra_body=extra)
+                     if param in ("logit_bias", "best_of") else
+                     client.completions.create(model="exact", prompt=PROMPT, **{"max_tokens": 2, **extra}))
+    assert error.status_code == 400 and error.param == param
+    assert error.type == "invalid_request_error" or error.body["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+])
+def test_chat_fields_this_server_does_not_implement_are_400_naming_them(client, extra, param):
+    error = error_of(lambda: client.chat.completions.create(model="exact", messages=MESSAGES, max_tokens=2, **extra))
+    assert error.status_code == 400 and error.param == param
+
+
+def test_an_image_in_a_message_is_400_naming_the_part(client):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]
+    error = error_of(lambda: client.chat.completions.create(model="exact", messages=messages, max_tokens=2))
+    assert error.status_code == 400 and error.param == "messages[0].content[1]"
+
+
+def test_an_unknown_field_is_400_naming_it_and_an_extension_is_accepted(client, direct):
+    error = error_of(lambda: client.completions.create(model="exact", prompt=PROMPT, max_tokens=2,
+                                                       extra_body={"top_a": 0.1}))
+    assert error.status_code == 400 and error.param == "top_a" and "unrecognized" in error.message
+    reply = client.completions.create(model="exact", prompt=PROMPT, max_tokens=4, temperature=0.7, seed=3,
+                                      extra_body={"top_k": 1, "repetition_penalty": 1.0})
+    assert reply.choices[0].text == greedy(direct, PROMPT, 4).text      # top_k 1 is greedy
+
+
+def test_logprobs_on_a_path_without_a_distribution_is_400(client, atom_set):
+    error = error_of(lambda: client.completions.create(model=f"exact:speculative:{atom_set}", prompt=PROMPT,
+                                                       max_tokens=2, logprobs=1))
+    assert error.status_code == 400 and error.param == "logprobs" and "exact" in error.message
+
+
+def test_a_prompt_beyond_the_models_context_is_400_with_the_numbers(client):
+    ids = tiny_tokenizer().encode(PROMPT) * 40          # the tiny model's context is 256 tokens
+    error = error_of(lambda: client.completions.create(model="exact", prompt=ids, max_tokens=200))
+    assert error.status_code == 400 and error.code == "context_length_exceeded"
+    assert "256" in error.message and str(len(ids)) in error.message
+
+
+@pytest.mark.parametrize("body, content_type", [
+    (b"{not json", "application/json"), (b"[1, 2]", "application/json"), (b"model=exact", "text/plain"),
+    (b"\xff\xfe", "application/json"), (b"{}", "application/json"),
+])
+def test_a_malformed_body_is_400_in_openais_shape_never_422_or_500(served, body, content_type):
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        response = httpx.post(served[0] + route, content=body, headers={"Content-Type": content_type}, timeout=WAIT_S)
+        assert response.status_code == 400
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# -- cancellation ----------------------------------------------------------------------------------------
+
+
+def test_a_client_leaving_a_stream_cancels_the_generation(reader_url, atom_set):
+    model = GatedModel()
+    server, runtime = live_app(reader_url, atom_set, exact_model=model, pool_size=1)
+    with server as url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S) as c:
+        model.permits.release(3)
+        stream = c.completions.create(model="exact", prompt=PROMPT, max_tokens=200, temperature=0, stream=True)
+        first = next(iter(stream))
+        assert first.choices[0].finish_reason is None
+        stream.close()
+        model.permits.release(50)                      # enough for the generation to notice it is cancelled
+        deadline = threading.Event()
+        for _ in range(int(WAIT_S / 0.1)):
+            if runtime.finished and not runtime.active:
+                break
+            deadline.wait(0.1)
+        assert runtime.finished[-1].finish_reason == "cancelled"
+        assert len(runtime.finished[-1].token_ids) < 200
+
+
+# -- the real SmolLM2 ---------------------------------------------------------------------------------------
+
+
+def test_smollm2_chat_is_rendered_with_its_own_template_and_default_system_prompt():
+    from hartonomous.model import SMOLLM2, load_tokenizer
+    from hartonomous.server.openai_api import render_chat
+    from optional_parts import require_smollm2
+
+    require_smollm2()
+    tokenizer = load_tokenizer(SMOLLM2)
+    with_system = render_chat(tokenizer, MESSAGES)
+    assert with_system == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nadd two numbers<|im_end|>\n"
+                           "<|im_start|>assistant\n")
+    # Without a system message, the template's own default system prompt comes first.
+    alone = render_chat(tokenizer, MESSAGES[1:])
+    assert alone.startswith("<|im_start|>system\n") and "Be brief." not in alone
+    assert alone.endswith("<|im_start|>user\nadd two numbers<|im_end|>\n<|im_start|>assistant\n")
