@@ -7,6 +7,7 @@ never more than its bound, never changes an entry a request reuses, and counts h
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -186,7 +187,8 @@ def test_the_server_wraps_its_model_and_reports_the_cache(tiny):
 
 @pytest.mark.integration
 def test_on_smollm2_a_hit_gives_the_tokens_of_a_cold_request_greedily_and_for_a_seed():
-    """The real model: a 300-token prompt after a 256-token one of the same code, 12 tokens."""
+    """The real model: a 300-token prompt after a 256-token one of the same code, 12 tokens; and the
+    prefix computed on one thread serves a request on two with the bits of its cold prefill."""
     from test_runtime_int4 import smollm2_gguf
 
     from hartonomous.runtimes import load_exact_model
@@ -199,3 +201,10 @@ def test_on_smollm2_a_hit_gives_the_tokens_of_a_cold_request_greedily_and_for_a_
     for temperature, seed in ((0.0, 0), (0.8, 42)):
         assert run(ExactBackend(warm), ids, 12, temperature, seed) == run(ExactBackend(model), ids, 12, temperature, seed)
     assert warm.prefix_cache.stats()["tokens_reused"] == 2 * 256
+    threads = torch.get_num_threads()         # the server's thread count changes between requests
+    try:
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+        cold = model.prefill(ids, model.new_cache())
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(warm.prefill(ids, warm.new_cache()), cold)
