@@ -145,6 +145,11 @@ class FastTokenizer:
         self.eos_token = eos
         self.eos_token_id = self._tokenizer.token_to_id(eos) if eos else None
         self.vocab_size = self._tokenizer.get_vocab_size()
+        template = directory / "chat_template.jinja"      # the chat template, as transformers saved it
+        self.chat_template = (template.read_text(encoding="utf-8") if template.exists()
+                              else config.get("chat_template"))
+        bos = config.get("bos_token")
+        self.bos_token = bos.get("content") if isinstance(bos, dict) else bos
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

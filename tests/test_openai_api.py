@@ -167,6 +167,15 @@ def test_streamed_completion_joins_to_the_whole_text_then_usage(client, direct):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
 
 
+def test_a_streamed_speculative_completion_says_where_each_token_came_from(client, direct, atom_set):
+    chunks = list(client.completions.create(model=f"exact:speculative:{atom_set}", prompt=PROMPT, max_tokens=6,
+                                            temperature=0, stream=True))
+    tokens = [c for c in chunks if c.choices[0].text]
+    assert "".join(c.choices[0].text for c in chunks) == greedy(direct, PROMPT, 6).text   # the exact path's output
+    assert tokens and all(c.choices[0].model_extra["hartonomous"]["origin"] in ("draft", "exact") for c in tokens)
+    assert chunks[-1].model_extra["hartonomous"]["path"] == "speculative"
+
+
 # -- chat ----------------------------------------------------------------------------------------------
 
 
@@ -314,7 +323,7 @@ def test_a_client_leaving_a_stream_cancels_the_generation(reader_url, atom_set):
 
 
 def test_smollm2_chat_is_rendered_with_its_own_template_and_default_system_prompt():
-    from hartonomous.model import SMOLLM2, load_tokenizer
+    from hartonomous.model import SMOLLM2, load_fast_tokenizer, load_tokenizer
     from hartonomous.server.openai_api import render_chat
     from optional_parts import require_smollm2
 
@@ -327,3 +336,28 @@ def test_smollm2_chat_is_rendered_with_its_own_template_and_default_system_promp
     alone = render_chat(tokenizer, MESSAGES[1:])
     assert alone.startswith("<|im_start|>system\n") and "Be brief." not in alone
     assert alone.endswith("<|im_start|>user\nadd two numbers<|im_end|>\n<|im_start|>assistant\n")
+    # The GGUF runtimes' tokenizer (no transformers) renders the same template to the same text.
+    fast = load_fast_tokenizer(SMOLLM2)
+    assert render_chat(fast, MESSAGES) == with_system and render_chat(fast, MESSAGES[1:]) == alone
+
+
+def test_smollm2_served_chats_through_its_template_within_its_context(reader_url, atom_set):
+    from hartonomous.model import SMOLLM2, load_tokenizer
+    from hartonomous.server import Runtime, ServerConfig, create_app
+    from hartonomous.server.openai_api import render_chat
+    from optional_parts import require_smollm2
+    from server_helpers import LiveServer
+
+    require_smollm2()
+    tokenizer = load_tokenizer(SMOLLM2)
+    runtime = Runtime(ServerConfig(database_url=reader_url, atom_set=atom_set, model=SMOLLM2, pool_size=1))
+    with LiveServer(create_app(runtime)) as url, \
+            openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        assert [m.id for m in c.models.list()][0] == SMOLLM2
+        reply = c.chat.completions.create(model=SMOLLM2, messages=MESSAGES, max_tokens=8, temperature=0)
+        prompt = tokenizer.encode(render_chat(tokenizer, MESSAGES), add_special_tokens=False)
+        assert reply.usage.prompt_tokens == len(prompt)
+        assert reply.choices[0].message.content and reply.choices[0].finish_reason in ("stop", "length")
+        # 8,192 tokens of context, from the model's own metadata.
+        error = error_of(lambda: c.completions.create(model=SMOLLM2, prompt=[1] * 8190, max_tokens=16))
+        assert error.status_code == 400 and error.code == "context_length_exceeded" and "8192" in error.message

@@ -75,6 +75,7 @@ class Piece:
     token_id: int | None = None
     logprob: float | None = None
     top: list[tuple[int, float]] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)   # the path's per-token fields (augmented λ, speculative origin)
 
 
 @dataclass
@@ -122,11 +123,31 @@ def context_length(model: Any) -> int | None:
 
 
 def render_chat(tokenizer: Any, messages: list[dict]) -> str:
-    """The messages in the model's own chat template (its tokenizer's metadata), ready for the reply."""
-    if not getattr(tokenizer, "chat_template", None):
+    """The messages in the model's own chat template (its tokenizer's metadata), ready for the reply:
+    transformers' rendering, or the same Jinja rules for the GGUF runtimes' tokenizer (FastTokenizer)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise invalid("messages", "this model has no chat template in its tokenizer metadata, so chat cannot be "
                                   "rendered; use POST /v1/completions with your own prompt")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if hasattr(tokenizer, "apply_chat_template"):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _jinja(template).render(messages=messages, add_generation_prompt=True,
+                                   bos_token=getattr(tokenizer, "bos_token", None) or "",
+                                   eos_token=getattr(tokenizer, "eos_token", None) or "")
+
+
+def _jinja(template: str) -> Any:
+    """A chat template compiled as transformers compiles one (sandboxed, trimmed blocks, loop controls)."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise invalid("messages", f"the model's chat template refused the messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
 
 
 def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str]:
@@ -139,7 +160,7 @@ def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str]:
     elif isinstance(p.prompt, str):
         text, ids, param = p.prompt, list(engine.encode(p.prompt)), "prompt"
     else:
-        vocab = len(tokenizer)
+        vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
         if any(t >= vocab for t in p.prompt):
             raise invalid("prompt", f"token ids must be below the vocabulary size {vocab}")
         ids, param = list(p.prompt), "prompt"
@@ -171,7 +192,7 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
         emit(Ready(tokenizer))
         with runtime.tracking(session):
             for event in session.events():
-                piece = Piece(event.text, event.token_id)
+                piece = Piece(event.text, event.token_id, extra=token_fields(event))
                 if tap is not None and tap.last is not None:
                     piece.logprob, piece.top = _logprobs(tap.last, event.token_id, p.logprobs)
                 if event.token_id in session.eos_ids or event.token_id in session.stop_ids:
@@ -196,6 +217,15 @@ class Finished:
     prompt_text: str
     tokenizer: Any
     atom_set: str | None
+
+
+def token_fields(event: Any) -> dict:
+    """A streamed token's extension fields: hybrid's route, speculative's origin, augmented's λ."""
+    fields = {name: getattr(event, name) for name in ("route", "origin", "source", "store_top")
+              if getattr(event, name) is not None}
+    if event.weight is not None and math.isfinite(event.weight):
+        fields["weight"] = event.weight
+    return fields
 
 
 def _logprobs(dist: Any, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
@@ -301,6 +331,8 @@ class Shape:
             choice = {"index": 0, "text": text, "logprobs": completion_logprobs([piece], tokenizer, 0)
                       if with_logprobs else None, "finish_reason": reason}
             body = self._head("text_completion")
+        if piece is not None and piece.extra:
+            choice["hartonomous"] = piece.extra
         body["choices"] = [choice]
         if self.request.include_usage():
             body["usage"] = None
