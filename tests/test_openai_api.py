@@ -286,6 +286,13 @@ def test_a_prompt_beyond_the_models_context_is_400_with_the_numbers(client):
     assert "256" in error.message and str(len(ids)) in error.message
 
 
+def test_chat_without_max_tokens_takes_what_the_context_leaves(client):
+    reply = client.chat.completions.create(model="exact", messages=MESSAGES, temperature=0,
+                                           extra_body={"top_k": 1})
+    assert reply.usage.total_tokens <= 256                # the tiny model's context
+    assert reply.usage.completion_tokens >= 1
+
+
 @pytest.mark.parametrize("body, content_type", [
     (b"{not json", "application/json"), (b"[1, 2]", "application/json"), (b"model=exact", "text/plain"),
     (b"\xff\xfe", "application/json"), (b"{}", "application/json"),

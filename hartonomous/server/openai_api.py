@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -91,6 +91,7 @@ class Plan:
     config_options: dict
     path_options: Any
     logprobs: int | None          # top alternatives per token (0: the token's own only); None: none
+    fit: bool = False             # no max_tokens given (chat): as many as the context leaves, up to the cap
 
 
 def plan(request: Common, model_id) -> Plan:
@@ -105,8 +106,9 @@ def plan(request: Common, model_id) -> Plan:
     options = dict(temperature=request.temperature, top_k=request.top_k or None, top_p=request.top_p,
                    repetition_penalty=request.repetition_penalty, max_new_tokens=max_tokens, seed=request.seed,
                    stop_strings=request.stops())
+    fit = chat and request.max_completion_tokens is None and request.max_tokens is None
     return Plan(model_id.id, model_id.path, model_id.atom_set, None if chat else request.prompt,
-                request.chat() if chat else None, max_tokens, options, PathOptions(), top)
+                request.chat() if chat else None, max_tokens, options, PathOptions(), top, fit)
 
 
 def context_length(model: Any) -> int | None:
@@ -150,8 +152,9 @@ def _jinja(template: str) -> Any:
     return env.from_string(template)
 
 
-def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str]:
-    """The prompt's token ids and text; a prompt plus max_tokens beyond the model's context is a 400."""
+def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str, int]:
+    """The prompt's token ids and text, and the new tokens to allow; a prompt plus max_tokens beyond
+    the model's context is a 400 (without max_tokens, chat takes what the context leaves)."""
     tokenizer = engine.tokenizer
     if p.messages is not None:
         text = render_chat(tokenizer, p.messages)
@@ -167,11 +170,12 @@ def prompt_ids(engine: Any, p: Plan) -> tuple[list[int], str]:
         text = decode(tokenizer, ids)
     model = getattr(engine.backend, "model", None) or getattr(getattr(engine.backend, "exact", None), "model", None)
     limit = context_length(model) if model is not None else None
-    if limit is not None and len(ids) + p.max_tokens > limit:
+    max_tokens = min(p.max_tokens, limit - len(ids)) if p.fit and limit is not None else p.max_tokens
+    if limit is not None and (len(ids) + max_tokens > limit or max_tokens < 1):
         raise invalid(param, f"this model's context is {limit} tokens; the prompt holds {len(ids)} and max_tokens "
-                             f"asks for {p.max_tokens} more ({len(ids) + p.max_tokens}); shorten the prompt or "
-                             "lower max_tokens", "context_length_exceeded")
-    return ids, text
+                             f"asks for {max(max_tokens, 1)} more ({len(ids) + max(max_tokens, 1)}); shorten the "
+                             "prompt or lower max_tokens", "context_length_exceeded")
+    return ids, text, max_tokens
 
 
 def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threading.Event) -> None:
@@ -183,7 +187,8 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
     except InvalidArgument as exc:
         raise invalid(exc.name, " ".join(str(exc).split())) from exc
     with runtime.engine(p.path, p.path_options, p.atom_set) as engine:
-        ids, text = prompt_ids(engine, p)
+        ids, text, max_tokens = prompt_ids(engine, p)
+        config = replace(config, max_new_tokens=max_tokens)
         tap = None
         if p.logprobs is not None:
             tap = engine.backend = RawTap(engine.backend)
