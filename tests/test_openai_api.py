@@ -17,6 +17,7 @@ from generation_helpers import tiny_atom_set
 from hartonomous.client import Client
 from hartonomous.runtimes.reference import ExactModel
 from server_helpers import WAIT_S, GatedModel, live_app
+from test_augmented_path import corpus_set, tiny_dir  # noqa: F401 - fixtures: a set with corpus labels and a gate
 from tiny_model import tiny_model, tiny_tokenizer
 
 PROMPT = "def add(a, b):"
@@ -368,3 +369,25 @@ def test_smollm2_served_chats_through_its_template_within_its_context(reader_url
         # 8,192 tokens of context, from the model's own metadata.
         error = error_of(lambda: c.completions.create(model=SMOLLM2, prompt=[1] * 8190, max_tokens=16))
         assert error.status_code == 400 and error.code == "context_length_exceeded" and "8192" in error.message
+
+
+# -- the augmented path: listed where its set has corpus labels and a gate -------------------------------------
+
+
+def test_the_augmented_path_is_listed_for_a_set_with_corpus_labels_and_a_gate_and_streams_its_weights(
+        client, reader_url, corpus_set):
+    ids = [m.id for m in client.models.list()]
+    model = f"exact:augmented:{corpus_set}"
+    assert model in ids
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, stream=True))
+    tokens = [c for c in chunks if c.choices[0].text]
+    assert tokens and all(0 < c.choices[0].model_extra["hartonomous"]["weight"] < 1 for c in tokens)
+    with Client(database_url=reader_url, atom_set=corpus_set, exact_model=templated_model()) as direct:
+        expected = greedy(direct, PROMPT, 5, "augmented")
+        first = direct.next_token(PROMPT, "augmented", temperature=1.0, top_k=None, top_p=1.0)
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    # logprobs: the augmented mixture's own distribution at temperature 1.
+    reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=3)
+    top = reply.choices[0].logprobs.top_logprobs[0]
+    for row in first[:3]:
+        assert top[row.text] == pytest.approx(math.log(row.probability), rel=1e-5, abs=1e-6)
