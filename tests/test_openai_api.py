@@ -327,6 +327,16 @@ def test_a_client_leaving_a_stream_cancels_the_generation(reader_url, atom_set):
         assert len(runtime.finished[-1].token_ids) < 200
 
 
+def test_concurrent_streams_over_the_exact_and_speculative_models_have_no_errors(served, atom_set):
+    """The load benchmark's client (benchmarks/openai_load.py), briefly: every stream finishes."""
+    from benchmarks.openai_load import run
+
+    models = ["exact", f"exact:speculative:{atom_set}"]
+    report = asyncio.run(run(served[0] + "/v1", models, clients=6, seconds=3, max_tokens=4, timeout_s=WAIT_S))
+    assert report["errors"] == 0, report
+    assert all(report["models"][m]["requests"] >= 1 and report["models"][m]["tokens"] >= 1 for m in models)
+
+
 # -- the real SmolLM2 ---------------------------------------------------------------------------------------
 
 
