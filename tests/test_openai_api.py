@@ -274,10 +274,15 @@ def test_an_unknown_field_is_400_naming_it_and_an_extension_is_accepted(client, 
     assert reply.choices[0].text == greedy(direct, PROMPT, 4).text      # top_k 1 is greedy
 
 
-def test_logprobs_on_a_path_without_a_distribution_is_400(client, atom_set):
-    error = error_of(lambda: client.completions.create(model=f"exact:speculative:{atom_set}", prompt=PROMPT,
-                                                       max_tokens=2, logprobs=1))
-    assert error.status_code == 400 and error.param == "logprobs" and "exact" in error.message
+def test_speculative_logprobs_are_its_targets_the_exact_paths(client, atom_set):
+    ask = dict(prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3)
+    speculative = client.completions.create(model=f"exact:speculative:{atom_set}", **ask).choices[0]
+    exact = client.completions.create(model="exact", **ask).choices[0]
+    assert speculative.text == exact.text
+    assert speculative.logprobs.tokens == exact.logprobs.tokens
+    assert speculative.logprobs.token_logprobs == pytest.approx(exact.logprobs.token_logprobs, rel=1e-5, abs=1e-6)
+    for ours, theirs in zip(speculative.logprobs.top_logprobs, exact.logprobs.top_logprobs):
+        assert ours.keys() == theirs.keys()
 
 
 def test_a_prompt_beyond_the_models_context_is_400_with_the_numbers(client):
@@ -401,3 +406,13 @@ def test_the_augmented_path_is_listed_for_a_set_with_corpus_labels_and_a_gate_an
     top = reply.choices[0].logprobs.top_logprobs[0]
     for row in first[:3]:
         assert top[row.text] == pytest.approx(math.log(row.probability), rel=1e-5, abs=1e-6)
+
+
+def test_hybrid_is_listed_for_a_set_with_a_risk_predictor_and_reports_each_steps_distribution(client, corpus_set):
+    model = f"exact:hybrid:{corpus_set}"
+    assert model in [m.id for m in client.models.list()]
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2,
+                                            stream=True))
+    tokens = [c.choices[0] for c in chunks if c.choices[0].logprobs and c.choices[0].logprobs.tokens]
+    assert tokens and all(c.model_extra["hartonomous"]["route"] in ("spatial", "exact") for c in tokens)
+    assert all(len(c.logprobs.top_logprobs[0]) == 2 and c.logprobs.token_logprobs[0] <= 0 for c in tokens)

@@ -31,7 +31,6 @@ from starlette.concurrency import run_in_threadpool
 
 from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.generation_config import GenerationConfig, SamplerArgs
-from hartonomous.paths import DECLARATIONS
 from hartonomous.server.openai_models import list_models, resolve
 from hartonomous.server.openai_schemas import (ChatRequest, Common, CompletionRequest, OpenAIError, invalid,
                                                parse)
@@ -67,6 +66,41 @@ class RawTap:
         return self.last if sampler == RAW else self._backend.distribution(state, sampler)
 
 
+def _steps(backend: Any) -> bool:
+    """Whether the engine drives `backend` step by step (one distribution per token)."""
+    from hartonomous.backends.base import WholeLoopBackend
+
+    return not isinstance(backend, WholeLoopBackend) and not hasattr(backend, "stream_tokens")
+
+
+class TargetScorer:
+    """The logprobs of a path that decides several tokens per call (speculative): its target's own
+    distribution at each position (temperature 1, no warpers), from a state of the target's that
+    follows the emitted tokens: one more forward per token, only when logprobs are asked for."""
+
+    def __init__(self, target: Any):
+        self.target = target
+        self.state = None
+        self.last: int | None = None       # the token to feed before the next distribution
+
+    @classmethod
+    def of(cls, backend: Any, path: str) -> "TargetScorer":
+        target = getattr(backend, "exact", None)
+        if target is None or not hasattr(target, "distribution"):
+            raise invalid("logprobs", f"the {path} path here has no next-token distribution to report (the "
+                                      "in-database loop computes none); ask without logprobs, or use path exact")
+        return cls(target)
+
+    def next(self, prompt_ids: list[int], token: int):
+        """The target's distribution before `token`; then `token` is fed to it."""
+        if self.state is None:
+            self.state = self.target.start(list(prompt_ids))
+        else:
+            self.target.advance(self.state, self.last)
+        self.last = token
+        return self.target.distribution(self.state, RAW)
+
+
 @dataclass
 class Piece:
     """One token's output: its text and, with logprobs, its own and the top alternatives'."""
@@ -99,9 +133,6 @@ def plan(request: Common, model_id) -> Plan:
 
     chat = isinstance(request, ChatRequest)
     top = (request.top_logprobs or 0) if chat and request.logprobs else (None if chat else request.logprobs)
-    if top is not None and not DECLARATIONS[model_id.path].next_token:
-        raise invalid("logprobs", f"the {model_id.path} path has no next-token distribution of its own: "
-                                  f"{DECLARATIONS[model_id.path].next_token_instead or 'ask without logprobs'}")
     max_tokens = request.new_tokens() if chat else (request.max_tokens or 16)
     options = dict(temperature=request.temperature, top_k=request.top_k or None, top_p=request.top_p,
                    repetition_penalty=request.repetition_penalty, max_new_tokens=max_tokens, seed=request.seed,
@@ -189,9 +220,12 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
     with runtime.engine(p.path, p.path_options, p.atom_set) as engine:
         ids, text, max_tokens = prompt_ids(engine, p)
         config = replace(config, max_new_tokens=max_tokens)
-        tap = None
+        tap = scorer = None
         if p.logprobs is not None:
-            tap = engine.backend = RawTap(engine.backend)
+            if _steps(engine.backend):
+                tap = engine.backend = RawTap(engine.backend)
+            else:
+                scorer = TargetScorer.of(engine.backend, p.path)
         session = engine.stream(ids, config, cancel)
         tokenizer = engine.tokenizer
         emit(Ready(tokenizer))
@@ -200,6 +234,9 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
                 piece = Piece(event.text, event.token_id, extra=token_fields(event))
                 if tap is not None and tap.last is not None:
                     piece.logprob, piece.top = _logprobs(tap.last, event.token_id, p.logprobs)
+                elif scorer is not None:
+                    piece.logprob, piece.top = _logprobs(scorer.next(ids, event.token_id), event.token_id,
+                                                         p.logprobs)
                 if event.token_id in session.eos_ids or event.token_id in session.stop_ids:
                     piece.token_id = None       # not part of the output: no logprobs entry
                 emit(piece)
