@@ -310,6 +310,13 @@ def test_a_malformed_body_is_400_in_openais_shape_never_422_or_500(served, body,
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_another_v1_address_is_404_in_openais_shape(served):
+    for method, route in (("POST", "/v1/embeddings"), ("GET", "/v1/files"), ("POST", "/v1/responses")):
+        response = httpx.request(method, served[0] + route, json={"model": "exact"}, timeout=WAIT_S)
+        assert response.status_code == 404
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
 # -- cancellation ----------------------------------------------------------------------------------------
 
 
@@ -328,6 +335,23 @@ def test_a_client_leaving_a_stream_cancels_the_generation(reader_url, atom_set):
             if runtime.finished and not runtime.active:
                 break
             deadline.wait(0.1)
+        assert runtime.finished[-1].finish_reason == "cancelled"
+        assert len(runtime.finished[-1].token_ids) < 200
+
+
+def test_a_client_leaving_a_whole_completion_cancels_the_generation(reader_url, atom_set):
+    model = GatedModel()
+    server, runtime = live_app(reader_url, atom_set, exact_model=model, pool_size=1)
+    with server as url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=1.0) as c:
+        model.permits.release(2)
+        with pytest.raises(openai.APITimeoutError):      # the client gives up and closes the connection
+            c.completions.create(model="exact", prompt=PROMPT, max_tokens=200, temperature=0)
+        model.permits.release(50)
+        waited = threading.Event()
+        for _ in range(int(WAIT_S / 0.1)):
+            if runtime.finished and not runtime.active:
+                break
+            waited.wait(0.1)
         assert runtime.finished[-1].finish_reason == "cancelled"
         assert len(runtime.finished[-1].token_ids) < 200
 

@@ -513,6 +513,14 @@ async def chat_completions(request: Request):
     return await _generate(request, ChatRequest)
 
 
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+async def unknown(rest: str) -> JSONResponse:
+    """Any other /v1 address: OpenAI's 404 in its error shape (registered last, so it matches last)."""
+    error = OpenAIError(404, f"/v1/{rest} is not served here; this server answers /v1/models, /v1/completions "
+                             "and /v1/chat/completions (docs/openai.md)", None, "unknown_url")
+    return JSONResponse(status_code=404, content=error.body())
+
+
 def install(app: FastAPI) -> None:
     """Serve /v1 on `app`."""
     app.include_router(router)
