@@ -26,7 +26,8 @@ NEXT_TOKEN_PATHS = next_token_paths()
 PATH_HELP = f"{describe(NEXT_TOKEN_PATHS)}."
 GENERATE_PATHS = PATHS
 GENERATE_PATH_HELP = (f"{describe()}. Augmented needs a set built with corpus labels and a gate (hartonomous "
-                      f"gate fit SET); hybrid's threshold is --risk-threshold.")
+                      f"gate fit SET); hybrid's threshold is --risk-threshold. Default: augmented where the atom "
+                      f"set has corpus labels and a gate, else exact (stderr says which).")
 SPECULATIVE_TARGETS = speculative_targets()
 
 
@@ -123,6 +124,24 @@ def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS
                   speculative_target=speculative_target or PathOptions.speculative_target)
 
 
+def _default_path(prompt: str, client_options: dict) -> str:
+    """The path for `generate` without --path (hartonomous.paths.default), said on stderr."""
+    from hartonomous.config import get_settings
+    from hartonomous.paths.default import choose
+
+    from hartonomous.centroid import validate_history
+    from hartonomous.errors import UserError
+
+    check_prompt(prompt)                    # bad input is refused before the database is read,
+    try:                                    # whichever path then reads it
+        validate_history(client_options.get("history_weight"), client_options.get("history_window"))
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    chosen = choose(client_options.get("atom_set"), client_options.get("model") or get_settings().model)
+    print(chosen.line(), file=sys.stderr)
+    return chosen.path
+
+
 def _stats_line(result, runtime: str | None = None) -> str:
     t = result.timings
     rate = f"{t.tokens_per_second:.1f} tokens/s" if t.total_s > 0 else "n/a tokens/s"
@@ -157,7 +176,7 @@ def register(app: typer.Typer) -> None:
     @with_options
     def generate_cmd(
         prompt: str = typer.Argument(..., help="Text to continue."),
-        path: str = typer.Option(DEFAULT_PATH, "--path", help=GENERATE_PATH_HELP),
+        path: Optional[str] = typer.Option(None, "--path", help=GENERATE_PATH_HELP),
         stream: bool = typer.Option(False, "--stream", help="Print tokens as they are made, then tokens/s."),
         draft_tokens: int = typer.Option(PathOptions.draft_tokens, "--draft-tokens",
                                          help=f"Speculative: tokens drafted in the first round, then adaptive "
@@ -220,6 +239,8 @@ def register(app: typer.Typer) -> None:
                              standard_p=standard_p, explore_p=explore_p, explore_temp=explore_temp,
                              cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
                              **sampler_options)
+        if path is None:
+            path = "spatial" if in_database else _default_path(prompt, client_options)   # the SQL loop is spatial
         with _client(prompt, path, client_options, GENERATE_PATHS, draft_tokens,
                      risk_threshold, memory, remember, tree_width, speculative_target) as client:
             engine = client.engine(path, in_database=in_database)

@@ -18,7 +18,7 @@ from hartonomous.paths.declaration import PathDeclaration
 DECLARATIONS: dict[str, PathDeclaration] = {
     module.PATH.name: module.PATH for module in (spatial, exact, speculative, hybrid, augmented)}
 PATHS: tuple[str, ...] = tuple(DECLARATIONS)
-DEFAULT_PATH = spatial.PATH.name     # what a generation without a path uses (Client, CLI, HTTP)
+DEFAULT_PATH = spatial.PATH.name     # without a path: Client, HTTP, next-token (generate: hartonomous.paths.default)
 
 
 def declaration(name: str) -> PathDeclaration:
