@@ -9,7 +9,7 @@ peer's model id is whatever its /v1/models lists.
 
     .venv/bin/python benchmarks/openai_load.py --url http://127.0.0.1:8000/v1 \\
         --models smollm2,smollm2:augmented:code,smollm2:speculative:code --clients 16 --seconds 60 \\
-        --json docs/results/<date>-openai-load.json
+        --json openai-load.json
 
 The JSON records the command, the machine's load average before and after, and the commit.
 """
