@@ -84,7 +84,7 @@ def test_a_set_labelled_by_the_model_generates_on_the_exact_path(capsys, databas
                                                                  tiny_dir):
     code, body, err = generate(capsys, tiny_dir, "--atom-set", model_labelled_set)
     assert code == 0 and body["path"] == "exact"
-    assert f"atom set '{model_labelled_set}' has no corpus labels for the augmented path" in err
+    assert f"atom set '{model_labelled_set}' has no corpus labels or gate for the augmented path" in err
     code, explicit, _ = generate(capsys, tiny_dir, "--path", "exact")
     assert code == 0 and explicit["token_ids"] == body["token_ids"]
 

@@ -22,7 +22,7 @@ from hartonomous.paths.declaration import NEEDS, PathDeclaration
 from hartonomous.paths.options import PathOptions
 
 ROOT = Path(__file__).resolve().parent.parent
-SUPPORT_MODULES = {"declaration", "options", "context"}     # hartonomous/paths/ modules that declare no path
+SUPPORT_MODULES = {"declaration", "options", "context", "default"}     # hartonomous/paths/ modules that declare no path
 NAMES = sorted(DECLARATIONS)
 # Two quoted path names side by side in a list, tuple, set or Literal: a set of choices.
 CHOICES = re.compile(r"""(['"])(?P<a>%s)\1\s*,\s*(['"])(?P<b>%s)\3""" % ("|".join(NAMES), "|".join(NAMES)))

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hartonomous.paths import DECLARATIONS
-from hartonomous.paths.declaration import ATOM_SET, CORPUS_LABELS, EXACT_MODEL, GATE
+from hartonomous.paths.declaration import ATOM_SET, CORPUS_LABELS, EXACT_MODEL, GATE, RISK_PREDICTOR
 
 PREFERRED = "augmented"     # when its needs are met
 FALLBACK = "exact"          # needs nothing but the model
-HAS_GATE_SQL = ("SELECT EXISTS (SELECT 1 FROM augment_gates g JOIN atom_sets s ON s.id = g.atom_set_id "
-                "WHERE s.name = %s)")
-KNOWN_NEEDS = frozenset({EXACT_MODEL, ATOM_SET, CORPUS_LABELS, GATE})
+GATED_SETS_SQL = "SELECT s.name FROM augment_gates g JOIN atom_sets s ON s.id = g.atom_set_id"
+WORDS = {CORPUS_LABELS: "corpus labels", GATE: "gate", RISK_PREDICTOR: "risk predictor"}
 
 
 @dataclass(frozen=True)
@@ -29,19 +28,25 @@ class DefaultPath:
         return f"[path] {self.path}: {self.reason} (--path picks another)"
 
 
-def _unmet(conn, atom_set) -> str | None:
-    """What the preferred path lacks on `atom_set` (None: nothing)."""
+def gated_sets(conn) -> set[str]:
+    """The names of the atom sets with a fitted gate."""
+    return {row[0] for row in conn.execute(GATED_SETS_SQL).fetchall()}
+
+
+def unmet(name: str, atom_set, gated: set[str]) -> list[str]:
+    """What path `name` needs that `atom_set` lacks (the exact model is taken as there: it loads on use)."""
     from hartonomous.augment.gates import CORPUS_LABELS as CORPUS_TARGET
 
-    needs = DECLARATIONS[PREFERRED].needs
-    if needs - KNOWN_NEEDS:                              # a need this rule cannot check: do not guess
-        return " or ".join(sorted(needs - KNOWN_NEEDS))
     distill = atom_set.stats.distill
-    if CORPUS_LABELS in needs and (distill is None or distill.target != CORPUS_TARGET):
-        return "corpus labels"
-    if GATE in needs and not conn.execute(HAS_GATE_SQL, (atom_set.name,)).fetchone()[0]:
-        return "gate"
-    return None
+    met = {EXACT_MODEL: True, ATOM_SET: True,
+           CORPUS_LABELS: distill is not None and distill.target == CORPUS_TARGET,
+           GATE: atom_set.name in gated, RISK_PREDICTOR: atom_set.risk_model is not None}
+    return [WORDS.get(need, need) for need in sorted(DECLARATIONS[name].needs) if not met.get(need, False)]
+
+
+def served_paths(atom_set, gated: set[str]) -> list[str]:
+    """The declared paths whose needs `atom_set` meets (the playground ticks its panes by them)."""
+    return [name for name in DECLARATIONS if not unmet(name, atom_set, gated)]
 
 
 def choose(atom_set: str | None, model: str | None, database_url: str | None = None) -> DefaultPath:
@@ -68,9 +73,9 @@ def choose(atom_set: str | None, model: str | None, database_url: str | None = N
             if atom_set is not None:
                 raise                                    # a set the user named and mistyped
             return DefaultPath(FALLBACK, "there is no default atom set")
-        missing = _unmet(conn, info)
-    if missing is not None:
-        return DefaultPath(FALLBACK, f"atom set '{info.name}' has no {missing} for the augmented path")
+        missing = unmet(PREFERRED, info, gated_sets(conn))
+    if missing:
+        return DefaultPath(FALLBACK, f"atom set '{info.name}' has no {' or '.join(missing)} for the augmented path")
     try:
         check_same_model(info, model)
     except UserError:
