@@ -570,6 +570,7 @@ def test_the_playground_tints_each_augmented_token_by_its_weight(reader_url, cor
                 f"document.getElementById('atom_set').value = {json.dumps(corpus_set)}",
                 "document.getElementById('use-spatial').checked = false",
                 "document.getElementById('use-exact').checked = false",
+                "document.getElementById('use-speculative').checked = false",
                 "document.getElementById('use-augmented').checked = true"]
         fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in settings.items()]
         browser.evaluate("; ".join(fill))

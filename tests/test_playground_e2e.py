@@ -7,11 +7,13 @@ import os
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from browser import CHROMIUM, Browser
 from generation_helpers import SMOLLM2_ON_TWO_CORES, distilled_tiny_set, tiny_atom_set
 from server_helpers import GatedModel, live_app
+from test_generate_default_path import corpus_set, tiny_dir  # noqa: F401  (module fixtures)
 
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "playground.png"
 PROMPT = "The capital of France is"
@@ -43,7 +45,9 @@ def test_playground_streams_both_paths_side_by_side(reader_url, atom_set):
         browser.wait_for(f"[...document.querySelectorAll('#atom_set option')].some(o => o.value === "
                          f"{json.dumps(atom_set)})", "the atom set in the selector")
         fill = [f"document.getElementById('prompt').value = {json.dumps(PROMPT)}",
-                f"document.getElementById('atom_set').value = {json.dumps(atom_set)}"]
+                f"document.getElementById('atom_set').value = {json.dumps(atom_set)}",
+                *[f"document.getElementById('use-{p}').checked = {json.dumps(p in ('spatial', 'exact'))}"
+                  for p in ("spatial", "exact", "speculative", "augmented", "hybrid")]]
         fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in SETTINGS.items()]
         browser.evaluate("; ".join(fill))
         browser.click("#generate")
@@ -100,7 +104,9 @@ def generate_in_panes(browser: Browser, atom_set: str, settings: dict, hybrid: b
     speculative and hybrid panes show."""
     fill = [f"document.getElementById('prompt').value = {json.dumps(PROMPT)}",
             f"document.getElementById('atom_set').value = {json.dumps(atom_set)}",
+            "document.getElementById('use-spatial').checked = true",
             "document.getElementById('use-speculative').checked = true",
+            "document.getElementById('use-augmented').checked = false",
             f"document.getElementById('use-hybrid').checked = {json.dumps(hybrid)}"]
     fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in settings.items()]
     browser.evaluate("; ".join(fill))
@@ -175,3 +181,59 @@ def test_the_speculative_and_hybrid_panes_colour_each_token_by_where_it_came_fro
     hybrid = shown[distilled_set]
     assert hybrid["routes"] == routes and set(routes) <= {"spatial", "exact"}
     assert f"{routes.count('exact')} of {len(routes)} steps exact" in hybrid["hybrid_stats"]
+
+
+@pytest.fixture
+def default_code_set(server_url, corpus_set):  # noqa: F811
+    """The corpus-labelled, gated set as the database's default for one test (the previous default after)."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        before = conn.execute("SELECT name FROM atom_sets WHERE is_default").fetchone()
+        make_default(conn, corpus_set)
+        try:
+            yield corpus_set
+        finally:
+            make_default(conn, before[0] if before else None)
+
+
+def make_default(conn, name: str | None) -> None:
+    conn.execute("UPDATE atom_sets SET is_default = false WHERE is_default")
+    conn.execute("UPDATE atom_sets SET is_default = true WHERE name = %s", (name,))
+
+
+def test_the_playground_opens_on_a_code_store_with_the_exact_augmented_and_speculative_panes(reader_url,
+                                                                                           default_code_set):
+    """On a default set with corpus labels and a gate (make demo's code store), the page ticks the
+    exact, augmented and speculative panes; spatial is one click away. The screenshot is
+    test-artifacts/playground-code.png (README)."""
+    artifact = ARTIFACT.with_name("playground-code.png")
+    server, _ = live_app(reader_url, default_code_set)
+    with server as url, Browser() as browser:
+        served = httpx.get(f"{url}/api/atom_sets", timeout=30).json()
+        browser.navigate(url + "/")
+        browser.wait_for(f"[...document.querySelectorAll('#atom_set option')].some(o => o.value === "
+                         f"{json.dumps(default_code_set)})", "the atom set in the selector")
+        ticked = browser.evaluate("[...document.querySelectorAll('#controls input[type=checkbox][id^=use-]')]"
+                                  ".filter(c => c.checked).map(c => c.id.slice(4))")
+        visible = browser.evaluate("[...document.querySelectorAll('.pane')].filter(p => !p.hidden)"
+                                   ".map(p => p.dataset.path)")
+        fill = [f"document.getElementById('prompt').value = {json.dumps('def add(a, b):')}"]
+        fill += [f"document.getElementById('{k}').value = '{v}'" for k, v in
+                 {**SETTINGS, "max_new_tokens": 12, "temperature": 0}.items()]
+        browser.evaluate("; ".join(fill))
+        browser.click("#generate")
+        for path in ticked:
+            browser.wait_for(f"{pane(path, 'dataset.state')} === 'done'", f"the {path} pane finishing")
+        texts = {p: browser.evaluate(pane(p, "querySelector('.generated').textContent")) for p in ticked}
+        artifact.parent.mkdir(exist_ok=True)
+        browser.screenshot(artifact)
+        browser.evaluate("document.getElementById('use-spatial').click()")
+        browser.click("#generate")
+        browser.wait_for(f"{pane('spatial', 'dataset.state')} === 'done' && "
+                         "!document.getElementById('generate').disabled", "the spatial pane after one click")
+        spatial_hidden = browser.evaluate(pane("spatial", "hidden"))
+    code_set = next(s for s in served["atom_sets"] if s["name"] == default_code_set)
+    assert served["default"] == default_code_set and "augmented" in code_set["paths"]
+    assert sorted(ticked) == sorted(visible) == ["augmented", "exact", "speculative"]
+    assert texts["speculative"] == texts["exact"] and all(texts.values())    # greedy: the exact model's words
+    assert not spatial_hidden
+    assert artifact.stat().st_size > 10_000

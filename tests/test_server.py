@@ -121,6 +121,8 @@ def test_atom_sets_lists_the_sets(http, atom_set, server_url):
     ours = [s for s in body["atom_sets"] if s["name"] == atom_set]
     assert len(ours) == 1
     assert ours[0]["model"] == "tiny" and ours[0]["kind"] == "token" and ours[0]["vocab_size"] == len(tiny_tokenizer())
+    assert "exact" in ours[0]["paths"] and "spatial" in ours[0]["paths"]
+    assert "augmented" not in ours[0]["paths"]            # labelled by hand, not by its corpus; no gate
     with psycopg.connect(server_url) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM atom_sets").fetchall()]
     assert sorted(s["name"] for s in body["atom_sets"]) == sorted(names)

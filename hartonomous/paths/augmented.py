@@ -58,7 +58,7 @@ def settle(result) -> None:
 
 PATH = PathDeclaration(
     name="augmented", description="each step (1 - λ) exact + λ the atom set's store, λ from the set's gate",
-    label="exact mixed with the store by the gate", build=build,
+    label="exact mixed with the store by the gate", shown=True, build=build,
     needs=frozenset({EXACT_MODEL, ATOM_SET, CORPUS_LABELS, GATE}), next_token=True,
     speculative_target=True, options=("max_neighbors", "history_weight", "history_window", "augment_weight"),
     token_fields=("weight", "store_top"), settle=settle)

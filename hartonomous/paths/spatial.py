@@ -12,5 +12,5 @@ def build(ctx: PathContext, in_database: bool = False):
 
 PATH = PathDeclaration(
     name="spatial", description="PostGIS next_token: each step a kernel-weighted vote of the nearest atoms",
-    label="PostGIS next_token", shown=True, build=build, needs=frozenset({ATOM_SET}), next_token=True,
+    label="PostGIS next_token", build=build, needs=frozenset({ATOM_SET}), next_token=True,
     options=("search_radius", "max_neighbors", "history_weight", "history_window"))

@@ -26,7 +26,7 @@ def build(ctx: PathContext, in_database: bool = False):
 PATH = PathDeclaration(
     name="speculative", description="spatial drafts, the exact model verifies: the exact path's output, "
                                     "faster when drafts are kept",
-    label="spatial drafts, exact verifies", build=build, needs=frozenset({EXACT_MODEL, ATOM_SET}), remembered=True,
+    label="spatial drafts, exact verifies", shown=True, build=build, needs=frozenset({EXACT_MODEL, ATOM_SET}), remembered=True,
     next_token_instead="its distribution is the exact path's; use path='exact'",
     options=("search_radius", "max_neighbors", "history_weight", "history_window", "draft_tokens",
              "max_draft_tokens", "max_tree_width", "speculative_target"),

@@ -1,7 +1,8 @@
 """The playground page: index.html with a check box and a pane for each declared path.
 
 The paths come from their declarations (hartonomous/paths/), never from a list in the page or its
-script: a path's `shown` pane is ticked at start, the others stay hidden until ticked; a path's
+script: a path's `shown` pane is ticked at start (the script unticks those the default atom set
+cannot serve: GET /api/atom_sets's `paths`), the others stay hidden until ticked; a path's
 legend, where it has one, is the page's `<template data-legend="NAME">`.
 """
 

@@ -11,6 +11,7 @@ from sse_starlette import EventSourceResponse
 from hartonomous.atomset import atom_set_names, list_atom_sets
 from hartonomous.paths import DEFAULT_PATH
 from hartonomous.paths.context import as_dicts
+from hartonomous.paths.default import gated_sets, served_paths
 from hartonomous.server import generation
 from hartonomous.server.playground import STATIC_DIR, page as playground_page
 from hartonomous.server.runtime import Runtime
@@ -74,8 +75,9 @@ def atom_sets(request: Request) -> dict:
     """The atom sets in the database, the default one first."""
     with _runtime(request).connection() as conn:
         records = list_atom_sets(conn)
-    sets = [{**record.model_dump(mode="json", include=set(ATOM_SET_FIELDS)), "stats": record.stats.to_json()}
-            for record in records]
+        gated = gated_sets(conn)
+    sets = [{**record.model_dump(mode="json", include=set(ATOM_SET_FIELDS)), "stats": record.stats.to_json(),
+             "paths": served_paths(record, gated)} for record in records]
     return {"atom_sets": sets, "default": next((s["name"] for s in sets if s["is_default"]), None)}
 
 

@@ -287,6 +287,9 @@ class AtomSetOut(BaseModel):
     is_default: bool
     stats: dict
     created_at: str | None = None
+    paths: list[str] = Field(default_factory=list, description="The paths whose needs this set meets (corpus "
+                                                              "labels, a gate, a risk predictor): the playground "
+                                                              "ticks its panes by them.")
 
 
 class AtomSetsResponse(BaseModel):

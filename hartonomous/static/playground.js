@@ -10,7 +10,6 @@ const NUMBER_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "repet
 const TOP_N = 12;
 // The paths are the server's (hartonomous/paths/, rendered into the page as one pane each).
 const PATHS = [...document.querySelectorAll(".pane")].map((pane) => pane.dataset.path);
-const OPTIONAL_PANES = [...document.querySelectorAll(".pane[data-optional]")].map((pane) => pane.dataset.path);
 // Where a token came from, per path: the stream event's field and the words for its tooltip.
 const ORIGIN = {
   speculative: { field: "origin", words: { draft: "drafted by the spatial path, kept by the exact model",
@@ -234,7 +233,7 @@ async function generate(ev) {
   stop();
   const body = requestBody();
   const paths = PATHS.filter((p) => $(`use-${p}`).checked);
-  for (const p of OPTIONAL_PANES) $(`pane-${p}`).hidden = !$(`use-${p}`).checked;
+  for (const p of PATHS) $(`pane-${p}`).hidden = !$(`use-${p}`).checked;
   $("generate").disabled = true;
   $("stop").disabled = false;
   await Promise.all(paths.map((p) => run(p, body)));
@@ -245,6 +244,17 @@ async function generate(ev) {
 function stop() {
   for (const c of running) c.abort();
   running = [];
+}
+
+// The panes ticked at start are the declared ones (exact, augmented, speculative) that the default set
+// serves: on a set without corpus labels and a gate the augmented pane waits, unticked, with spatial.
+function tickServed(set) {
+  if (!set || !set.paths) return;
+  for (const p of PATHS) {
+    if (set.paths.includes(p)) continue;
+    $(`use-${p}`).checked = false;
+    $(`pane-${p}`).hidden = true;
+  }
 }
 
 async function loadInfo() {
@@ -262,6 +272,7 @@ async function loadInfo() {
       option.textContent = `${s.name} (${s.kind}${s.is_default ? ", default" : ""})`;
       $("atom_set").appendChild(option);
     }
+    tickServed((sets.atom_sets || []).find((s) => s.name === sets.default));
   } catch (err) {
     $("health").textContent = `server unreachable: ${err.message}`;
     $("health").className = "badge bad";
