@@ -41,7 +41,7 @@ db-up: install ## Start the embedded database and migrate it
 	@$(HT) db up
 	@$(HT) migrate
 
-demo: db-up ## Build atom sets from SmolLM2, answer next_token, generate, write the comparison report
+demo: db-up ## Build the atom sets from SmolLM2 and the code store, write the comparison reports and the code store's summary (docs/demo.md)
 	@bash scripts/demo.sh
 
 test: install install-llama ## Run the whole suite against a real PostGIS (with the llama runtime: docs/reliability.md)
