@@ -204,6 +204,24 @@ def test_speculative_greedy_is_the_exact_paths_output_with_stats(http, direct):
     assert result["stats"]["tokens"] == 12
 
 
+def test_speculative_requests_carry_what_drafting_learned(http, served):
+    """The server's requests share one DraftLearning (hartonomous/speculative/learned.py): after a
+    request its kind holds the judged drafts, and asking again gives the same tokens, greedy and
+    sampled with a seed, whatever was carried."""
+    runtime = served[1]
+    for options in ({"temperature": 0}, {"temperature": 1.0, "seed": 7}):
+        body = {"prompt": PROMPT, "path": "speculative", "max_new_tokens": 12, "ignore_eos": True, **options}
+        first = http.post("/api/generate", json=body)
+        assert first.status_code == 200, first.text
+        again = http.post("/api/generate", json=body).json()
+        assert again["token_ids"] == first.json()["token_ids"]
+    kinds = runtime.draft_learning.as_dict()["kinds"]
+    assert any("/greedy/" in k for k in kinds) and any("/sampled/" in k for k in kinds)
+    assert all(v["judged"] > 0 for k, v in kinds.items() if "/greedy/" in k)
+    with runtime.engine("speculative") as engine:
+        assert engine.backend.learned is runtime.draft_learning
+
+
 def test_hybrid_at_the_ends_is_the_exact_or_the_spatial_path_with_stats(http):
     options = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
     for threshold, path, exact_steps in ((0, "exact", 10), (2, "spatial", 0)):   # above 1: every step spatial

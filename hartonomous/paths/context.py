@@ -1,7 +1,7 @@
 """What the paths are built from, and how a path becomes an engine.
 
 PathResources holds one caller's shared resources (the database connection, the exact model, the
-spatial tokenizer, the memory flags) and the paths' options; a path's factory
+spatial tokenizer, the memory flags, what drafting learned) and the paths' options; a path's factory
 (PathDeclaration.build) asks it for the backends it combines. The Client keeps one for its
 lifetime and caches the engines; the server makes one per request over a pooled connection and
 its shared model, and builds the request's engine with `build_engine`, without a Client.
@@ -23,7 +23,7 @@ class PathResources:
     def __init__(self, *, options: PathOptions | None = None, database_url: str | None = None, connection=None,
                  atom_set: str | None = None, spatial_tokenizer=None, model: str | None = None,
                  device: str | None = None, dtype: str = "float32", runtime: str | None = None, exact_model=None,
-                 memory: bool = False, spatial_memory: bool = False):
+                 memory: bool = False, spatial_memory: bool = False, draft_learning=None):
         self.options = options or PathOptions()
         check_speculative_target(self.options.speculative_target)
         self.database_url, self._conn, self._owns_conn = database_url, connection, False
@@ -36,6 +36,13 @@ class PathResources:
         self.memory = bool(memory)                   # the speculative drafter and the augmented store read it
         self.spatial_memory = bool(spatial_memory)   # the spatial path's next_token reads it too
         self._risk_backend = None
+        # What speculative runs learned, carried to the next runs of their kind (a server hands in
+        # its own, shared by its requests; else this caller's: hartonomous/speculative/learned.py).
+        if draft_learning is None:
+            from hartonomous.speculative.learned import DraftLearning
+
+            draft_learning = DraftLearning()
+        self.draft_learning = draft_learning
 
     def connection(self):
         if self._conn is None:

@@ -24,6 +24,7 @@ class PathContext(Protocol):
     atom_set: str | None
     memory: bool               # the speculative drafter and the augmented store read the set's memory
     spatial_memory: bool       # the spatial path's next_token reads it too
+    draft_learning: Any        # what speculative runs learned, carried across runs (speculative/learned.py)
 
     def connection(self) -> Any: ...
     def exact_backend(self) -> Any: ...

@@ -26,7 +26,7 @@ class PathOptions:
     max_neighbors: int = 100              # spatial: KNN size
     history_weight: float | None = None   # spatial: weight of the context's own atoms (None: the set's)
     history_window: int | None = None     # spatial: earlier positions that become history atoms (None: the set's)
-    draft_tokens: int = 4                 # speculative: tokens drafted in the first round (then adaptive)
+    draft_tokens: int = 4                 # speculative: tokens drafted in a cold first round (then adaptive)
     max_draft_tokens: int = 8             # speculative: the adaptive draft length's ceiling
     max_tree_width: int = 1               # speculative: > 1 drafts trees this wide
     speculative_target: str = "exact"     # speculative: the distribution drafts are verified against

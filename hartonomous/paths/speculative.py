@@ -8,7 +8,8 @@ from hartonomous.paths.declaration import ATOM_SET, EXACT_MODEL, PathContext, Pa
 def build(ctx: PathContext, in_database: bool = False):
     """The target (the exact model, or the augmented path with speculative_target="augmented")
     verifying drafts of a spatial backend of its own (same atom set options), draft lengths shaped
-    by the exact model's forward costs measured here (hartonomous/speculative/draft_cost.py)."""
+    by the exact model's forward costs measured here (hartonomous/speculative/draft_cost.py), each run
+    starting from what the caller's last run of its kind learned (hartonomous/speculative/learned.py)."""
     from hartonomous.config import get_settings
     from hartonomous.speculative.decoding import SpeculativeBackend
     from hartonomous.speculative.draft_cost import costs_cache_dir, forward_costs
@@ -20,7 +21,7 @@ def build(ctx: PathContext, in_database: bool = False):
     costs = forward_costs(exact.model, costs_cache_dir(get_settings().home)) if exact.model.use_cache else None
     return SpeculativeBackend(target, ctx.spatial_beside(exact), draft_tokens=options.draft_tokens,
                               max_draft_tokens=options.max_draft_tokens, costs=costs, memory=ctx.memory,
-                              max_tree_width=options.max_tree_width)
+                              max_tree_width=options.max_tree_width, learned=ctx.draft_learning)
 
 
 PATH = PathDeclaration(

@@ -31,6 +31,7 @@ from typing import Any
 
 from hartonomous.errors import UserError
 from hartonomous.paths import model_paths
+from hartonomous.speculative.learned import DraftLearning
 
 log = logging.getLogger("hartonomous.server")
 
@@ -128,6 +129,7 @@ class Runtime:
         self.memory_writer = None                           # a MemoryWriter when config.remember
         self._registry_lock = threading.Lock()
         self._one_sequence = threading.Lock()               # generations on a runtime with one KV sequence
+        self.draft_learning = DraftLearning()               # what speculative requests learned, for the next ones
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -307,7 +309,7 @@ class Runtime:
         declared = declaration(path)
         exact = self.exact_model() if declared.uses_model else None
         resources = dict(options=options, atom_set=atom_set or self.config.atom_set, exact_model=exact,
-                         memory=self.memory_writer is not None)
+                         memory=self.memory_writer is not None, draft_learning=self.draft_learning)
         with self._exclusive(exact), ExitStack() as stack:
             if declared.needs_atom_set:    # the exact path's risk source connects only when asked for signals
                 conn = stack.enter_context(self.connection(model_bound=exact is not None))

@@ -19,8 +19,10 @@ what the client and the server pass) the first round drafts `draft_tokens` and e
 the length with the most expected tokens per second given the running acceptance and the measured
 cost of feeding that many tokens (CostShapedPolicy); at T > 0 (chains only) its "plain" rounds draft one token
 (a forward of one token, judged by the acceptance rule), so every output position is decided by
-the same rule whatever the timings. Without costs (the legacy schedule): after a full acceptance
-it grows by 2, after a rejection it shrinks by 1, within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
+the same rule whatever the timings. With `learned` (a server's or a Client's DraftLearning,
+hartonomous/speculative/learned.py) a run starts, its first round included, from what the last run
+of its kind learned, where that cannot change the sample. Without costs (the legacy schedule):
+after a full acceptance it grows by 2, after a rejection it shrinks by 1, within [1, max_draft_tokens]. When drafts rarely survive, drafting costs more than it saves: if
 the acceptance rate over the last ACCEPTANCE_WINDOW judged draft tokens falls below
 `min_acceptance` (the break-even, see DraftPolicy), the next `probe_every` rounds draft nothing
 (a plain exact step: one token per forward, no database call), then one 1-token draft probes
@@ -60,6 +62,7 @@ from hartonomous.backends.base import Cancelled, Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend, SpatialState
 from hartonomous.speculative.draft_cost import CostShapedPolicy, ForwardCosts
+from hartonomous.speculative.learned import DraftLearning
 from hartonomous.errors import UserError
 from hartonomous.generation_config import SamplerArgs
 from hartonomous.paths.options import MAX_DRAFT_TOKENS, MAX_TREE_WIDTH, PathOptions
@@ -132,6 +135,9 @@ class SpeculativeStats:
     draft_lengths: list[int] = field(default_factory=list)   # k asked for, per round (0: a plain exact step)
     draft_widths: list[int] = field(default_factory=list)    # branches per round (1: a chain; trees > 1)
     target: str = "exact"       # the distribution the drafts were verified against: exact | augmented
+    draft_kind: str | None = None   # what carried learning files this run under (None: learned per run)
+    warm_start: bool = False    # the policy started from what earlier runs of its kind learned
+    carried_judged: int = 0     # judged draft tokens it started with (0: drafted blind)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -188,6 +194,23 @@ class DraftPolicy:
         elif len(self.recent) >= MIN_JUDGED and sum(self.recent) < backend.min_acceptance * len(self.recent):
             self.paused, self.plain_left, self.k = True, backend.probe_every, 1
 
+    def can_warm(self, sampler: SamplerArgs) -> bool:
+        """Whether starting from learned state keeps the seed's sample: at T > 0 a pause's plain steps
+        draw another sample, so a policy that may pause starts cold there."""
+        backend = self.backend
+        return sampler.temperature == 0 or not backend.adaptive or backend.min_acceptance <= 0
+
+    def learned(self) -> dict:
+        """What this run learned, as an immutable snapshot (hartonomous/speculative/learned.py)."""
+        return {"k": self.k, "recent": tuple(self.recent), "paused": self.paused}
+
+    def warm(self, state: dict) -> None:
+        """Start from an earlier run's snapshot: its draft length, its judged window, its pause."""
+        self.k = max(1, min(int(state.get("k", self.k)), self.backend.max_draft_tokens))
+        self.recent.extend(state.get("recent", ()))
+        if state.get("paused") and self.backend.adaptive and self.backend.min_acceptance > 0:
+            self.paused, self.plain_left, self.k = True, self.backend.probe_every, 1
+
 
 class SpeculativeRun:
     """One speculative generation: iterate for (token_id, probability, seconds, origin, source);
@@ -235,6 +258,33 @@ class SpeculativeRun:
         exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         state = exact.begin(self.prompt_ids)
         policy = self.backend.policy(self.sampler)
+        kind = self._warm(policy)
+        try:
+            yield from self._run_rounds(state, policy)
+        finally:
+            if kind is not None and stats.rounds:
+                self.backend.learned.keep(kind, policy.learned(), self.prompt_ids)
+
+    def _warm(self, policy):
+        """With carried learning (backend.learned): the run's kind, and the policy started from what
+        the last run of that kind learned where that cannot change the sample; else None."""
+        learning = self.backend.learned
+        if learning is None:
+            return None
+        kind = learning.kind(atom_set=self.backend.atom_set_name, target=self.backend.exact.name,
+                             memory=self.backend.drafter.memory, policy=type(policy).__name__,
+                             max_width=getattr(policy, "max_width", 1), sampled=self.sampler.temperature > 0,
+                             prompt_ids=self.prompt_ids)
+        self.stats.draft_kind = kind.describe()
+        known = learning.recall(kind)
+        if known is not None and policy.can_warm(self.sampler):
+            policy.warm(known)
+            self.stats.warm_start = True
+            self.stats.carried_judged = len(known.get("recent", ()))
+        return kind
+
+    def _run_rounds(self, state, policy) -> Iterator[tuple[int, float, float, str, str | None]]:
+        exact, drafter, stats = self.backend.exact, self.backend.drafter, self.stats
         # At T > 0 a policy that may draft trees decides every position by a draw from p (trees,
         # width-1 trees and plain steps alike), so the timings that pick the shape never pick the sample.
         draws = self.sampler.temperature > 0 and getattr(policy, "max_width", 1) > 1
@@ -242,7 +292,9 @@ class SpeculativeRun:
         while produced < self.max_new_tokens:
             if self.cancel.is_set():
                 raise Cancelled()
-            n = policy.length(self.max_new_tokens - produced) if stats.rounds else \
+            # The first round drafts draft_tokens, or what a warmed policy learned (its width stays 1:
+            # that round's forward also reads the prompt).
+            n = policy.length(self.max_new_tokens - produced) if stats.rounds or stats.warm_start else \
                 min(self.backend.draft_tokens, self.max_new_tokens - produced)
             width = getattr(policy, "width", 1) if stats.rounds and n >= 2 else 1
             if width > 1 or (draws and n):
@@ -391,6 +443,8 @@ class SpeculativeBackend:
 
     The engine runs it through `stream_tokens` (several tokens per round), not the step interface.
     `memory`: the drafter reads the atom set's memory of past generations beside its atoms.
+    `learned`: a DraftLearning shared with other backends (a server's, a Client's): each run starts
+    from what the last run of its kind learned (hartonomous/speculative/learned.py); None: per run.
     """
 
     name = "speculative"
@@ -399,7 +453,7 @@ class SpeculativeBackend:
                  draft_tokens: int = PathOptions.draft_tokens, max_draft_tokens: int = PathOptions.max_draft_tokens,
                  adaptive: bool = True, min_acceptance: float = MIN_ACCEPTANCE, probe_every: int = PROBE_EVERY,
                  costs: ForwardCosts | None = None, memory: bool = False,
-                 max_tree_width: int = PathOptions.max_tree_width):
+                 max_tree_width: int = PathOptions.max_tree_width, learned: DraftLearning | None = None):
         if not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise UserError(f"draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if not draft_tokens <= max_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -431,6 +485,7 @@ class SpeculativeBackend:
         self.probe_every = probe_every
         self.costs = costs
         self.max_tree_width = max_tree_width
+        self.learned = learned
 
     def policy(self, sampler: SamplerArgs) -> "DraftPolicy | CostShapedPolicy":
         """One generation's draft-length policy: cost-shaped when forward costs were measured."""

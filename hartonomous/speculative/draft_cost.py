@@ -301,6 +301,26 @@ class CostShapedPolicy:
             self.draft_seconds = 0.8 * self.draft_seconds + 0.2 * draft_seconds
             self.width_seconds[1] = self.draft_seconds
 
+    def can_warm(self, sampler) -> bool:
+        """Always: at T = 0 every kept token is the argmax, and at T > 0 its plain rounds still judge a
+        draft (chains) or every position is a draw from p (trees), so no length changes the sample."""
+        return True
+
+    def learned(self) -> dict:
+        """What this run learned, as an immutable snapshot (hartonomous/speculative/learned.py): the
+        judged windows and the draft-call times; not the probe schedule, which restarts per run."""
+        return {"recent": tuple(self.recent), "first_hits": {w: tuple(h) for w, h in self.first_hits.items()},
+                "draft_seconds": self.draft_seconds, "width_seconds": dict(self.width_seconds)}
+
+    def warm(self, state: dict) -> None:
+        """Start from an earlier run's snapshot (widths beyond this policy's are left out)."""
+        self.recent.extend(state.get("recent", ()))
+        for w, hits in state.get("first_hits", {}).items():
+            if w in self.first_hits:
+                self.first_hits[w].extend(hits)
+        self.draft_seconds = float(state.get("draft_seconds", self.draft_seconds))
+        self.width_seconds.update({w: s for w, s in state.get("width_seconds", {}).items() if w <= self.max_width})
+
     def update_tree(self, width: int, rank: int | None, later: list[bool], draft_seconds: float) -> None:
         """Account for a tree round of `width` branches: the exact argmax was first token number `rank`
         (1-based; None: not among them), and `later` judges the chosen branch's following tokens."""
