@@ -1,6 +1,6 @@
 """The code store's figures for `make demo` (scripts/demo.sh): what the project is for, on held-out Python.
 
-    python -m benchmarks.code_demo --atom-set code [--positions 512] [--new-tokens 48] [--out reports/code]
+    python -m benchmarks.code_demo --atom-set code [--positions 2048] [--new-tokens 48] [--out reports/code]
 
 On the test half of the set's held-out files (whole files the build never read, held out by path):
 - exact against augmented: perplexity and top-1 against the real text, with 95 % block-bootstrap
@@ -131,7 +131,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--atom-set", required=True)
-    parser.add_argument("--positions", type=int, default=512, help="Held-out positions scored (default 512).")
+    parser.add_argument("--positions", type=int, default=2048, help="Held-out positions scored (default 2,048).")
     parser.add_argument("--new-tokens", type=int, default=48, help="Greedy tokens per path (default 48).")
     parser.add_argument("--out", type=Path, default=Path("reports/code"))
     args = parser.parse_args()

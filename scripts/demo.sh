@@ -52,13 +52,13 @@ for set in smollm2-token smollm2-context; do
 done
 
 # --- the code store (issue 43): what the project is for ---------------------------------------
-# DEMO_CODE_TOKENS (500,000) tokens of python-source (the standard library's and the installed
+# DEMO_CODE_TOKENS (1,000,000) tokens of python-source (the standard library's and the installed
 # packages' *.py, without tests) with corpus labels (no model pass over them), the measured default
 # keys for code (lattice) and a gate fitted on the calibration half. Whole files are held out by
 # path (the build's document split): the figures below read only files the store never saw.
-# About 3 to 4 minutes here with the measurements (docs/demo.md: the sizes measured, and what a
+# About 2 minutes on a quiet 2-core machine with the measurements (docs/demo.md: the sizes measured, and what a
 # larger store gives). Made the default set, so the playground and `generate` open on it.
-DEMO_CODE_TOKENS=${DEMO_CODE_TOKENS:-500000}
+DEMO_CODE_TOKENS=${DEMO_CODE_TOKENS:-1000000}
 if [[ "${DEMO_REBUILD:-0}" != 1 ]] && has_set code; then
     echo "[demo] atom set code exists; keeping it (DEMO_REBUILD=1 rebuilds)"
 else
@@ -70,9 +70,9 @@ $HT atom-sets default code
 
 # On the held-out files: exact against augmented (perplexity, top-1, intervals), speculative against
 # exact (first token and decode apart, identical output), spatial for the record. Bounded to stay
-# at a minute or two: DEMO_CODE_POSITIONS (512) scored positions, DEMO_CODE_NEW_TOKENS (48) per path.
+# under a minute: DEMO_CODE_POSITIONS (2,048) scored positions, DEMO_CODE_NEW_TOKENS (48) per path.
 echo "[demo] the code store on held-out Python: reports/code/summary.md"
-$PY -m benchmarks.code_demo --atom-set code --positions "${DEMO_CODE_POSITIONS:-512}" \
+$PY -m benchmarks.code_demo --atom-set code --positions "${DEMO_CODE_POSITIONS:-2048}" \
     --new-tokens "${DEMO_CODE_NEW_TOKENS:-48}" --out reports/code
 
 echo "[demo] done. Reports: reports/smollm2-token/report.html, reports/smollm2-context/report.html, reports/code/summary.md"
