@@ -76,12 +76,19 @@ class MethodTotals:
     prefix_vs_reference: list[int] = field(default_factory=list)   # shared tokens with transformers greedy
 
     def add_drafting(self, stats: SpeculativeStats) -> None:
-        """Sum one generation's speculative stats into `drafting` (every field; lists are joined)."""
+        """Sum one generation's speculative stats into `drafting`: counts and times add, lists are
+        joined, a flag holds if any generation's held, a label (draft_kind) is the latest given."""
         from hartonomous.speculative.decoding import SpeculativeStats
 
         total = self.drafting or SpeculativeStats()
         for f in fields(SpeculativeStats):
-            setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+            mine, theirs = getattr(total, f.name), getattr(stats, f.name)
+            if isinstance(theirs, bool):
+                setattr(total, f.name, bool(mine) or theirs)
+            elif isinstance(theirs, (int, float, list)):
+                setattr(total, f.name, mine + theirs)
+            elif theirs is not None:
+                setattr(total, f.name, theirs)
         self.drafting = total
 
     def row(self, baseline_ms: float | None) -> dict:
