@@ -7,8 +7,8 @@ from datetime import datetime
 from geoalchemy2 import Geometry
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
-    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, SmallInteger, Text,
-    func, text,
+    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, LargeBinary, SmallInteger,
+    Text, UniqueConstraint, func, text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -68,6 +68,7 @@ class AtomSet(Base):
     risk_model: Mapped[dict | None] = mapped_column(JSONB, nullable=True)  # the build's risk predictor (0006)
     # Where set (a lattice set, 0018): every key within it of its cell's centre; calls route on Citus.
     route_spread: Mapped[float | None] = mapped_column(Double, nullable=True)
+    root: Mapped[str | None] = mapped_column(Text, nullable=True)  # the indexed directory (0021); NULL for builds
 
 
 class Token(Base):
@@ -223,6 +224,35 @@ class AugmentGate(Base):
     split: Mapped[str] = mapped_column(Text)
     details: Mapped[dict] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     fitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class AtomSetFile(Base):
+    """A file of an indexed set (migration 0021, hartonomous/repository/index.py): its tokens as the
+    store ingested them and its line starts, enough to subtract its atoms and to cite it."""
+
+    __tablename__ = "atom_set_files"
+    __table_args__ = (
+        CheckConstraint("split IN ('train', 'calibration', 'test')", name="atom_set_files_split_check"),
+        CheckConstraint("license_source IN ('spdx-header', 'license-file', 'package-metadata', 'unknown')",
+                        name="atom_set_files_license_source_check"),
+        UniqueConstraint("atom_set_id", "path", name="atom_set_files_atom_set_id_path_key"),
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(
+        ForeignKey("atom_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    file_id: Mapped[int] = mapped_column(Integer, primary_key=True)   # stable within a set, never reused
+    path: Mapped[str] = mapped_column(Text)                            # relative to the set's root, POSIX
+    content_sha256: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(Text)
+    license: Mapped[str | None] = mapped_column(Text, nullable=True)  # SPDX id; NULL when unknown
+    license_source: Mapped[str] = mapped_column(Text)
+    added_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    # line_starts[i] (1-based) = index (0-based) into token_ids of line i's first token
+    line_starts: Mapped[list[int]] = mapped_column(ARRAY(Integer))
 
 
 class _SetCoordinates:
