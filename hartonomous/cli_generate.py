@@ -19,7 +19,8 @@ from typer.models import OptionInfo
 
 from hartonomous.engine import check_prompt   # light: no torch until used
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
-from hartonomous.paths import DEFAULT_PATH, PATHS, describe, next_token_paths, speculative_targets   # light
+from hartonomous.paths import (DEFAULT_PATH, PATHS, describe, next_token_paths, option_home, output_paths,   # light
+                               reads_option, rememberable, speculative_targets)
 from hartonomous.paths.options import MAX_DRAFT_TOKENS, MAX_TREE_WIDTH, PathOptions, draft_ceiling
 
 NEXT_TOKEN_PATHS = next_token_paths()
@@ -106,17 +107,16 @@ def _client(prompt: str, path: str, client_options: dict, paths=NEXT_TOKEN_PATHS
                             f"got '{speculative_target}'")
         if path != "speculative":
             raise UserError(f"--speculative-target is for --path speculative, not {path}")
-    augmented = path == "augmented" or speculative_target == "augmented"    # the output holds the store's guesses
     weight = client_options.get("augment_weight")
     if weight is not None:
-        if not augmented:
-            raise UserError(f"--augment-weight is for --path augmented (or speculative with --speculative-target "
-                            f"augmented), not {path}")
+        if not reads_option("augment_weight", path, speculative_target):
+            raise UserError(f"--augment-weight is for {option_home('augment_weight', cli=True)}, not {path}")
         if not (0.0 <= weight <= 1.0):              # false for NaN too
             raise UserError(f"--augment-weight must be in [0, 1] (for experiments; leave it out and the atom "
                             f"set's gate decides λ), got {weight}")
-    if remember and (path not in REMEMBERED_PATHS or augmented):
-        what = "the augmented target's" if path == "speculative" else f"the {path} path's"
+    if remember and not rememberable(path, speculative_target):
+        what = (f"the {speculative_target} target's" if len(output_paths(path, speculative_target)) > 1
+                else f"the {path} path's")
         raise UserError(f"--remember keeps only the exact model's words: use it with --path "
                         f"{' or '.join(REMEMBERED_PATHS)} ({what} output holds the store's own guesses)")
     return Client(**client_options, draft_tokens=draft_tokens, max_draft_tokens=draft_ceiling(draft_tokens),

@@ -57,6 +57,45 @@ def check_speculative_target(target: str) -> str:
     return target
 
 
+def output_paths(path: str, speculative_target: str | None = None) -> tuple[str, ...]:
+    """The paths whose distribution a generation's output follows: `path`, and the target its
+    drafts are verified against where it reads one (speculative)."""
+    if speculative_target is not None and "speculative_target" in declaration(path).options:
+        return (path, speculative_target)
+    return (path,)
+
+
+def reads_option(option: str, path: str, speculative_target: str | None = None) -> bool:
+    """Whether a generation on `path` (verifying against `speculative_target`) reads `option`:
+    the path's declaration, or its target's, lists it."""
+    return any(option in declaration(name).options for name in output_paths(path, speculative_target))
+
+
+def paths_reading(option: str) -> tuple[str, ...]:
+    """The paths whose declarations list `option`."""
+    return tuple(d.name for d in DECLARATIONS.values() if option in d.options)
+
+
+def option_home(option: str, cli: bool = False) -> str:
+    """Where `option` is read, for an error message: "path 'augmented' (or 'speculative' with
+    speculative_target 'augmented')", or with `cli` "--path augmented (or speculative with
+    --speculative-target augmented)"."""
+    name = (lambda n: n) if cli else repr
+    readers = paths_reading(option)
+    verifiers = [d.name for d in DECLARATIONS.values() if "speculative_target" in d.options and d.name not in readers]
+    via = [n for n in readers if n in speculative_targets()]
+    text = ("--path " if cli else "path ") + " or ".join(name(n) for n in readers)
+    if verifiers and via:
+        text += (f" (or {' or '.join(name(v) for v in verifiers)} with "
+                 f"{'--speculative-target' if cli else 'speculative_target'} {' or '.join(name(n) for n in via)})")
+    return text
+
+
+def rememberable(path: str, speculative_target: str | None = None) -> bool:
+    """Whether the memory may keep the output: every path it follows gives the exact model's words."""
+    return all(declaration(name).remembered for name in output_paths(path, speculative_target))
+
+
 def describe(names: tuple[str, ...] = PATHS) -> str:
     """'name (description), ...': the paths' one-line help."""
     return "; ".join(f"{name} ({DECLARATIONS[name].description})" for name in names)
@@ -64,4 +103,4 @@ def describe(names: tuple[str, ...] = PATHS) -> str:
 
 __all__ = ["DECLARATIONS", "DEFAULT_PATH", "PATHS", "PathDeclaration", "check_speculative_target", "declaration",
            "describe",
-           "model_paths", "next_token_paths", "remembered_paths", "speculative_targets"]
+           "model_paths", "option_home", "output_paths", "paths_reading", "reads_option", "rememberable", "next_token_paths", "remembered_paths", "speculative_targets"]

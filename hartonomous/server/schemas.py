@@ -18,7 +18,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from hartonomous.centroid import HISTORY_WINDOW_MAX
 from hartonomous.generation_config import MAX_NEW_TOKENS, GenerationConfig
-from hartonomous.paths import DEFAULT_PATH, PATHS, describe, next_token_paths, speculative_targets
+from hartonomous.paths import (DEFAULT_PATH, PATHS, describe, next_token_paths, option_home, reads_option,
+                               speculative_targets)
 from hartonomous.paths.options import MAX_DRAFT_TOKENS, PathOptions, draft_ceiling
 
 
@@ -88,9 +89,9 @@ class SamplerParams(Strict):
         target = getattr(self, "speculative_target", None)
         if target is not None and self.path != "speculative":
             misplaced.append(("speculative_target", f"speculative_target is for path 'speculative', not '{self.path}'"))
-        if self.augment_weight is not None and self.path != "augmented" and target != "augmented":
-            misplaced.append(("augment_weight", "augment_weight is for path 'augmented' (or 'speculative' with "
-                                                f"speculative_target 'augmented'), not '{self.path}'"))
+        if self.augment_weight is not None and not reads_option("augment_weight", self.path, target):
+            misplaced.append(("augment_weight", f"augment_weight is for {option_home('augment_weight')}, "
+                                                f"not '{self.path}'"))
         return misplaced
 
     def sampler_options(self) -> dict:
