@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,17 @@ def test_a_folder_with_no_readable_text_is_one_line_saying_why(tmp_path: Path) -
     write(tmp_path, "c.py", "c = 3\n")
     with pytest.raises(UserError, match="1 excluded"):
         walk_repository(tmp_path, exclude=["*.py"])
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_in_a_git_work_tree_what_git_ignores_stays_out(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    write(tmp_path, ".gitignore", "build/\n*.log\n")
+    write(tmp_path, "src/app.py", "app = 1\n")            # new, not ignored: counted like a tracked file
+    write(tmp_path, "build/lib/app.py", "app = 1\n")
+    write(tmp_path, "run.log", "started\n")
+    walk = walk_repository(tmp_path)
+    assert [f.path for f in walk.files] == [".gitignore", "src/app.py"]
+    assert walk.skipped == {"ignored folder": 1, "ignored": 1}
+    (tmp_path / ".gitignore").unlink()
+    assert [f.path for f in walk_repository(tmp_path).files] == ["build/lib/app.py", "run.log", "src/app.py"]

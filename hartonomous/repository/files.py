@@ -17,6 +17,12 @@ line numbers cited from it are the file's own. Everything else is skipped and co
     unreadable                 it could not be opened (permissions; a warning says why)
     excluded                   a file matching --exclude
     excluded folder            a folder matching --exclude, not entered
+    ignored                    a file git ignores (.gitignore and the other ignore files)
+    ignored folder             a folder git ignores, not entered
+
+In a git work tree the files are those git lists (`git ls-files --cached --others
+--exclude-standard`: tracked, or new and not ignored), so build outputs, data and environments a
+repository ignores stay out without an --exclude; outside one, or without git, every file counts.
 
 --exclude globs are matched against the path relative to the root (POSIX, `fnmatch`,
 case-sensitive, `*` also matching `/`: hartonomous.corpus.sources.excluded); a folder whose
@@ -31,7 +37,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
+import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,6 +85,32 @@ def _inside(path: Path, root: Path) -> bool:
 
 def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
+def git_listed(root: Path) -> set[str] | None:
+    """The paths (relative to root) git lists as the repository's files, tracked or new and not ignored;
+    None when root is not in a git work tree or git is not installed."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        done = subprocess.run([git, "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                              capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p}
+
+
+def _folders_of(paths: set[str]) -> set[str]:
+    """Every folder (relative, POSIX) that holds one of paths at some depth."""
+    folders: set[str] = set()
+    for path in paths:
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            folders.add("/".join(parts[:i]))
+    return folders
 
 
 def read_repo_file(root: Path, relative: str, walk: Walk, max_bytes: int = DEFAULT_MAX_BYTES) -> RepoFile | None:
@@ -136,6 +170,8 @@ def walk_repository(root: Path, exclude: Sequence[str] = (), max_bytes: int = DE
         raise UserError(f"'{given}' is not a directory; pass the repository's folder")
     root = given.resolve()
     walk = Walk(root)
+    listed = git_listed(root)
+    listed_folders = _folders_of(listed) if listed is not None else None
     relatives: list[str] = []
     for folder, dirs, names in os.walk(root):
         base = Path(folder)
@@ -148,6 +184,8 @@ def walk_repository(root: Path, exclude: Sequence[str] = (), max_bytes: int = DE
                 continue
             if excluded(rel, exclude):
                 walk.skipped["excluded folder"] += 1
+            elif listed_folders is not None and rel not in listed_folders:
+                walk.skipped["ignored folder"] += 1
             elif (base / d).is_symlink():   # os.walk does not follow it; count one that leaves the root
                 if not _inside((base / d).resolve(), root):
                     walk.skipped["symlink leaving the root"] += 1
@@ -158,6 +196,8 @@ def walk_repository(root: Path, exclude: Sequence[str] = (), max_bytes: int = DE
             rel = prefix + name
             if excluded(rel, exclude):
                 walk.skipped["excluded"] += 1
+            elif listed is not None and rel not in listed:
+                walk.skipped["ignored"] += 1
             else:
                 relatives.append(rel)
     for rel in sorted(relatives):
