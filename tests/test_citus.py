@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,39 +26,20 @@ import pytest
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
 from hartonomous.errors import UserError
 from hartonomous.db import migrate
-from hartonomous.db.citus_cluster import CitusCluster, citus_installed
+from citus_helpers import WORKERS, migrated_cluster
+from hartonomous.db.citus_cluster import CitusCluster
 
-WORKERS = 2
 TOL = 1e-9
 NEXT_TOKEN = "SELECT * FROM next_token(%s, %s, %s, %s, %s, %s, %s, %s)"
 KNN = ("SELECT token_id, weight, position <<->> ST_MakePoint(0.4, 0.5, 0.6) AS d FROM atoms "
        "WHERE atom_set_id = {set_id} ORDER BY position <<->> ST_MakePoint(0.4, 0.5, 0.6) LIMIT 100")
 
 
-def _require_citus() -> None:
-    if citus_installed():
-        return
-    reason = ("Citus is not installed for PostgreSQL 15; build it with scripts/install-citus.sh "
-              "(HARTONOMOUS_CITUS_TARBALL=<citus-12.1.12.tar.gz>) or install Citus's packages")
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs Citus: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def citus() -> Iterator[CitusCluster]:
     """A fresh coordinator + 2 workers under a temporary folder, migrated; deleted afterwards."""
-    _require_citus()
-    root = Path(tempfile.mkdtemp(prefix="hartonomous-citus-test-"))
-    root.chmod(0o755)
-    cluster = CitusCluster(root / "citus")
-    try:
-        cluster.up(WORKERS)
-        migrate.upgrade(cluster.url())
+    with migrated_cluster("hartonomous-citus-test-", WORKERS) as cluster:
         yield cluster
-    finally:
-        cluster.down(delete=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- the same small deterministic atom sets on both ---------------------------------------------

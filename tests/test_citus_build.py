@@ -11,10 +11,8 @@ failure; elsewhere these tests skip and say why.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +23,9 @@ import pytest
 from generation_helpers import save_tiny_model
 from hartonomous.augment.gate import FEATURES, MIN_POSITIONS
 from hartonomous.augment.gates import load_gate
-from hartonomous.db import migrate
-from hartonomous.db.citus_cluster import CitusCluster, citus_installed
+from citus_helpers import WORKERS, migrated_cluster
+from hartonomous.db.citus_cluster import CitusCluster
 
-WORKERS = 2
 REPO = Path(__file__).resolve().parents[1]
 CODE = [
     "def add(a, b):\n    return a + b\n",
@@ -40,30 +37,11 @@ PROSE = ["The capital of France is Paris.", "The capital of Italy is Rome.", "Re
          "Raise ValueError if the list is empty.", "The value of the flag is True."]
 
 
-def _require_citus() -> None:
-    if citus_installed():
-        return
-    reason = ("Citus is not installed for PostgreSQL 15; build it with scripts/install-citus.sh "
-              "(HARTONOMOUS_CITUS_TARBALL=<citus-12.1.12.tar.gz>) or install Citus's packages")
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs Citus: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def citus() -> Iterator[CitusCluster]:
     """A fresh coordinator + 2 workers under a temporary folder, migrated; deleted afterwards."""
-    _require_citus()
-    root = Path(tempfile.mkdtemp(prefix="hartonomous-citus-build-"))
-    root.chmod(0o755)
-    cluster = CitusCluster(root / "citus")
-    try:
-        cluster.up(WORKERS)
-        migrate.upgrade(cluster.url())
+    with migrated_cluster("hartonomous-citus-build-", WORKERS) as cluster:
         yield cluster
-    finally:
-        cluster.down(delete=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -10,46 +10,24 @@ failure; elsewhere these tests skip and say why.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 
+from citus_helpers import WORKERS, migrated_cluster
 from hartonomous.atomset import AtomRows, AtomSetSpec, TokenRows, write_atom_set
-from hartonomous.db import migrate
-from hartonomous.db.citus_cluster import CitusCluster, citus_installed
 
-WORKERS = 2
 SET, VOCAB = "citus-memory", 40
 GREEDY = "temperature => 0"
 HOT = "temperature => 100, top_k => 40, top_p => 0.9"
 
 
-def _require_citus() -> None:
-    if citus_installed():
-        return
-    reason = ("Citus is not installed for PostgreSQL 15; build it with scripts/install-citus.sh "
-              "(HARTONOMOUS_CITUS_TARBALL=<citus-12.1.12.tar.gz>) or install Citus's packages")
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs Citus: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def coord() -> Iterator[psycopg.Connection]:
     """An autocommit connection to a fresh, migrated coordinator + 2 workers holding one atom set."""
-    _require_citus()
-    root = Path(tempfile.mkdtemp(prefix="hartonomous-citus-memory-"))
-    root.chmod(0o755)
-    cluster = CitusCluster(root / "citus")
-    try:
-        cluster.up(WORKERS)
-        migrate.upgrade(cluster.url())
+    with migrated_cluster("hartonomous-citus-memory-", WORKERS) as cluster:
         rng = np.random.default_rng(4)
         with psycopg.connect(cluster.url()) as conn:
             write_atom_set(conn, AtomSetSpec(name=SET, model="synthetic", vocab_size=VOCAB, embedding_dim=0,
@@ -59,9 +37,6 @@ def coord() -> Iterator[psycopg.Connection]:
                            AtomRows(rng.integers(0, VOCAB, 400), rng.random((400, 3)), np.ones(400)))
         with psycopg.connect(cluster.url(), autocommit=True) as conn:
             yield conn
-    finally:
-        cluster.down(delete=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def remember(conn, generated: list[int], settings: str = GREEDY) -> tuple:
