@@ -1,7 +1,7 @@
 """LOAD TEST (~90 s): 16 clients against `hartonomous serve`, 5 s warm-up + 60 s, mixed next_token and generate.
 
 The server is the real command in its own process (tiny model, a hand-made 320-token atom set,
-the reader role, the default pools of 4 + 8 connections), on loopback, remembering generations
+the reader role, the default pools of 4 + 8 + 2 connections), on loopback, remembering generations
 (`--remember`, a bound of MEMORY_MAX_ATOMS atoms, so eviction runs under load too). Asserts zero
 errors, that the server never holds more connections than its pools and writer, that every connection is
 gone once it stops, and that the memory was written, never failed and stayed within its bound. Prints the figures (run with -s) and writes them, with the machine's load average before and after,
@@ -33,7 +33,8 @@ CLIENTS = 16
 SECONDS = float(os.environ.get("HARTONOMOUS_LOAD_SECONDS", "60"))
 POOL_SIZE = 4                 # ServerConfig's default: database-only requests, each on a connection
 MODEL_POOL_SIZE = 8           # ServerConfig.max_concurrent's default: requests on the model, one each
-SERVER_CONNECTIONS = POOL_SIZE + MODEL_POOL_SIZE + 1     # the two pools and the memory's writer
+LOOKUP_POOL_SIZE = 2          # ServerConfig.lookup_pool_size's default: model ids, atom sets, /healthz
+SERVER_CONNECTIONS = POOL_SIZE + MODEL_POOL_SIZE + LOOKUP_POOL_SIZE + 1     # the three pools and the memory's writer
 MEMORY_MAX_ATOMS = 300        # small: a minute of load evicts many generations
 ARTIFACT = Path(__file__).resolve().parent.parent / "test-artifacts" / "load.json"
 

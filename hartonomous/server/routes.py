@@ -100,6 +100,7 @@ def healthz(request: Request) -> JSONResponse:
                        "policy": writer.policy.arguments() if writer.policy is not None else None}
                       if writer is not None else {"remember": False})
     info["prefix_cache"] = runtime.prefix_cache_stats()
+    info["pools"] = runtime.pool_stats()
     return JSONResponse(info)
 
 

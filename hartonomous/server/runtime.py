@@ -8,7 +8,10 @@ Work runs in two bounded thread pools, and the event loop never blocks on either
 the exact model (MODEL_PATHS) run in the model executor and borrow their connection (speculative,
 hybrid, augmented) from the model pool; spatial and SQL-only requests run in the database executor on
 the database pool. Neither can occupy the other's threads or connections, so database-only work never
-waits behind a generation on the model (docs/server.md says how both are sized).
+waits behind a generation on the model. Each pool has as many connections as its executor has threads
+and a worker holds at most one, so a generation never waits for a connection, however many streams are
+open (the rest wait in line for a worker). Short lookups (model ids, atom sets, /healthz) borrow from a
+small pool of their own, so they never wait behind generations either (docs/server.md: the sizes).
 With `remember` on, completed exact and speculative generations (the exact model's words; never
 the spatial, hybrid or augmented path's) are written into the atom set's memory (hartonomous/memory.py)
 through one writer connection of the owner's, kept apart from the reader pool, and speculative
@@ -16,6 +19,9 @@ drafts read that memory, under the sampler settings each set's memory policy adm
 greedy and the sampler's defaults: a request at temperature 100 is answered, not remembered; the
 response's `memory` says so). `memory_max_atoms` and `memory_policy`, when set, are written as the
 bound and the policy of each set's memory before the server writes there; the database enforces both.
+With `memory` on and `remember` off, drafts read the memory and nothing is written: a second server on
+the same database drafts from what another one remembers, as soon as it is committed (every draft
+reads it in SQL; nothing of it is cached in the process).
 """
 
 from __future__ import annotations
@@ -53,12 +59,15 @@ class ServerConfig:
     dtype: str = "float32"
     runtime: str | None = None            # auto | torch | int4 | llama (settings if None)
     pool_size: int = 4                    # database-only requests at once, each on its own connection
+    lookup_pool_size: int = 2             # short lookups at once (model ids, atom sets, /healthz), a pool apart
     pool_timeout_s: float = 30.0          # wait this long for a free connection, then 503
     max_concurrent: int = 8               # requests on the exact model at once (more wait in line), one
                                           # connection each at most, from a pool of their own
     ping_seconds: float = 15.0            # SSE keep-alive comment interval
     preload_exact: bool = False           # load the exact model in the background at start-up
     remember: bool = False                # write completed generations to the set's memory; drafts read it
+    memory: bool = False                  # drafts read the sets' memory without writing it (what other
+                                          # servers on the database remember, as they remember it)
     memory_max_atoms: int | None = None   # the bound this server sets on each set's memory (None: the sets' own)
     memory_weight: float | None = None    # a remembered atom's weight (None: the set's history_weight)
     memory_policy: Any = None             # the sampler policy this server sets on each set's memory
@@ -120,8 +129,9 @@ class Runtime:
         self._exact_given = exact_model is not None    # then config.model (if set) names it
         self._exact_error: str | None = None
         self._exact_lock = threading.Lock()
-        self.pool = None                                    # database-only work, /healthz, /api/atom_sets
+        self.pool = None                                    # database-only work (the database executor's)
         self.model_pool = None                              # the connections of requests on the model
+        self.lookup_pool = None                             # short lookups: model ids, /healthz, /api/atom_sets
         self.database_executor: ThreadPoolExecutor | None = None
         self.model_executor: ThreadPoolExecutor | None = None
         self.active: dict[int, Any] = {}                    # id(session) -> running Session
@@ -148,10 +158,13 @@ class Runtime:
         database, model = max(1, self.config.pool_size), max(1, self.config.max_concurrent)
         options = dict(open=False, kwargs={"autocommit": True, "connect_timeout": 10},
                        check=ConnectionPool.check_connection)
-        self.pool = ConnectionPool(url, min_size=1, max_size=database, name="hartonomous-database", **options)
+        lookup = max(1, self.config.lookup_pool_size)
+        # As many connections as threads that hold one: no worker ever waits for a connection.
+        self.pool = ConnectionPool(url, min_size=0, max_size=database, name="hartonomous-database", **options)
         self.model_pool = ConnectionPool(url, min_size=0, max_size=model, name="hartonomous-model", **options)
-        self.pool.open(wait=False)
-        self.model_pool.open(wait=False)
+        self.lookup_pool = ConnectionPool(url, min_size=1, max_size=lookup, name="hartonomous-lookup", **options)
+        for pool in self._pools().values():
+            pool.open(wait=False)
         if self.config.remember:
             from hartonomous.memory import MemoryWriter
 
@@ -170,11 +183,16 @@ class Runtime:
         for executor in (self.model_executor, self.database_executor):
             if executor is not None:
                 executor.shutdown(wait=True, cancel_futures=True)
-        for pool in (self.model_pool, self.pool):
-            if pool is not None:
-                pool.close()
+        for pool in self._pools().values():
+            pool.close()
         if self.memory_writer is not None:
             self.memory_writer.close()
+
+    @property
+    def reads_memory(self) -> bool:
+        """Whether speculative drafts and the augmented store read the sets' memory: with `memory`, or
+        `remember` (a server reads what it writes)."""
+        return self.config.memory or self.memory_writer is not None
 
     # -- resources -----------------------------------------------------------------------
 
@@ -185,15 +203,32 @@ class Runtime:
             raise RuntimeError("Runtime.open() was not called")
         return executor
 
+    def _pools(self) -> dict[str, Any]:
+        pools = {"model": self.model_pool, "database": self.pool, "lookup": self.lookup_pool}
+        return {name: pool for name, pool in pools.items() if pool is not None}
+
+    def pool_stats(self) -> dict[str, dict]:
+        """Each pool's size and what its borrowers met since start-up: connections open and in use,
+        requests, how many waited and for how long in all, and how many timed out (a 503). GET /healthz
+        reports it; benchmarks/openai_load.py reads it before and after a run."""
+        out = {}
+        for name, pool in self._pools().items():
+            s = pool.get_stats()
+            out[name] = {"max": s.get("pool_max", 0), "open": s.get("pool_size", 0),
+                         "in_use": s.get("pool_size", 0) - s.get("pool_available", 0),
+                         "requests": s.get("requests_num", 0), "waited": s.get("requests_queued", 0),
+                         "wait_ms": s.get("requests_wait_ms", 0), "timeouts": s.get("requests_errors", 0)}
+        return out
+
     @contextmanager
-    def connection(self, timeout: float | None = None, *, model_bound: bool = False) -> Iterator[Any]:
-        """A pooled connection for this thread only (from the model pool for a request on the model);
-        503 when none frees up in time."""
+    def connection(self, timeout: float | None = None, *, use: str = "lookup") -> Iterator[Any]:
+        """A pooled connection for this thread only: `use` "lookup" (a short query), "database" (a
+        database worker's generation) or "model" (a model worker's); 503 when none frees up in time."""
         from psycopg_pool import PoolTimeout
 
-        pool = self.model_pool if model_bound else self.pool
-        if pool is None:
+        if self.lookup_pool is None:
             raise RuntimeError("Runtime.open() was not called")
+        pool = self._pools()[use]
         try:
             conn = pool.getconn(timeout=self.config.pool_timeout_s if timeout is None else timeout)
         except PoolTimeout as exc:
@@ -281,7 +316,8 @@ class Runtime:
 
     def exact_status(self) -> str:
         if self._exact is not None:
-            return f"loaded ({getattr(self._exact, 'runtime', 'torch')} runtime)"
+            forward = getattr(self._exact, "forward_kind", None)      # the int4 runtime: native or python
+            return f"loaded ({getattr(self._exact, 'runtime', 'torch')} runtime{f', {forward} forward' if forward else ''})"
         if self._exact_lock.locked():
             return "loading"
         return f"failed: {self._exact_error}" if self._exact_error else "not loaded (loads on first use)"
@@ -309,10 +345,10 @@ class Runtime:
         declared = declaration(path)
         exact = self.exact_model() if declared.uses_model else None
         resources = dict(options=options, atom_set=atom_set or self.config.atom_set, exact_model=exact,
-                         memory=self.memory_writer is not None, draft_learning=self.draft_learning)
+                         memory=self.reads_memory, draft_learning=self.draft_learning)
         with self._exclusive(exact), ExitStack() as stack:
             if declared.needs_atom_set:    # the exact path's risk source connects only when asked for signals
-                conn = stack.enter_context(self.connection(model_bound=exact is not None))
+                conn = stack.enter_context(self.connection(use="model" if exact is not None else "database"))
                 resources.update(connection=conn, spatial_tokenizer=self.spatial_tokenizer,
                                  model=self.exact_model_key() if exact is not None else None)
             shared = PathResources(**resources)
