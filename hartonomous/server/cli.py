@@ -57,6 +57,11 @@ def register(app: typer.Typer) -> None:
                                            "atom set's memory (written by the database owner, never the reader), "
                                            "and let speculative drafts read it. Each response says whether it was "
                                            "remembered. Off by default."),
+        memory: bool = typer.Option(False, "--memory/--no-memory",
+                                    help="Let speculative drafts and the augmented store read each atom set's "
+                                         "memory without writing it: what any server on the same database "
+                                         "remembers (serve --remember), from its next request on, with no "
+                                         "restart (docs/server.md). --remember implies it. Off by default."),
         memory_max_atoms: Optional[int] = typer.Option(None, "--memory-max-atoms", min=1, max=10_000_000,
                                                        help="With --remember: set this bound on the memory of each "
                                                             "atom set the server writes, in atoms (one per generated "
@@ -126,7 +131,8 @@ def register(app: typer.Typer) -> None:
                     conn.rollback()
         _log_to_stderr(log_level)
         config = ServerConfig(database_url=url, atom_set=atom_set, model=model, device=device, dtype=dtype,
-                              runtime=runtime, preload_exact=preload, remember=remember, memory_max_atoms=memory_max_atoms,
+                              runtime=runtime, preload_exact=preload, remember=remember, memory=memory,
+                              memory_max_atoms=memory_max_atoms,
                               memory_weight=memory_weight, memory_policy=policy, writer_url=writer_url,
                               prefix_cache_mb=prefix_cache_mb, threads=threads)
         if not _is_loopback(host):
@@ -135,8 +141,9 @@ def register(app: typer.Typer) -> None:
         shown = f"[{host}]" if ":" in host else host
         bound = f"at most {memory_max_atoms:,} atoms per set" if memory_max_atoms else "each set's own bound"
         rule = "the policy given" if policy is not None else "each set's own sampler policy"
-        memory = f"; remembering generations ({bound}, {rule})" if remember else ""
+        reading = "; drafts read the sets' memory (written elsewhere)" if memory and not remember else ""
+        remembering = f"; remembering generations ({bound}, {rule})" if remember else reading
         print(f"hartonomous: http://{shown}:{port}/ (playground), /docs (API); database {redact(url)}; "
-              f"{default_set}{memory}", file=sys.stderr)
+              f"{default_set}{remembering}", file=sys.stderr)
         uvicorn.run(create_app(config=config), host=host, port=port, log_level=log_level.lower(),
                     timeout_graceful_shutdown=10)
