@@ -25,7 +25,7 @@ VOCAB = 8
 TOKEN_BLOCK = 256
 CENTRE = "ST_MakePoint(0.5, 0.5, 0.5)"
 # A function that raises by design: the SQLSTATE it must raise.
-RAISES = {"ht_raise_foreign_token": "22023"}
+RAISES = {"ht_raise_foreign_token": "22023", "ht_file_grams_sync": "0A000"}
 # The native kernel's own steps: called where it is installed (0019 on); elsewhere they refuse.
 NATIVE = {"ht_native_step", "ht_step_logits"}
 # A valid minimal call of each function ({id}: the set's id; the set is named SET, tokens 0 .. VOCAB-1).
@@ -57,6 +57,12 @@ CALLS = {
                                      '{"a": 1}')""",
     "ht_memory_bound": "SELECT ht_memory_bound({id})",
     "ht_memory_evict": "SELECT ht_memory_evict({id}, 1)",
+    "ht_check_set_tokens": "SELECT ht_check_set_tokens({id}, ARRAY[1, 2], 'context')",
+    "ht_file_grams": "SELECT ht_file_grams(ARRAY[1, 2, 3, 4, 5, 6, 7, 8, 1])",
+    "ht_file_grams_sync": "SELECT ht_file_grams_sync()",
+    "ht_needle_keys": "SELECT ht_needle_keys(ARRAY[1, 2, 3, 4])",
+    "ht_offsets": "SELECT ht_offsets(ARRAY[1, 2, 1, 2], ARRAY[1, 2], 5)",
+    "ht_source_matches": "SELECT * FROM ht_source_matches({id}, ARRAY[1, 2, 3], 5, false)",
     "ht_memory_policy": "SELECT * FROM ht_memory_policy({id})",
     "ht_memory_refusal": "SELECT ht_memory_refusal({id}, 0, NULL, 1.0, 1.0, false, false)",
     "ht_memory_set": f"SELECT * FROM ht_memory_set('{SET}')",
@@ -93,6 +99,8 @@ CALLS = {
     "set_memory_bound": f"SELECT set_memory_bound('{SET}', 100)",
     "set_memory_policy": f"SELECT set_memory_policy('{SET}')",
     "store_distribution": f"SELECT * FROM store_distribution(ARRAY[1, 2], '{SET}')",
+    "store_sources": f"SELECT * FROM store_sources(ARRAY[1, 2], '{SET}', token => 3)",
+    "store_verbatim": f"SELECT * FROM store_verbatim(ARRAY[1, 2, 3], '{SET}', 2)",
 }
 PROJECT_FUNCTIONS = """
     SELECT DISTINCT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace

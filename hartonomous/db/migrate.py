@@ -177,6 +177,7 @@ SQL_FILE_SCHEMA = {
     "070_memory.sql": ("memory_atoms", "memory_atoms.route", "memory_atoms.temperature", "memory_bounds"),
     "080_draft_sources.sql": ("atoms.source",),
     "095_gates.sql": ("augment_gates",),
+    "100_sources.sql": ("memory_atoms", "atom_set_files", "atom_set_file_grams"),
 }
 SQL_FUNCTION_SCHEMA = {"set_memory_policy": ("memory_policies",), "memory_policy": ("memory_policies",)}
 _DEFINED = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION (\w+)\(", re.M | re.I)

@@ -7,7 +7,7 @@ from datetime import datetime
 from geoalchemy2 import Geometry
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
-    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, LargeBinary, SmallInteger,
+    BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, ForeignKeyConstraint, Index, Integer, LargeBinary, SmallInteger,
     Text, UniqueConstraint, func, text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -253,6 +253,22 @@ class AtomSetFile(Base):
     token_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     # line_starts[i] (1-based) = index (0-based) into token_ids of line i's first token
     line_starts: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+
+
+class AtomSetFileGrams(Base):
+    """The occurrence index of a train file (migration 0022, sql/100_sources.sql): the keys of its
+    2-, 4- and 8-grams, written by a trigger on atom_set_files, found through a GIN index."""
+
+    __tablename__ = "atom_set_file_grams"
+    __table_args__ = (
+        ForeignKeyConstraint(["atom_set_id", "file_id"], ["atom_set_files.atom_set_id", "atom_set_files.file_id"],
+                             ondelete="CASCADE", name="atom_set_file_grams_file_fkey"),
+        Index("atom_set_file_grams_grams_gin", "grams", postgresql_using="gin"),
+    )
+
+    atom_set_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    file_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    grams: Mapped[list[int]] = mapped_column(ARRAY(Integer))
 
 
 class _SetCoordinates:

@@ -1,0 +1,47 @@
+"""Citations: `atom_set_file_grams`, the occurrence index behind store_sources (sql/100_sources.sql).
+
+One row per train file of an indexed set: the keys of its 2-, 4- and 8-grams (ht_file_grams), with a
+GIN index, so the files holding a context's last tokens are found without reading every file. The
+rows are derived from atom_set_files alone: a trigger writes them when a file is inserted or its
+tokens or split change, and they go with the file (ON DELETE CASCADE), so the file table's writer
+needs no change. Existing files are indexed here. The reader role may read the table, not write it.
+
+The downgrade drops the trigger and the table (their functions go with migrations/env.py's check).
+
+Revision ID: 0022
+Revises: 0021
+"""
+from alembic import op
+
+from hartonomous.db.migrate import install_sql_functions
+
+revision = "0022"
+down_revision = "0021"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("""
+        CREATE TABLE IF NOT EXISTS atom_set_file_grams (
+            atom_set_id integer NOT NULL,
+            file_id     integer NOT NULL,
+            grams       integer[] NOT NULL,
+            PRIMARY KEY (atom_set_id, file_id),
+            CONSTRAINT atom_set_file_grams_file_fkey FOREIGN KEY (atom_set_id, file_id)
+                REFERENCES atom_set_files (atom_set_id, file_id) ON DELETE CASCADE
+        )""")
+    op.execute("CREATE INDEX IF NOT EXISTS atom_set_file_grams_grams_gin ON atom_set_file_grams USING gin (grams)")
+    op.execute("GRANT SELECT ON atom_set_file_grams TO hartonomous_reader")
+    install_sql_functions(op.get_bind().connection.driver_connection.execute)
+    op.execute("DROP TRIGGER IF EXISTS atom_set_files_grams ON atom_set_files")
+    op.execute("CREATE TRIGGER atom_set_files_grams AFTER INSERT OR UPDATE OF token_ids, split ON atom_set_files "
+               "FOR EACH ROW EXECUTE FUNCTION ht_file_grams_sync()")
+    op.execute("INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams) "
+               "SELECT atom_set_id, file_id, ht_file_grams(token_ids) FROM atom_set_files WHERE split = 'train' "
+               "ON CONFLICT DO NOTHING")
+
+
+def downgrade() -> None:
+    op.execute("DROP TRIGGER IF EXISTS atom_set_files_grams ON atom_set_files")
+    op.execute("DROP TABLE IF EXISTS atom_set_file_grams")

@@ -1,0 +1,374 @@
+-- Citations: where the store's tokens came from, in the files of an indexed set and in its memory.
+--
+--   store_sources(context integer[], atom_set text = NULL, k integer = 5, token integer = NULL,
+--                 memory boolean = true)
+--   RETURNS TABLE(token_id integer, kind text, file_id integer, path text, line integer,
+--                 token_offset integer, match_tokens integer, license text, license_source text,
+--                 generation bigint, step integer, bandwidths double precision)
+--   store_verbatim(tokens integer[], atom_set text = NULL, min_tokens integer = 20, k integer = 1)
+--   RETURNS TABLE(start_index integer, length integer, file_id integer, path text, line integer,
+--                 license text, license_source text)
+--   ht_file_grams(token_ids integer[]) RETURNS integer[]      -- the occurrence index's keys
+--
+-- Semantics:
+--  1. The files: the set's rows of atom_set_files (migration 0021) with split 'train', the files
+--     whose atoms the store holds. A file's tokens are its token_ids; token_offset is 0-based into
+--     them, and a token's line is i where line_starts[i] <= token_offset < line_starts[i + 1].
+--  2. store_sources, with `token` given: q = context || token; with token NULL: q = context. The
+--     match is the longest suffix s of q, of at least 2 tokens and at most the last 256 of q, that
+--     occurs in a file (with token NULL: that occurs followed by another token of the file). Rows
+--     of kind 'file' are the occurrences of s, at most k, ordered by file_id, then offset; each is
+--     about the token after the matched context: the given token (its offset and line in the
+--     file), or with token NULL the token that follows s there (token_id). match_tokens counts the
+--     context tokens matched before it (cardinality(s) - 1 with a token, cardinality(s) without).
+--     This is the longest stored suffix behind the store's distribution: the lattice keys are
+--     those suffixes (at most the set's window long), and the backoff kernel counts the atoms of
+--     the longest one. Occurrences of s are found exactly (every one with the offset it has); which
+--     suffix is longest is exact too, except where no suffix of 4 or more tokens occurs and more
+--     than 256 files hold the last 2-gram: then the 256 of smallest file_id are searched.
+--  3. Rows of kind 'memory' (memory => true): the set's memory of past generations (memory_atoms,
+--     sql/070_memory.sql): the atoms (of the given token, when one is given) at the key of context
+--     (ht_context_centroid, the key next_token reads), within the backoff radius of the nearest
+--     one (ht_backoff_radius with the set's bandwidth and decay), and only where that nearest lies
+--     within the set's bandwidth: at most k, nearest first, newest generation first. They give the
+--     generation and the step they were remembered at, and their distance in bandwidths; the file
+--     columns are NULL. File rows come first.
+--  4. store_verbatim: every run of at least min_tokens consecutive elements of `tokens` that
+--     occurs verbatim in one file (the check a team runs before accepting generated code): maximal
+--     runs (a run is not part of a longer one ending at the same place or later), start_index
+--     0-based into tokens, with up to k files holding it (smallest file_id first) and the line of
+--     its first token there. One row per (run, file).
+--  5. The occurrence index: atom_set_file_grams (migration 0022) holds, per train file, the keys
+--     ht_file_grams(token_ids), kept by a trigger on atom_set_files (insert, update, delete; the
+--     writer of the file table needs no change) and deleted with the file (ON DELETE CASCADE). A
+--     key is a 20-bit hash of a 2-, 4- or 8-gram with its length in the bits above, so the GIN
+--     index over it holds at most 3 x 2^20 keys with compressed lists of files: its size follows
+--     the (gram, file) pairs, not the grams. A file holding the keys of a needle's last 2-, 4- and
+--     8-grams is a candidate; the candidates are then searched for the needle itself (position()
+--     over array_send's bytes, C speed), so a hash collision never gives a wrong row.
+--  6. Bad input raises SQLSTATE 22023 naming the argument: context / tokens (ht_check_context, and
+--     token ids outside the set's vocabulary), token (negative or outside it), k outside 1 .. 100,
+--     min_tokens outside 2 .. 256, memory NULL, an unknown atom set (ht_atom_set).
+--  7. Privileges: SECURITY INVOKER, read only; the reader role may call store_sources and
+--     store_verbatim (it may SELECT atom_set_files and atom_set_file_grams, and write neither).
+-- Work per call: at most three GIN lookups for the candidate files, then a byte search of the
+-- candidates' tokens per probed length (O(log) probes); plus, with memory and a non-empty memory,
+-- the context's key and one KNN.
+
+
+CREATE OR REPLACE FUNCTION ht_file_grams(p_tokens integer[])
+RETURNS integer[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The distinct keys of every 2-, 4- and 8-gram of a file's tokens, ascending: a gram's key is its
+-- length's tag (1, 2, 3) above the low 20 bits of hash_array(gram) (item 5).
+SELECT coalesce(array_agg(DISTINCT (g.tag << 20) | (hash_array(t.a[i:i + g.n - 1]) & 1048575)), '{}')
+  FROM (SELECT p_tokens[array_lower(p_tokens, 1):array_upper(p_tokens, 1)] AS a) t,
+       (VALUES (1, 2), (2, 4), (3, 8)) g(tag, n),
+       generate_series(1, coalesce(cardinality(p_tokens), 0) - g.n + 1) i
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_needle_keys(p_needle integer[])
+RETURNS integer[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The keys of a needle's (1-based) last 2-, 4- and 8-grams, those it is long enough for.
+-- (ht_file_grams' key, spelled out: a SQL function's body names built-in functions only.)
+SELECT array_agg((g.tag << 20) | (hash_array(p_needle[cardinality(p_needle) - g.n + 1:cardinality(p_needle)]) & 1048575))
+  FROM (VALUES (1, 2), (2, 4), (3, 8)) g(tag, n)
+ WHERE g.n <= cardinality(p_needle)
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_offsets(p_tokens integer[], p_needle integer[], p_limit integer)
+RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The 0-based offsets (at most p_limit, ascending) where p_needle occurs in p_tokens: a byte search
+-- over array_send's encoding (20 bytes of header, then each element as length 4 and 4 bytes), a
+-- hit kept only where it starts on an element.
+DECLARE
+    hay    bytea := array_send(p_tokens);
+    needle bytea := substr(array_send(p_needle), 21);
+    pos    integer := 21;
+    hit    integer;
+    found  integer[] := '{}';
+BEGIN
+    IF cardinality(p_tokens) IS NULL OR cardinality(p_needle) IS NULL
+       OR cardinality(p_needle) > cardinality(p_tokens) THEN
+        RETURN found;
+    END IF;
+    LOOP
+        hit := position(needle IN substr(hay, pos));
+        EXIT WHEN hit = 0;
+        hit := pos + hit - 1;
+        IF (hit - 21) % 8 = 0 THEN
+            found := found || (hit - 21) / 8;
+            EXIT WHEN cardinality(found) >= p_limit;
+            pos := hit + 8;
+        ELSE
+            pos := hit + 1;
+        END IF;
+    END LOOP;
+    RETURN found;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_file_grams_sync()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- atom_set_files' trigger (item 5): a train file's keys in atom_set_file_grams, none for others.
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.token_ids IS NOT DISTINCT FROM OLD.token_ids
+       AND NEW.split IS NOT DISTINCT FROM OLD.split THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        DELETE FROM atom_set_file_grams g WHERE g.atom_set_id = OLD.atom_set_id AND g.file_id = OLD.file_id;
+    END IF;
+    IF NEW.split = 'train' THEN
+        INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams)
+        VALUES (NEW.atom_set_id, NEW.file_id, ht_file_grams(NEW.token_ids));
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_source_matches(p_set_id integer, p_needle integer[], p_k integer,
+                                             p_follow boolean)
+RETURNS TABLE(file_id integer, token_offset integer, match_tokens integer)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- Item 2's search for a checked, 1-based needle of at least 2 tokens: the occurrences (file, 0-based
+-- offset of the match's first token, its length) of its longest suffix found in a train file, at
+-- most p_k; with p_follow, only occurrences a token of the file follows.
+#variable_conflict use_column
+DECLARE
+    n      integer := cardinality(p_needle);
+    cand   integer[];
+    hits   integer[];
+    best   integer := 0;
+    fail   integer := n + 1;                       -- a length no candidate holds
+    lo     integer;
+    hi     integer;
+    mid    integer;
+    probe  integer[];
+BEGIN
+    -- The longest of the 8-, 4- and 2-gram levels some candidate holds verbatim.
+    FOREACH lo IN ARRAY ARRAY[8, 4, 2] LOOP
+        CONTINUE WHEN lo > n;
+        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO cand
+          FROM (SELECT g.file_id FROM atom_set_file_grams g
+                 WHERE g.atom_set_id = p_set_id AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
+                 ORDER BY g.file_id LIMIT 256) g;
+        IF cand IS NULL THEN
+            fail := lo;
+            CONTINUE;
+        END IF;
+        SELECT array_agg(f.file_id ORDER BY f.file_id) INTO hits
+          FROM atom_set_files f
+         WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (cand)
+           AND cardinality(ht_offsets(f.token_ids, p_needle[n - lo + 1:n], 1)) > 0;
+        IF hits IS NOT NULL THEN
+            best := lo;
+            EXIT;
+        END IF;
+        fail := lo;
+    END LOOP;
+    IF best = 0 THEN
+        RETURN;
+    END IF;
+    -- Longer: double, then halve the gap, over the files that still hold the suffix.
+    lo := best;
+    hi := fail;                                    -- the shortest length known not to occur
+    WHILE lo + 1 < hi LOOP
+        mid := CASE WHEN hi = n + 1 AND lo * 2 < n THEN lo * 2 ELSE (lo + hi) / 2 END;
+        SELECT array_agg(f.file_id ORDER BY f.file_id) INTO probe
+          FROM atom_set_files f
+         WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (hits)
+           AND cardinality(ht_offsets(f.token_ids, p_needle[n - mid + 1:n], 1)) > 0;
+        IF probe IS NULL THEN
+            hi := mid;
+        ELSE
+            lo := mid;
+            hits := probe;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT o.file_id, o.token_offset, lo
+      FROM (SELECT f.file_id, x.token_offset, f.n_tokens
+              FROM atom_set_files f,
+                   unnest(ht_offsets(f.token_ids, p_needle[n - lo + 1:n], p_k + 1)) AS x(token_offset)
+             WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (hits)) o
+     WHERE NOT p_follow OR o.token_offset + lo < o.n_tokens
+     ORDER BY o.file_id, o.token_offset
+     LIMIT p_k;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_check_set_tokens(p_set_id integer, p_tokens integer[], p_argument text)
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Every element a token id of the set's vocabulary (0 .. vocab_size - 1); else 22023 naming it.
+DECLARE
+    v_vocab integer := (SELECT s.vocab_size FROM atom_sets s WHERE s.id = p_set_id);
+    v_bad   integer;
+BEGIN
+    SELECT i INTO v_bad FROM generate_subscripts(p_tokens, 1) i
+     WHERE p_tokens[i] < 0 OR p_tokens[i] >= v_vocab ORDER BY i LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s: token id %s (element %s) is not in the atom set''s vocabulary (0 .. %s)',
+                             p_argument, p_tokens[v_bad], v_bad - array_lower(p_tokens, 1) + 1, v_vocab - 1),
+            HINT = 'Tokenize with the atom set''s model (see atom_sets.model) or pick another atom_set.';
+    END IF;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION store_sources(
+    context integer[],
+    atom_set text DEFAULT NULL,
+    k integer DEFAULT 5,
+    token integer DEFAULT NULL,
+    memory boolean DEFAULT true)
+RETURNS TABLE(token_id integer, kind text, file_id integer, path text, line integer,
+              token_offset integer, match_tokens integer, license text, license_source text,
+              generation bigint, step integer, bandwidths double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- Where the store's tokens after `context` came from; semantics at the top of this file.
+#variable_conflict use_column
+DECLARE
+    s      record;
+    ctx    integer[];
+    needle integer[];
+    c      record;
+    near   double precision;
+    radius double precision;
+    vocab  integer;
+BEGIN
+    PERFORM ht_check_context(context);
+    PERFORM ht_check_between('k', k, 1, 100,
+        'It bounds the rows of each kind: the file occurrences and the memory entries (5 by default).');
+    PERFORM ht_check_memory(store_sources.memory,
+        'true (the default) also lists the set''s memory entries behind the token; false lists files only.');
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    ctx := context[array_lower(context, 1):array_upper(context, 1)];
+    PERFORM ht_check_set_tokens(s.id, ctx, 'context');
+    vocab := (SELECT a.vocab_size FROM atom_sets a WHERE a.id = s.id);
+    IF token IS NOT NULL AND (token < 0 OR token >= vocab) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('token: token id %s is not in the atom set''s vocabulary (0 .. %s)', token, vocab - 1),
+            HINT = 'Pass the generated token whose sources you want, or NULL for the tokens the store would follow the context with.';
+    END IF;
+    needle := CASE WHEN token IS NULL THEN ctx ELSE ctx || token END;
+    needle := needle[greatest(1, cardinality(needle) - 255):cardinality(needle)];
+    IF cardinality(needle) >= 2 THEN
+        RETURN QUERY
+        SELECT CASE WHEN token IS NULL THEN f.token_ids[m.token_offset + m.match_tokens + 1] ELSE token END,
+               'file'::text, f.file_id, f.path,
+               width_bucket(m.token_offset + m.match_tokens - (token IS NOT NULL)::integer, f.line_starts),
+               m.token_offset + m.match_tokens - (token IS NOT NULL)::integer,
+               m.match_tokens - (token IS NOT NULL)::integer,
+               f.license, f.license_source, NULL::bigint, NULL::integer, NULL::double precision
+          FROM ht_source_matches(s.id, needle, k, token IS NULL) m
+          JOIN atom_set_files f ON f.atom_set_id = s.id AND f.file_id = m.file_id
+         ORDER BY m.file_id, m.token_offset;
+    END IF;
+    IF store_sources.memory AND EXISTS (SELECT 1 FROM memory_atoms a WHERE a.atom_set_id = s.id) THEN
+        SELECT * INTO c FROM ht_context_centroid(s.id, s.centroid_window, s.centroid_decay, ctx, 0);
+        SELECT min(a.position <<->> c.center) INTO near
+          FROM (SELECT a.position FROM memory_atoms a
+                 WHERE a.atom_set_id = s.id AND (token IS NULL OR a.token_id = token)
+                 ORDER BY a.position <<->> c.center LIMIT 1) a;
+        IF near IS NOT NULL AND near <= s.bandwidth THEN
+            radius := ht_backoff_radius(near, s.bandwidth, s.centroid_decay);
+            RETURN QUERY
+            SELECT m.token_id, 'memory'::text, NULL::integer, NULL::text, NULL::integer, NULL::integer,
+                   NULL::integer, NULL::text, NULL::text, m.generation, m.step, m.d / s.bandwidth
+              FROM (SELECT a.token_id, a.generation, a.step, a.position <<->> c.center AS d
+                      FROM memory_atoms a
+                     WHERE a.atom_set_id = s.id AND (token IS NULL OR a.token_id = token)
+                     ORDER BY a.position <<->> c.center
+                     LIMIT 10 * k) m
+             WHERE m.d <= radius
+             ORDER BY m.d, m.generation DESC, m.step
+             LIMIT k;
+        END IF;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION store_sources(integer[], text, integer, integer, boolean) IS
+    'Where the store''s tokens after a context came from: the files and lines of the longest stored suffix of context (|| token) in the set''s training files, and the memory entries (generation, step) at the context''s key. See sql/100_sources.sql.';
+
+
+CREATE OR REPLACE FUNCTION store_verbatim(
+    tokens integer[],
+    atom_set text DEFAULT NULL,
+    min_tokens integer DEFAULT 20,
+    k integer DEFAULT 1)
+RETURNS TABLE(start_index integer, length integer, file_id integer, path text, line integer,
+              license text, license_source text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+-- Runs of `tokens` stored verbatim in one file (item 4).
+#variable_conflict use_column
+DECLARE
+    s     record;
+    toks  integer[];
+    n     integer;
+    len   integer[];
+    m     record;
+    run   integer;
+BEGIN
+    PERFORM ht_check_context(tokens, 'tokens');
+    PERFORM ht_check_between('min_tokens', min_tokens, 2, 256,
+        'The shortest run reported: 20 (the default) is the length a team checks before accepting code.');
+    PERFORM ht_check_between('k', k, 1, 100, 'The files listed per run (1 by default).');
+    SELECT * INTO s FROM ht_atom_set(atom_set);
+    toks := tokens[array_lower(tokens, 1):array_upper(tokens, 1)];
+    PERFORM ht_check_set_tokens(s.id, toks, 'tokens');
+    n := cardinality(toks);
+    len := array_fill(0, ARRAY[n]);
+    -- len[i]: the longest suffix of toks[1:i] stored verbatim (at most its last 256 tokens).
+    FOR i IN 2 .. n LOOP
+        SELECT max(x.match_tokens) INTO run
+          FROM ht_source_matches(s.id, toks[greatest(1, i - 255):i], 1, false) x;
+        len[i] := coalesce(run, 0);
+    END LOOP;
+    FOR i IN 1 .. n LOOP
+        CONTINUE WHEN len[i] < min_tokens OR (i < n AND len[i + 1] = len[i] + 1);
+        RETURN QUERY
+        SELECT i - len[i], len[i], f.file_id, f.path, width_bucket(m.token_offset, f.line_starts),
+               f.license, f.license_source
+          FROM ht_source_matches(s.id, toks[i - len[i] + 1:i], k, false) m
+          JOIN atom_set_files f ON f.atom_set_id = s.id AND f.file_id = m.file_id
+         ORDER BY m.file_id, m.token_offset;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION store_verbatim(integer[], text, integer, integer) IS
+    'Runs of at least min_tokens consecutive tokens stored verbatim in one of the set''s training files, with the file, the line and its license. See sql/100_sources.sql.';
