@@ -357,6 +357,32 @@ def _print_loss_curve(curve: list[dict]) -> None:
     console.print(table)
 
 
+@app.command("index")
+def index_cmd(
+    directory: str = typer.Argument(..., help="The repository's folder."),
+    name: str = typer.Option(None, "--name", help="The atom set (default: the folder's name)."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files or folders whose path relative to "
+                                      "DIRECTORY matches this glob (fnmatch, '*' also matches '/'); repeatable."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Refit the set's parameters (keys' bandwidth, "
+                                     "history weight, risk model, gate) on the files as they are now: a full "
+                                     "rebuild. Without it a run updates the set in place with its frozen parameters."),
+    model: str = typer.Option(None, "--model", help="First index only: 'smollm2' or a local Hugging Face model "
+                              "dir (default: HARTONOMOUS_MODEL or smollm2)."),
+) -> None:
+    """Index a repository into an atom set that follows it: the first run builds it with the measured
+    defaults for code (or prose), later runs apply only new, changed and removed files, in place."""
+    from pathlib import Path
+
+    from hartonomous.repository.index import index_repository
+    from projection.index import first_index
+
+    report = index_repository(Path(directory), name, exclude=list(exclude or []), recalibrate=recalibrate,
+                              first_index=first_index, model=model, say=lambda m: console.print(m, highlight=False))
+    console.print(report.summary(), highlight=False)
+    if report.drift:
+        console.print(report.drift, highlight=False)
+
+
 atom_sets_app = typer.Typer(help="List atom sets; drop one; choose the default.")
 app.add_typer(atom_sets_app, name="atom-sets")
 
