@@ -331,9 +331,9 @@ def native_forward(weights: Int4Weights, choice: str | None = None):
         raise UserError(f"{FORWARD_ENV} must be one of {', '.join(FORWARDS)}, got '{choice}'")
     if choice == "python":
         return None
-    from hartonomous.runtimes import native_build
+    from hartonomous.runtimes.native_build import load
 
-    module = native_build.load()
+    module = load()
     c = weights.config
     fits = c.dim % 16 == 0 and c.head_dim % 16 == 0 and c.dim % 32 == 0
     if module is None or not fits:
@@ -497,9 +497,9 @@ class Int4Model(RuntimeModel):
 
     @property
     def _native_cancelled(self) -> type[BaseException]:
-        from hartonomous.runtimes import native_build
+        from hartonomous.runtimes.native_build import load
 
-        return native_build.load().Cancelled
+        return load().Cancelled
 
     # -- the prompt: chunks of batched attention ----------------------------------------------
 
