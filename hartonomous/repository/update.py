@@ -156,7 +156,7 @@ def apply_delta(conn: psycopg.Connection, params: SetParams, delta: dict[Key, fl
     inserted = conn.execute(f"""
         INSERT INTO {table} (atom_set_id, atom_id, token_id, position, weight, route)
         SELECT %s, n.atom_id, n.token_id, ST_MakePoint(n.x, n.y, n.z), n.dw, {route}
-          FROM (SELECT m.*, %s + row_number() OVER (ORDER BY m.token_id, m.x, m.y, m.z) - 1 AS atom_id
+          FROM (SELECT m.token_id, m.x, m.y, m.z, m.dw, %s + row_number() OVER (ORDER BY m.token_id, m.x, m.y, m.z) - 1 AS atom_id
                   FROM ht_index_match m WHERE m.atom_id IS NULL AND m.dw > 0) n""",
                             (params.set_id, base)).rowcount
     conn.execute("DROP TABLE ht_index_match")
