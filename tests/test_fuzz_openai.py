@@ -84,8 +84,6 @@ def requests(draw) -> tuple[str, dict]:
     endpoint = draw(st.sampled_from(tuple(FIELDS)))
     names = FIELDS[endpoint]
     body = {name: draw(VALID[name]) for name in names if name in REQUIRED or draw(st.booleans())}
-    if body.get("echo") and "logprobs" in body:
-        body.pop("echo")
     for name in draw(st.sets(st.sampled_from((*names, "unknown_field", "presence_penalty")), max_size=2)):
         if draw(st.integers(0, 4)) == 0:
             body.pop(name, None)

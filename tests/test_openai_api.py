@@ -125,6 +125,38 @@ def test_a_prompt_of_token_ids_and_echo(client, direct):
     assert reply.usage.prompt_tokens == len(ids)
 
 
+def test_echo_with_logprobs_scores_each_prompt_token_with_the_exact_model(client, direct):
+    ids = tiny_tokenizer().encode(PROMPT)
+    reply = client.completions.create(model="exact", prompt=ids, max_tokens=4, temperature=0, echo=True, logprobs=2)
+    plain = client.completions.create(model="exact", prompt=ids, max_tokens=4, temperature=0, logprobs=2)
+    echoed, alone = reply.choices[0].logprobs, plain.choices[0].logprobs
+    assert reply.choices[0].text == direct.engine("exact").tokenizer.decode(ids) + plain.choices[0].text
+    assert len(echoed.tokens) == len(ids) + len(alone.tokens)
+    # Nothing comes before the first token: no logprob, no alternatives (OpenAI's null).
+    assert echoed.token_logprobs[0] is None and echoed.top_logprobs[0] is None
+    # Each later prompt token: the exact model's own distribution after the tokens before it, at temperature 1.
+    for i in range(1, len(ids)):
+        rows = {r.token_id: r.probability for r in direct.next_token(ids[:i], "exact", temperature=1.0,
+                                                                        top_k=None, top_p=1.0)}
+        assert echoed.token_logprobs[i] == pytest.approx(math.log(rows[ids[i]]), abs=1e-4)
+        assert 1 <= len(echoed.top_logprobs[i]) <= 2 and max(echoed.top_logprobs[i].values()) <= 0
+    # The completion's part is the one a request without echo gets.
+    assert echoed.token_logprobs[len(ids):] == pytest.approx(alone.token_logprobs, abs=1e-5)
+    assert echoed.text_offset == sorted(echoed.text_offset) and echoed.text_offset[0] == 0
+
+
+def test_a_streamed_echo_sends_the_prompt_first_then_the_completion(client):
+    whole = client.completions.create(model="exact", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
+                                      logprobs=1)
+    chunks = list(client.completions.create(model="exact", prompt=PROMPT, max_tokens=4, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    assert chunks[0].choices[0].text == PROMPT and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:],
+                                                                 abs=1e-5)
+
+
 def test_a_seed_reproduces_a_sampled_completion_at_openais_defaults(client):
     runs = [client.completions.create(model="exact", prompt=PROMPT, max_tokens=8, seed=11).choices[0].text
             for _ in range(2)]
@@ -238,7 +270,7 @@ def test_a_model_without_a_chat_template_is_400_for_chat(reader_url, atom_set):
     ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"logprobs": 6}, "logprobs"),
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"best_of": 3}, "best_of"),
-    ({"echo": True, "logprobs": 1}, "echo"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
 ])
 def test_completion_fields_out_of_range_are_400_naming_them(client, extra, param):
     error = error_of(lambda: client.completions.create(model="exact", prompt=PROMPT, max_tokens=2, extra_body=extra)

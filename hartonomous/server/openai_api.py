@@ -39,6 +39,7 @@ from hartonomous.textstream import decode
 
 log = logging.getLogger("hartonomous.server")
 router = APIRouter(prefix="/v1", tags=["openai"])
+PROMPT_ROWS = 512               # echo's prompt logprobs: logits rows per forward (~100 MB for SmolLM2)
 RAW = SamplerArgs(temperature=1.0, top_k=None, top_p=1.0, repetition_penalty=1.0)   # logprobs' distribution
 FINISH = {"length": "length"}    # every other end of the project's is "stop" (module docstring)
 
@@ -126,6 +127,7 @@ class Plan:
     path_options: Any
     logprobs: int | None          # top alternatives per token (0: the token's own only); None: none
     fit: bool = False             # no max_tokens given (chat): as many as the context leaves, up to the cap
+    echo: bool = False            # completions: the prompt comes first in the text (with logprobs, scored)
 
 
 def plan(request: Common, model_id) -> Plan:
@@ -139,7 +141,8 @@ def plan(request: Common, model_id) -> Plan:
                    stop_strings=request.stops())
     fit = chat and request.max_completion_tokens is None and request.max_tokens is None
     return Plan(model_id.id, model_id.path, model_id.atom_set, None if chat else request.prompt,
-                request.chat() if chat else None, max_tokens, options, PathOptions(), top, fit)
+                request.chat() if chat else None, max_tokens, options, PathOptions(), top, fit,
+                bool(getattr(request, "echo", False)))
 
 
 def context_length(model: Any) -> int | None:
@@ -220,6 +223,10 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
     with runtime.engine(p.path, p.path_options, p.atom_set) as engine:
         ids, text, max_tokens = prompt_ids(engine, p)
         config = replace(config, max_new_tokens=max_tokens)
+        echo = None
+        if p.echo:
+            echo = Echo(text, prompt_logprobs(runtime.exact_model(), ids, p.logprobs)
+                        if p.logprobs is not None else [])
         tap = scorer = None
         if p.logprobs is not None:
             if _steps(engine.backend):
@@ -229,6 +236,8 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
         session = engine.stream(ids, config, cancel)
         tokenizer = engine.tokenizer
         emit(Ready(tokenizer))
+        if echo is not None:
+            emit(echo)
         with runtime.tracking(session):
             for event in session.events():
                 piece = Piece(event.text, event.token_id, extra=token_fields(event))
@@ -242,7 +251,7 @@ def produce(runtime: Any, p: Plan, emit: Callable[[Any], None], cancel: threadin
                 emit(piece)
         if session.tail:
             emit(Piece(session.tail))
-        emit(Finished(session.result, ids, text, tokenizer, engine.atom_set))
+        emit(Finished(session.result, ids, text, tokenizer, engine.atom_set, echo))
 
 
 @dataclass
@@ -253,12 +262,21 @@ class Ready:
 
 
 @dataclass
+class Echo:
+    """The prompt, echoed before the completion (`echo`): its text and, with logprobs, its tokens."""
+
+    text: str
+    pieces: list[Piece]
+
+
+@dataclass
 class Finished:
     result: Any
     prompt_ids: list[int]
     prompt_text: str
     tokenizer: Any
     atom_set: str | None
+    echo: Echo | None = None
 
 
 def token_fields(event: Any) -> dict:
@@ -268,6 +286,29 @@ def token_fields(event: Any) -> dict:
     if event.weight is not None and math.isfinite(event.weight):
         fields["weight"] = event.weight
     return fields
+
+
+def prompt_logprobs(model: Any, ids: list[int], top: int, rows: int = PROMPT_ROWS) -> list[Piece]:
+    """The prompt's tokens scored by the exact model at temperature 1 (echo with logprobs): each
+    token's logprob given the tokens before it, and the top alternatives there; the first token has
+    none (nothing comes before it). Rows of logits `rows` at a time, so a long prompt never holds its
+    whole (tokens x vocabulary) matrix; each batch is one forward over the prompt so far."""
+    import torch
+
+    pieces = [Piece("", ids[0], None, None)]
+    for start in range(1, len(ids), rows):
+        end = min(len(ids), start + rows)
+        logits = model.full_logits_many(ids[:end - 1], end - start)    # rows for positions start-1 .. end-2
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        best = torch.topk(logp, top, dim=-1) if top else None
+        for r, token in enumerate(ids[start:end]):
+            alternatives = list(zip(best.indices[r].tolist(), best.values[r].tolist())) if best is not None else []
+            pieces.append(Piece("", token, _floor(float(logp[r, token])), [(t, _floor(v)) for t, v in alternatives]))
+    return pieces
+
+
+def _floor(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else -9999.0
 
 
 def _logprobs(dist: Any, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
@@ -314,7 +355,7 @@ def completion_logprobs(pieces: list[Piece], tokenizer: Any, offset: int) -> dic
         offset += len(text)
         tokens.append(text)
         own.append(piece.logprob)
-        tops.append({_text(tokenizer, t): lp for t, lp in piece.top})
+        tops.append({_text(tokenizer, t): lp for t, lp in piece.top} if piece.top is not None else None)
     return {"tokens": tokens, "token_logprobs": own, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -350,10 +391,11 @@ class Shape:
                       "logprobs": logprobs, "finish_reason": reason}
             body = self._head("chat.completion")
         else:
-            echo = getattr(self.request, "echo", False)
-            logprobs = completion_logprobs(pieces, done.tokenizer, 0) if self.p.logprobs is not None else None
-            choice = {"index": 0, "text": (done.prompt_text + text) if echo else text, "logprobs": logprobs,
-                      "finish_reason": reason}
+            echoed = done.echo.pieces if done.echo is not None else []
+            logprobs = (completion_logprobs(echoed + pieces, done.tokenizer, 0) if self.p.logprobs is not None
+                        else None)
+            choice = {"index": 0, "text": (done.prompt_text + text) if done.echo is not None else text,
+                      "logprobs": logprobs, "finish_reason": reason}
             body = self._head("text_completion")
         return dict(body, choices=[choice], usage=usage(done),
                     hartonomous=extension(done, self.p, self.request.memory))
@@ -380,6 +422,15 @@ class Shape:
             body["usage"] = None
         if done is not None:
             body["hartonomous"] = extension(done, self.p, self.request.memory)
+        return body
+
+    def echo_chunk(self, echo: Echo) -> dict:
+        """The first chunk of a streamed completion with `echo`: the prompt (and its logprobs)."""
+        choice = {"index": 0, "text": echo.text, "logprobs": completion_logprobs(echo.pieces, self.tokenizer, 0)
+                  if self.p.logprobs is not None else None, "finish_reason": None}
+        body = dict(self._head("text_completion"), choices=[choice])
+        if self.request.include_usage():
+            body["usage"] = None
         return body
 
     def usage_chunk(self, done: Finished) -> dict:
@@ -465,6 +516,8 @@ async def _chunks(stream: WorkerStream, shape: Shape) -> AsyncIterator[dict]:
             elif isinstance(item, Piece) and (item.text or (shape.p.logprobs is not None
                                                             and item.token_id is not None)):
                 yield {"data": _json(shape.chunk(item, shape.tokenizer))}
+            elif isinstance(item, Echo):
+                yield {"data": _json(shape.echo_chunk(item))}
     except Exception as exc:
         yield {"data": _json(openai_error(exc).body())}
     finally:

@@ -127,9 +127,6 @@ class CompletionRequest(Common):
         super().check()
         if self.best_of not in (None, 1):
             raise invalid("best_of", f"best_of must be 1 (one choice per request), got {self.best_of}")
-        if self.echo and self.logprobs is not None:
-            raise invalid("echo", "echo with logprobs is not supported (the prompt's tokens are not scored); "
-                                  "drop one of them")
         if (isinstance(self.prompt, str) and not self.prompt.strip()) or (not isinstance(self.prompt, str)
                                                                           and not self.prompt):
             raise invalid("prompt", "the prompt is empty; pass some text (or token ids) to continue")
