@@ -368,6 +368,8 @@ def index_cmd(
                                      "rebuild. Without it a run updates the set in place with its frozen parameters."),
     model: str = typer.Option(None, "--model", help="First index only: 'smollm2' or a local Hugging Face model "
                               "dir (default: HARTONOMOUS_MODEL or smollm2)."),
+    watch: bool = typer.Option(False, "--watch", help="After this run, keep following DIRECTORY: saves are applied "
+                               "as they happen (debounced), until Ctrl-C."),
 ) -> None:
     """Index a repository into an atom set that follows it: the first run builds it with the measured
     defaults for code (or prose), later runs apply only new, changed and removed files, in place."""
@@ -376,8 +378,17 @@ def index_cmd(
     from hartonomous.repository.index import index_repository
     from projection.index import first_index
 
+    def say(message: str) -> None:
+        console.print(message, highlight=False)
+
+    if watch:
+        from hartonomous.repository.watch import watch_repository
+
+        watch_repository(Path(directory), name, exclude=list(exclude or []), say=say, first_index=first_index,
+                         model=model, progress=True)
+        return
     report = index_repository(Path(directory), name, exclude=list(exclude or []), recalibrate=recalibrate,
-                              first_index=first_index, model=model, say=lambda m: console.print(m, highlight=False))
+                              first_index=first_index, model=model, say=say)
     console.print(report.summary(), highlight=False)
     if report.drift:
         console.print(report.drift, highlight=False)

@@ -143,3 +143,28 @@ def test_an_update_without_a_first_index_says_how_to_make_one(server_url, tmp_pa
     with pytest.raises(UserError, match="does not exist yet: run `hartonomous index"):
         index_repository(root, f"none-{uuid.uuid4().hex[:6]}", tokenizer=tokenizer, database_url=server_url,
                          progress=False)
+
+
+def test_gate_show_says_when_the_gate_was_fitted_and_on_what(database_env, indexed, capsys):
+    import json
+
+    _, name, _ = indexed
+    code, out, err = run_cli(capsys, "gate", "show", name)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["fitted_at"] and shown["extra"]["fitted_on"]["split"] == "calibration"
+    assert shown["extra"]["fitted_on"]["files"] == 3 and shown["extra"]["fitted_on"]["tokens"] > 0
+
+
+def test_recalibrate_refits_the_parameters_and_keeps_the_files(server_url, indexed):
+    root, name, _ = indexed
+    query = ("SELECT s.id, g.fitted_at, (SELECT array_agg(f.path ORDER BY f.path) FROM atom_set_files f "
+             "WHERE f.atom_set_id = s.id) FROM atom_sets s JOIN augment_gates g ON g.atom_set_id = s.id "
+             "WHERE s.name = %s")
+    with psycopg.connect(server_url) as conn:
+        set_id, fitted_at, paths = conn.execute(query, (name,)).fetchone()
+    report = index(server_url, root, name, recalibrate=True)
+    assert report.kind == "recalibrated" and report.atoms > 0
+    with psycopg.connect(server_url) as conn:
+        new_id, new_fitted_at, new_paths = conn.execute(query, (name,)).fetchone()
+    assert new_paths == paths and new_fitted_at > fitted_at and new_id != set_id

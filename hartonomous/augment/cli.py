@@ -52,13 +52,18 @@ def gate_fit(
 
 @gate_app.command("show")
 def gate_show(atom_set: str = typer.Argument(..., help="The atom set whose gate to show.")) -> None:
-    """Print the set's gate (features, coefficients, how it was fitted) as JSON."""
+    """Print the set's gate (features, coefficients, how it was fitted, when and on what) as JSON."""
     from hartonomous.augment.gates import load_gate
     from hartonomous.db.connection import connect, reader_url
 
     with connect(reader_url()) as conn:
         gate = load_gate(conn, atom_set)
-    print(json.dumps(_describe(atom_set, gate), indent=2))
+        (fitted_at,) = conn.execute("SELECT g.fitted_at FROM augment_gates g JOIN atom_sets s ON s.id = g.atom_set_id "
+                                    "WHERE s.name = %s", (atom_set,)).fetchone()
+    described = _describe(atom_set, gate)
+    described["fitted_at"] = fitted_at.isoformat(timespec="seconds")
+    # An indexed set's gate says what it was fitted on (extra.fitted_on: split, files, tokens); updates keep it.
+    print(json.dumps(described, indent=2, default=str))
 
 
 def register(app: typer.Typer) -> None:
