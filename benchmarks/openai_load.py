@@ -18,11 +18,13 @@ e.g. `--interrupt_requests False` (at its defaults, a new request interrupts the
 which then ends without a finish_reason: an error here). Each server gets one untimed warm-up request
 per model first.
 
-    .venv/bin/python benchmarks/openai_load.py --serve --peer-gguf auto --clients 16 --seconds 60 \\
+    .venv/bin/python benchmarks/openai_load.py --serve --peer-gguf auto --peer-args '' \\
+        --peer-args '--interrupt_requests False' --clients 16 --seconds 60 \\
         --models smollm2,smollm2:augmented:code,smollm2:speculative:code \\
-        --json docs/results/openai-load.json
+        --json docs/results/2026-12-02-openai-load.json
 
-The JSON records the command, the machine's load average before and after each run, and the commit.
+The JSON records the command, the date, the machine's load average before and after each run, and
+the commit (docs/openai.md, "Load", quotes that run).
 """
 
 from __future__ import annotations
