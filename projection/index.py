@@ -16,6 +16,7 @@ killed at any point leaves nothing (or, with --recalibrate, the set as it was).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from hartonomous.corpus.sources import Corpus
 from hartonomous.errors import UserError
 from hartonomous.repository.chunking import file_chunks
-from hartonomous.repository.split import CALIBRATION_SHARE, TEST_SHARE
+from hartonomous.repository.split import CALIBRATION_SHARE, TEST_SHARE, path_fraction
 from hartonomous.repository.update import FileEntry, insert_files
 from hartonomous.splits import SEPARATOR
 from hartonomous.threads import fixed_threads
@@ -35,6 +36,9 @@ from projection.progress import Reporter, RichReporter
 from projection.risk import fit_risk
 
 CONTEXT_LENGTH = 512
+# The parameters and the gate are fitted on at most about this many calibration tokens: what a
+# 10^6-token code build holds out to calibrate (50,000 characters, about half of them calibrating).
+FIT_TOKENS = 16_384
 
 
 def index_options(name: str, model: str, code: bool, replace: bool, landmarks: int = 512) -> BuildOptions:
@@ -46,10 +50,24 @@ def index_options(name: str, model: str, code: bool, replace: bool, landmarks: i
     return options
 
 
+def fitting_files(entries: list[FileEntry]) -> list[FileEntry]:
+    """The calibration files the parameters are fitted on: in order of their path's hash, until
+    FIT_TOKENS tokens (so a large repository's fit costs what a build's does; the same files
+    whatever else the repository holds)."""
+    chosen, tokens = [], 0
+    for e in sorted((e for e in entries if e.split == "calibration"), key=lambda e: path_fraction(e.path)):
+        if tokens >= FIT_TOKENS:
+            break
+        chosen.append(e)
+        tokens += len(e.token_ids)
+    return chosen
+
+
 def repository_texts(root: Path, entries: list[FileEntry], texts: dict[str, str], context_length: int) -> stages.Texts:
-    """The build's Texts from the files: training chunks per file; the calibration and test files'
-    texts joined by a blank line (the holdout, held out by document), their chunks per file."""
-    by_split = {s: [e for e in entries if e.split == s] for s in ("train", "calibration", "test")}
+    """The build's Texts from the files: training chunks per file; the fitting calibration files' and
+    the test files' texts joined by a blank line (the holdout, held out by document), their chunks per file."""
+    by_split = {s: [e for e in entries if e.split == s] for s in ("train", "test")}
+    by_split["calibration"] = fitting_files(entries)
     chunks = {s: [c for e in files for c in file_chunks(e.token_ids, context_length)] for s, files in by_split.items()}
     calibration_text = SEPARATOR.join(texts[e.path] for e in by_split["calibration"])
     test_text = SEPARATOR.join(texts[e.path] for e in by_split["test"])
@@ -117,8 +135,10 @@ def _first_index(conn, root, name, entries, texts, code, model, replace, progres
         documents=len(entries), holdout_documents=len(split_files["calibration"]) + len(split_files["test"]),
         train_documents=len(split_files["train"]))})
     fitted_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fit = fitting_files(entries)
     fitted = {"at": fitted_at, **{f"{s}_files": len(f) for s, f in split_files.items()},
-              **{f"{s}_tokens": tokens[s] for s in split_files}}
+              **{f"{s}_tokens": tokens[s] for s in split_files},
+              "fit_files": len(fit), "fit_tokens": int(sum(len(e.token_ids) for e in fit))}
     repository = {"root": str(root), "defaults": "code" if code else "prose", "next_file_id": len(entries),
                   "split_rule": {"hash": "sha256(path)[:8] / 2^64", "calibration_share": CALIBRATION_SHARE,
                                  "test_share": TEST_SHARE},
@@ -126,9 +146,11 @@ def _first_index(conn, root, name, entries, texts, code, model, replace, progres
     with conn.transaction():
         report = stages.ingest(conn, options, loaded, projected, atoms, history, stats, ui, None,
                                risk_model=risk_model, lattice=lattice)
+        t0 = time.perf_counter()
         with ui.bar("file table", len(entries), "file") as advance:
             insert_files(conn, report.atom_set_id, entries, 0)
             advance(len(entries))
+        repository["file_table_seconds"] = round(time.perf_counter() - t0, 3)
         conn.execute("UPDATE atom_sets SET root = %s, stats = stats || jsonb_build_object('repository', %s::jsonb) "
                      "WHERE id = %s", (str(root), json.dumps(repository), report.atom_set_id))
         _fit_gate(conn, name, loaded, ui, fitted)
@@ -147,7 +169,7 @@ def _fit_gate(conn, name: str, loaded: stages.Loaded, ui: Reporter, fitted: dict
         return
     with ui.bar("fitting the augmented path's gate", total, unit="positions") as advance:
         gate = fit_set_gate(conn, name, model=loaded.model, tokenizer=loaded.tokenizer, on_positions=advance)
-    on = {"split": "calibration", "files": fitted["calibration_files"], "tokens": fitted["calibration_tokens"],
+    on = {"split": "calibration", "files": fitted["fit_files"], "tokens": fitted["fit_tokens"],
           "at": fitted["at"], "index": "first index or --recalibrate; updates keep it"}
     conn.execute("UPDATE augment_gates g SET details = g.details || jsonb_build_object('fitted_on', %s::jsonb) "
                  "FROM atom_sets s WHERE s.id = g.atom_set_id AND s.name = %s", (json.dumps(on), name))
