@@ -189,3 +189,105 @@ def test_saves_during_a_run_wait_for_it_and_form_the_next_batch(tmp_path: Path) 
         release.set()
         stop.set()
         thread.join(timeout=WAIT_S)
+
+
+# --- with the real index and a server running --------------------------------------------------
+
+PROMPTS = ["def add_0(items, value):\n    items = items +", "    return total *", '"""Module 7."""\n\ndef']
+
+
+def answers(http, name: str) -> list:
+    """The server's next-token distribution (path spatial, top rows) for each prompt."""
+    out = []
+    for prompt in PROMPTS:
+        response = http.post("/api/next_token", json={"prompt": prompt, "path": "spatial", "atom_set": name,
+                                                      "limit": 20})
+        assert response.status_code == 200, response.text
+        out.append([(r["token_id"], r["probability"]) for r in response.json()["rows"]])
+    return out
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_server_keeps_answering_during_updates_from_the_set_before_or_after_each_batch(
+        server_url, reader_url, tmp_path: Path) -> None:
+    import uuid
+
+    import httpx
+
+    from generation_helpers import drop_atom_set
+    from repository_helpers import index, initial_files, module_text, write_repository
+    from server_helpers import live_app
+
+    root = write_repository(tmp_path / "repo", initial_files())
+    name = f"watch-{uuid.uuid4().hex[:8]}"
+    runs: list = []
+
+    windows: list[tuple[float, float]] = []                 # when each index run went on
+
+    def real_index(root_, name_, *, exclude=()):
+        started = time.monotonic()
+        report = index(server_url, root_, name_, exclude=exclude)
+        windows.append((started, time.monotonic()))
+        runs.append(report)
+        return report
+
+    stop = threading.Event()
+    said: list[str] = []
+    watcher = threading.Thread(target=lambda: watch_repository(root, name, index=real_index, say=said.append,
+                                                               stop_event=stop, step_ms=300), daemon=True)
+    server, _runtime = live_app(reader_url, name, pool_size=2)
+    try:
+        watcher.start()
+        deadline = time.monotonic() + WAIT_S * 4
+        while not runs:                                      # the first index
+            assert time.monotonic() < deadline and watcher.is_alive()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        with server as url, httpx.Client(base_url=url, timeout=WAIT_S) as http:
+            states = [answers(http, name)]
+            seen: list = []
+            failures: list = []
+            asking: list[tuple[float, float]] = []
+            done = threading.Event()
+
+            def ask() -> None:                               # a client asking all the time
+                with httpx.Client(base_url=url, timeout=WAIT_S) as client:
+                    while not done.is_set():
+                        try:
+                            asked = time.monotonic()
+                            seen.append(answers(client, name))
+                            asking.append((asked, time.monotonic()))
+                        except AssertionError as exc:
+                            failures.append(str(exc))
+
+            asker = threading.Thread(target=ask, daemon=True)
+            asker.start()
+            edits = [{"pkg/mod_0.py": module_text(1000), "pkg/new_a.py": module_text(1001)},
+                     {"pkg/mod_1.py": None, "pkg/mod_2.py": module_text(1002) + module_text(1003)}]
+            for edit in edits:
+                before = len(runs)
+                for path, text in edit.items():
+                    if text is None:
+                        (root / path).unlink()
+                    else:
+                        write(root, path, text)
+                deadline = time.monotonic() + WAIT_S * 4
+                while len(runs) == before:                   # the batch applied, the server still answering
+                    assert time.monotonic() < deadline and watcher.is_alive(), said
+                    time.sleep(0.1)
+                time.sleep(1.0)
+                assert len(runs) == before + 1, [r.summary() for r in runs]
+                states.append(answers(http, name))
+            done.set()
+            asker.join(timeout=WAIT_S)
+        assert not failures, failures[:3]                    # never a 500 (nor any other error)
+        assert runs[1].changed + runs[1].added == 2 and runs[2].removed == 1 and runs[2].changed == 1
+        assert states[0] != states[1] != states[2]           # each batch changed the answers
+        for start, end in windows[1:]:                        # requests were answered while each update ran
+            assert any(asked < end and answered > start for asked, answered in asking)
+        for i, prompt in enumerate(PROMPTS):                 # before or after a batch, never half of one
+            assert all(answer[i] in [state[i] for state in states] for answer in seen), prompt
+    finally:
+        stop.set()
+        watcher.join(timeout=WAIT_S)
+        drop_atom_set(server_url, name)

@@ -100,6 +100,8 @@ class Follower:
         summary = getattr(report, "summary", None)
         if callable(summary):
             self.say(summary())
+        if getattr(report, "drift", None):
+            self.say(report.drift)
         return True
 
 
@@ -121,6 +123,8 @@ def watch_repository(root: Path, name: str | None = None, *, exclude: Sequence[s
     summary = getattr(first, "summary", None)
     if callable(summary):
         say(summary())
+    if getattr(first, "drift", None):
+        say(first.drift)
     name = name or getattr(first, "name", None)
     follower = Follower(root, lambda _paths: index(root, name, exclude=list(exclude), **index_options),
                         exclude=exclude, say=say)
