@@ -8,7 +8,7 @@
 --   store_verbatim(tokens integer[], atom_set text = NULL, min_tokens integer = 20, k integer = 1)
 --   RETURNS TABLE(start_index integer, length integer, file_id integer, path text, line integer,
 --                 license text, license_source text)
---   ht_file_grams(token_ids integer[]) RETURNS integer[]      -- the occurrence index's keys
+--   ht_file_grams(token_ids integer[]) RETURNS integer[]      -- the occurrence index's keys (ht_gram_rows)
 --
 -- Semantics:
 --  1. The files: the set's rows of atom_set_files (migration 0021) with split 'train', the files
@@ -41,11 +41,12 @@
 --  5. The occurrence index: atom_set_file_grams (migration 0022) holds, per train file, the keys
 --     ht_file_grams(token_ids), kept by a trigger on atom_set_files (insert, update, delete; the
 --     writer of the file table needs no change) and deleted with the file (ON DELETE CASCADE). A
---     key is a 20-bit hash of a 2-, 4- or 8-gram with its length in the bits above, so the GIN
+--     key is a 20-bit tree hash of a 2-, 4- or 8-gram with its length in the bits above, so the GIN
 --     index over it holds at most 3 x 2^20 keys with compressed lists of files: its size follows
 --     the (gram, file) pairs, not the grams. A file holding the keys of a needle's last 2-, 4- and
 --     8-grams is a candidate; the candidates are then searched for the needle itself (position()
---     over array_send's bytes, C speed), so a hash collision never gives a wrong row.
+--     over the row's copy of the tokens as 4-byte words, ht_token_bytes: C speed), so a hash
+--     collision never gives a wrong row.
 --  6. Bad input raises SQLSTATE 22023 naming the argument: context / tokens (ht_check_context, and
 --     token ids outside the set's vocabulary), token (negative or outside it), k outside 1 .. 100,
 --     min_tokens outside 2 .. 256, memory NULL, an unknown atom set (ht_atom_set).
@@ -56,60 +57,99 @@
 -- the context's key and one KNN.
 
 
-CREATE OR REPLACE FUNCTION ht_file_grams(p_tokens integer[])
-RETURNS integer[]
+CREATE OR REPLACE FUNCTION ht_gram_rows(p_tokens integer[])
+RETURNS TABLE(i bigint, k2 integer, k4 integer, k8 integer)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
--- The distinct keys of every 2-, 4- and 8-gram of a file's tokens, ascending: a gram's key is its
--- length's tag (1, 2, 3) above the low 20 bits of hash_array(gram) (item 5).
-SELECT coalesce(array_agg(DISTINCT (g.tag << 20) | (hash_array(t.a[i:i + g.n - 1]) & 1048575)), '{}')
-  FROM (SELECT p_tokens[array_lower(p_tokens, 1):array_upper(p_tokens, 1)] AS a) t,
-       (VALUES (1, 2), (2, 4), (3, 8)) g(tag, n),
-       generate_series(1, coalesce(cardinality(p_tokens), 0) - g.n + 1) i
+-- Per position i (1-based) of p_tokens, the keys of the 2-, 4- and 8-grams that start there (NULL
+-- where the gram would run past the end). A key is the gram's length tag (1, 2, 3) above the low 20
+-- bits of a tree hash: h2 = hashint8 of the two tokens, h4 of two h2, h8 of two h4. Window
+-- functions over one unnest: no slice of the array per gram.
+WITH t AS (
+    SELECT u.i, u.x::bigint & 4294967295 AS x FROM unnest(p_tokens) WITH ORDINALITY AS u(x, i)
+), g2 AS (
+    SELECT t.i, hashint8((t.x << 32) | lead(t.x) OVER (ORDER BY t.i)) AS h2 FROM t
+), g4 AS (
+    SELECT g2.i, g2.h2,
+           hashint8((g2.h2::bigint << 32) | (lead(g2.h2, 2) OVER (ORDER BY g2.i)::bigint & 4294967295)) AS h4
+      FROM g2
+), g8 AS (
+    SELECT g4.i, g4.h2, g4.h4,
+           hashint8((g4.h4::bigint << 32) | (lead(g4.h4, 4) OVER (ORDER BY g4.i)::bigint & 4294967295)) AS h8
+      FROM g4
+)
+SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 1048575), (3 << 20) | (g8.h8 & 1048575)
+  FROM g8
+ ORDER BY g8.i
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_file_grams(p_tokens integer[])
+RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- The distinct keys of every 2-, 4- and 8-gram of a file's tokens (ht_gram_rows), ascending.
+BEGIN
+    RETURN (SELECT coalesce(array_agg(DISTINCT v.k ORDER BY v.k), '{}')
+              FROM ht_gram_rows(p_tokens) r, LATERAL (VALUES (r.k2), (r.k4), (r.k8)) AS v(k)
+             WHERE v.k IS NOT NULL);
+END
 $$;
 
 
 CREATE OR REPLACE FUNCTION ht_needle_keys(p_needle integer[])
 RETURNS integer[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
 -- The keys of a needle's (1-based) last 2-, 4- and 8-grams, those it is long enough for.
--- (ht_file_grams' key, spelled out: a SQL function's body names built-in functions only.)
-SELECT array_agg((g.tag << 20) | (hash_array(p_needle[cardinality(p_needle) - g.n + 1:cardinality(p_needle)]) & 1048575))
-  FROM (VALUES (1, 2), (2, 4), (3, 8)) g(tag, n)
- WHERE g.n <= cardinality(p_needle)
+DECLARE
+    m integer := cardinality(p_needle);
+BEGIN
+    RETURN (SELECT array_agg(v.k)
+              FROM ht_gram_rows(p_needle[greatest(1, m - 7):m]) r,
+                   LATERAL (VALUES (r.k2, least(m, 8) - 1), (r.k4, least(m, 8) - 3), (r.k8, least(m, 8) - 7)) AS v(k, at)
+             WHERE r.i = v.at AND v.k IS NOT NULL);
+END
 $$;
 
 
-CREATE OR REPLACE FUNCTION ht_offsets(p_tokens integer[], p_needle integer[], p_limit integer)
+CREATE OR REPLACE FUNCTION ht_token_bytes(p_tokens integer[])
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $$
+-- Token ids as 4-byte big-endian words, in order: what position() searches (item 5).
+SELECT coalesce(string_agg(int4send(u.x), ''::bytea ORDER BY u.i), ''::bytea)
+  FROM unnest(p_tokens) WITH ORDINALITY AS u(x, i)
+$$;
+
+
+CREATE OR REPLACE FUNCTION ht_offsets(p_hay bytea, p_needle bytea, p_limit integer)
 RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
--- The 0-based offsets (at most p_limit, ascending) where p_needle occurs in p_tokens: a byte search
--- over array_send's encoding (20 bytes of header, then each element as length 4 and 4 bytes), a
--- hit kept only where it starts on an element.
+-- The 0-based token offsets (at most p_limit, ascending) where the tokens p_needle encodes occur in
+-- those p_hay encodes (ht_token_bytes): a byte search, a hit kept only where it starts on a token.
 DECLARE
-    hay    bytea := array_send(p_tokens);
-    needle bytea := substr(array_send(p_needle), 21);
-    pos    integer := 21;
+    pos    integer := 1;
     hit    integer;
     found  integer[] := '{}';
 BEGIN
-    IF cardinality(p_tokens) IS NULL OR cardinality(p_needle) IS NULL
-       OR cardinality(p_needle) > cardinality(p_tokens) THEN
+    IF length(p_needle) = 0 OR length(p_needle) > length(p_hay) THEN
         RETURN found;
     END IF;
     LOOP
-        hit := position(needle IN substr(hay, pos));
+        hit := position(p_needle IN CASE WHEN pos = 1 THEN p_hay ELSE substr(p_hay, pos) END);
         EXIT WHEN hit = 0;
         hit := pos + hit - 1;
-        IF (hit - 21) % 8 = 0 THEN
-            found := found || (hit - 21) / 8;
+        IF (hit - 1) % 4 = 0 THEN
+            found := found || (hit - 1) / 4;
             EXIT WHEN cardinality(found) >= p_limit;
-            pos := hit + 8;
+            pos := hit + 4;
         ELSE
             pos := hit + 1;
         END IF;
@@ -134,8 +174,8 @@ BEGIN
         DELETE FROM atom_set_file_grams g WHERE g.atom_set_id = OLD.atom_set_id AND g.file_id = OLD.file_id;
     END IF;
     IF NEW.split = 'train' THEN
-        INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams)
-        VALUES (NEW.atom_set_id, NEW.file_id, ht_file_grams(NEW.token_ids));
+        INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams, tokens)
+        VALUES (NEW.atom_set_id, NEW.file_id, ht_file_grams(NEW.token_ids), ht_token_bytes(NEW.token_ids));
     END IF;
     RETURN NEW;
 END
@@ -149,6 +189,7 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off
 AS $$
 -- Item 2's search for a checked, 1-based needle of at least 2 tokens: the occurrences (file, 0-based
 -- offset of the match's first token, its length) of its longest suffix found in a train file, at
@@ -164,22 +205,24 @@ DECLARE
     hi     integer;
     mid    integer;
     probe  integer[];
+    nb     bytea := ht_token_bytes(p_needle);         -- suffix of length L: substr(nb, 4 (n - L) + 1)
 BEGIN
     -- The longest of the 8-, 4- and 2-gram levels some candidate holds verbatim.
     FOREACH lo IN ARRAY ARRAY[8, 4, 2] LOOP
         CONTINUE WHEN lo > n;
         SELECT array_agg(g.file_id ORDER BY g.file_id) INTO cand
           FROM (SELECT g.file_id FROM atom_set_file_grams g
-                 WHERE g.atom_set_id = p_set_id AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
+                 WHERE g.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
+                   AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
                  ORDER BY g.file_id LIMIT 256) g;
         IF cand IS NULL THEN
             fail := lo;
             CONTINUE;
         END IF;
-        SELECT array_agg(f.file_id ORDER BY f.file_id) INTO hits
-          FROM atom_set_files f
-         WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (cand)
-           AND cardinality(ht_offsets(f.token_ids, p_needle[n - lo + 1:n], 1)) > 0;
+        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO hits
+          FROM atom_set_file_grams g
+         WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (cand)
+           AND cardinality(ht_offsets(g.tokens, substr(nb, 4 * (n - lo) + 1), 1)) > 0;
         IF hits IS NOT NULL THEN
             best := lo;
             EXIT;
@@ -194,10 +237,10 @@ BEGIN
     hi := fail;                                    -- the shortest length known not to occur
     WHILE lo + 1 < hi LOOP
         mid := CASE WHEN hi = n + 1 AND lo * 2 < n THEN lo * 2 ELSE (lo + hi) / 2 END;
-        SELECT array_agg(f.file_id ORDER BY f.file_id) INTO probe
-          FROM atom_set_files f
-         WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (hits)
-           AND cardinality(ht_offsets(f.token_ids, p_needle[n - mid + 1:n], 1)) > 0;
+        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO probe
+          FROM atom_set_file_grams g
+         WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (hits)
+           AND cardinality(ht_offsets(g.tokens, substr(nb, 4 * (n - mid) + 1), 1)) > 0;
         IF probe IS NULL THEN
             hi := mid;
         ELSE
@@ -207,10 +250,10 @@ BEGIN
     END LOOP;
     RETURN QUERY
     SELECT o.file_id, o.token_offset, lo
-      FROM (SELECT f.file_id, x.token_offset, f.n_tokens
-              FROM atom_set_files f,
-                   unnest(ht_offsets(f.token_ids, p_needle[n - lo + 1:n], p_k + 1)) AS x(token_offset)
-             WHERE f.atom_set_id = p_set_id AND f.file_id = ANY (hits)) o
+      FROM (SELECT g.file_id, x.token_offset, length(g.tokens) / 4 AS n_tokens
+              FROM atom_set_file_grams g,
+                   unnest(ht_offsets(g.tokens, substr(nb, 4 * (n - lo) + 1), p_k + 1)) AS x(token_offset)
+             WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (hits)) o
      WHERE NOT p_follow OR o.token_offset + lo < o.n_tokens
      ORDER BY o.file_id, o.token_offset
      LIMIT p_k;
@@ -228,6 +271,9 @@ DECLARE
     v_vocab integer := (SELECT s.vocab_size FROM atom_sets s WHERE s.id = p_set_id);
     v_bad   integer;
 BEGIN
+    IF (SELECT min(x) >= 0 AND max(x) < v_vocab FROM unnest(p_tokens) x) THEN
+        RETURN;
+    END IF;
     SELECT i INTO v_bad FROM generate_subscripts(p_tokens, 1) i
      WHERE p_tokens[i] < 0 OR p_tokens[i] >= v_vocab ORDER BY i LIMIT 1;
     IF v_bad IS NOT NULL THEN
@@ -253,6 +299,7 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off
 AS $$
 -- Where the store's tokens after `context` came from; semantics at the top of this file.
 #variable_conflict use_column

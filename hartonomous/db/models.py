@@ -257,7 +257,8 @@ class AtomSetFile(Base):
 
 class AtomSetFileGrams(Base):
     """The occurrence index of a train file (migration 0022, sql/100_sources.sql): the keys of its
-    2-, 4- and 8-grams, written by a trigger on atom_set_files, found through a GIN index."""
+    2-, 4- and 8-grams, found through a GIN index, and its tokens for a byte search; written by a
+    trigger on atom_set_files."""
 
     __tablename__ = "atom_set_file_grams"
     __table_args__ = (
@@ -269,6 +270,7 @@ class AtomSetFileGrams(Base):
     atom_set_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     file_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     grams: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    tokens: Mapped[bytes] = mapped_column(LargeBinary)      # the token ids as 4-byte big-endian words
 
 
 class _SetCoordinates:

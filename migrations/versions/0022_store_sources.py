@@ -1,7 +1,8 @@
 """Citations: `atom_set_file_grams`, the occurrence index behind store_sources (sql/100_sources.sql).
 
 One row per train file of an indexed set: the keys of its 2-, 4- and 8-grams (ht_file_grams), with a
-GIN index, so the files holding a context's last tokens are found without reading every file. The
+GIN index, so the files holding a context's last tokens are found without reading every file, and
+its tokens as 4-byte words (ht_token_bytes), which position() searches for a context's suffix. The
 rows are derived from atom_set_files alone: a trigger writes them when a file is inserted or its
 tokens or split change, and they go with the file (ON DELETE CASCADE), so the file table's writer
 needs no change. Existing files are indexed here. The reader role may read the table, not write it.
@@ -27,6 +28,7 @@ def upgrade() -> None:
             atom_set_id integer NOT NULL,
             file_id     integer NOT NULL,
             grams       integer[] NOT NULL,
+            tokens      bytea NOT NULL,
             PRIMARY KEY (atom_set_id, file_id),
             CONSTRAINT atom_set_file_grams_file_fkey FOREIGN KEY (atom_set_id, file_id)
                 REFERENCES atom_set_files (atom_set_id, file_id) ON DELETE CASCADE
@@ -37,8 +39,9 @@ def upgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS atom_set_files_grams ON atom_set_files")
     op.execute("CREATE TRIGGER atom_set_files_grams AFTER INSERT OR UPDATE OF token_ids, split ON atom_set_files "
                "FOR EACH ROW EXECUTE FUNCTION ht_file_grams_sync()")
-    op.execute("INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams) "
-               "SELECT atom_set_id, file_id, ht_file_grams(token_ids) FROM atom_set_files WHERE split = 'train' "
+    op.execute("INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams, tokens) "
+               "SELECT atom_set_id, file_id, ht_file_grams(token_ids), ht_token_bytes(token_ids) "
+               "FROM atom_set_files WHERE split = 'train' "
                "ON CONFLICT DO NOTHING")
 
 
