@@ -111,6 +111,7 @@ def test_a_second_server_drafts_from_what_the_first_remembered_without_a_restart
     before = generate(reading_server, path="speculative", **GREEDY)
     assert before["stats"]["tokens_per_forward"] < 2            # nothing remembered: random drafts miss
     assert before["memory"] is None                              # this server does not remember
+    assert httpx.get(f"{reading_server}/healthz", timeout=WAIT_S).json()["memory"] == {"remember": False, "read": True}
     assert memory_held(server_url, atom_set) == (0, 0)           # ... and wrote nothing
 
     exact = generate(remembering_server, path="exact", **GREEDY)

@@ -99,6 +99,7 @@ def healthz(request: Request) -> JSONResponse:
                        "refused": writer.refused, "failed": writer.failed,
                        "policy": writer.policy.arguments() if writer.policy is not None else None}
                       if writer is not None else {"remember": False})
+    info["memory"]["read"] = runtime.reads_memory      # drafts read the sets' memory (serve --memory or --remember)
     info["prefix_cache"] = runtime.prefix_cache_stats()
     info["pools"] = runtime.pool_stats()
     return JSONResponse(info)
