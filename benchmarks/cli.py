@@ -98,6 +98,20 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
                                        help="The augmented path vs the exact path, ms per generated token on "
                                             "the same runtime, and the difference (target: <= +1 ms); writes "
                                             "<out>/bench-augmented.json and .md."),
+        completion: bool = typer.Option(False, "--completion", help="Line completion on held-out files of real "
+                                        "repositories instead (--repo, repeatable): exact, exact + retrieval, "
+                                        "augmented, augmented + retrieval, counting ⊕ exact and spatial, EM and ES "
+                                        "with intervals; builds each repository's store; writes "
+                                        "<out>/bench-completion.json, .md and completion-em.png (docs/completion.md)."),
+        repo: list[Path] = typer.Option(None, "--repo", help="Completion: a repository of Python files "
+                                        "(repeatable)."),
+        lines_per_file: int = typer.Option(5, "--lines-per-file", help="Completion: lines per held-out file."),
+        held_out_files: int = typer.Option(4, "--held-out-files", help="Completion: files held out per repository."),
+        in_file_tokens: int = typer.Option(1024, "--in-file-tokens", help="Completion: tokens of the file before "
+                                           "the line."),
+        retrieval_tokens: int = typer.Option(512, "--retrieval-tokens", help="Completion: tokens of retrieved "
+                                             "chunks (the + retrieval systems)."),
+        seed: int = typer.Option(0, "--seed", help="Completion: the seed of the held-out files and lines."),
         layouts: bool = typer.Option(False, "--layouts", help="Compare the storage layouts (rows, tiles) instead: "
                                      "10^5 and 10^6 atoms (--full adds 10^7), 512- and 8-token contexts with "
                                      "history atoms; writes <out>/bench-layouts.json and .md."),
@@ -107,6 +121,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
 
         if quick and full:
             raise UserError("--quick and --full exclude each other; pick one (--quick is the default)")
+        if completion:
+            return _completion(out, repo or [], lines_per_file, held_out_files, in_file_tokens, retrieval_tokens,
+                               seed, rebuild)
         if augmented:
             return _augmented(out, atom_set, threads, max_new_tokens, runtimes)
         if speculative:
@@ -154,6 +171,35 @@ def _augmented(out: Path, atom_set: str | None, threads: int | None, max_new_tok
     command = "hartonomous bench " + " ".join(sys.argv[2:])
     results = augmented.run(url, atom_set=atom_set, runtimes=chosen, max_new_tokens=max_new_tokens, threads=threads)
     _write_report(out, results, augmented.markdown(results, command), command)
+
+
+def _completion(out: Path, repos: list[Path], lines_per_file: int, held_out_files: int, in_file_tokens: int,
+                retrieval_tokens: int, seed: int, rebuild: bool) -> None:
+    """`hartonomous bench --completion --repo DIR ...`: see benchmarks.completion."""
+    import psycopg
+
+    from benchmarks import completion, run
+    from hartonomous.completion.prompts import Budgets
+    from hartonomous.completion.stores import python_files
+    from hartonomous.db.connection import owner_url
+
+    if not repos:
+        raise UserError("--completion needs at least one --repo DIR (a repository of Python files)")
+    if lines_per_file < 1:
+        raise UserError(f"--lines-per-file must be at least 1, got {lines_per_file}")
+    if held_out_files < 1:
+        raise UserError(f"--held-out-files must be at least 1, got {held_out_files}")
+    for root in repos:
+        python_files(root)                                  # a directory without Python files: refused now
+    budgets = Budgets(in_file_tokens, retrieval_tokens)
+    url = owner_url()
+    run.check_ready(url)
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    with psycopg.connect(url, autocommit=True) as conn:
+        results = completion.run(conn, repos, budgets=budgets, held_out_files=held_out_files,
+                                 lines_per_file=lines_per_file, seed=seed, rebuild=rebuild)
+    _write_report(out, results, completion.markdown(results, command), command)
+    Console().print(f"wrote {completion.plot(results, out / 'completion-em.png')}")
 
 
 def _layouts(full: bool, out: Path, calls: int, rebuild: bool, sizes: tuple[int, ...] | None) -> None:
