@@ -385,7 +385,7 @@ def index_cmd(
         from hartonomous.repository.watch import watch_repository
 
         watch_repository(Path(directory), name, exclude=list(exclude or []), say=say, first_index=first_index,
-                         model=model, progress=True)
+                         model=model, progress=True, recalibrate=recalibrate)
         return
     report = index_repository(Path(directory), name, exclude=list(exclude or []), recalibrate=recalibrate,
                               first_index=first_index, model=model, say=say)

@@ -40,10 +40,12 @@ class RecordingIndex:
 
     def __init__(self, fail_with: Exception | None = None):
         self.runs: list[dict[str, str]] = []
+        self.options: list[dict] = []
         self.fail_with = fail_with
         self.ran = threading.Event()
 
     def __call__(self, root, name=None, *, exclude=(), **options):
+        self.options.append(options)
         self.runs.append({f.path: f.text for f in walk_repository(root, exclude).files})
         self.ran.set()
         if self.fail_with is not None and len(self.runs) > 1:
@@ -137,15 +139,17 @@ def wait_for_runs(index: RecordingIndex, count: int, quiet_s: float = 1.5) -> No
 def test_a_burst_of_saves_is_applied_together_and_the_last_run_sees_the_final_files(tmp_path: Path) -> None:
     write(tmp_path, "a.py", "a = 0\n")
     index = RecordingIndex()
-    thread, stop, said = watching(tmp_path, index, step_ms=400)
+    thread, stop, said = watching(tmp_path, index, step_ms=400, recalibrate=True, progress=False)
     try:
         assert index.runs == [{"a.py": "a = 0\n"}]                 # brought up to date first
+        assert index.options == [{"progress": False, "recalibrate": True}]
         for i in range(1, 21):                                      # an editor saving 20 times, quickly
             write(tmp_path, "a.py", f"a = {i}\n")
         write(tmp_path, "b.py", "b = 1\n")
         wait_for_runs(index, 2)
         assert 2 <= len(index.runs) <= 4                            # 21 saves: one batch, or a few
         assert index.runs[-1] == {"a.py": "a = 20\n", "b.py": "b = 1\n"}
+        assert all(options == {"progress": False} for options in index.options[1:])   # refit once, then updates
         runs = len(index.runs)
         write(tmp_path, ".git/HEAD", "ref: refs/heads/main\n")     # never indexed: no run
         time.sleep(1.5)

@@ -108,10 +108,12 @@ class Follower:
 def watch_repository(root: Path, name: str | None = None, *, exclude: Sequence[str] = (),
                      index: Callable[..., Any] | None = None, say: Callable[[str], None] = print,
                      stop_event: threading.Event | None = None, debounce_ms: int = DEBOUNCE_MS,
-                     step_ms: int = STEP_MS, force_polling: bool | None = None, **index_options: Any) -> Follower:
+                     step_ms: int = STEP_MS, force_polling: bool | None = None, recalibrate: bool = False,
+                     **index_options: Any) -> Follower:
     """Index `root` into the set `name` now, then apply its changes as they are saved until `stop_event`
     is set (or Ctrl-C). `index` is the index function (default index_repository), called as
-    index(root, name, exclude=exclude, **index_options); the returned Follower counts the runs."""
+    index(root, name, exclude=exclude, **index_options); `recalibrate` is passed to the first run only
+    (a refit, then updates with the refitted parameters). The returned Follower counts the runs."""
     import watchfiles
 
     if index is None:
@@ -119,7 +121,7 @@ def watch_repository(root: Path, name: str | None = None, *, exclude: Sequence[s
     root = Path(root).expanduser()
     if not root.is_dir():
         raise UserError(f"'{root}' is not a directory; pass the repository's folder: hartonomous index DIR --watch")
-    first = index(root, name, exclude=list(exclude), **index_options)
+    first = index(root, name, exclude=list(exclude), **index_options, **({"recalibrate": True} if recalibrate else {}))
     summary = getattr(first, "summary", None)
     if callable(summary):
         say(summary())
