@@ -161,6 +161,8 @@ def test_in_a_git_work_tree_what_git_ignores_stays_out(tmp_path: Path) -> None:
     write(tmp_path, "run.log", "started\n")
     walk = walk_repository(tmp_path)
     assert [f.path for f in walk.files] == [".gitignore", "src/app.py"]
-    assert walk.skipped == {"ignored folder": 1, "ignored": 1}
+    assert walk.skipped == {"folder ignored by git": 1, "ignored by git": 1}
+    # the ignored folder indexed as a repository of its own: every file counts
+    assert [f.path for f in walk_repository(tmp_path / "build").files] == ["lib/app.py"]
     (tmp_path / ".gitignore").unlink()
     assert [f.path for f in walk_repository(tmp_path).files] == ["build/lib/app.py", "run.log", "src/app.py"]

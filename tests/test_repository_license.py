@@ -210,3 +210,12 @@ def test_source_files_named_like_a_license_are_not_license_files(tmp_path: Path)
     assert detect_license(tmp_path, "pkg/license.py", "x\n") == License("MIT", "license-file")
     # a docstring that mentions the header is no header
     assert header_license('"""Reads an `SPDX-License-Identifier:` line."""\n') is None
+
+
+def test_a_package_inside_site_packages_indexed_alone_is_named_by_its_distribution() -> None:
+    """python-source's own roots: an installed package's folder as the root (pytest's, MIT)."""
+    import _pytest
+
+    package = Path(_pytest.__file__).resolve().parent
+    lic.clear_caches()
+    assert detect_license(package, "python_api.py", "x\n") == License("MIT", "package-metadata")

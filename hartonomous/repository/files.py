@@ -17,12 +17,14 @@ line numbers cited from it are the file's own. Everything else is skipped and co
     unreadable                 it could not be opened (permissions; a warning says why)
     excluded                   a file matching --exclude
     excluded folder            a folder matching --exclude, not entered
-    ignored                    a file git ignores (.gitignore and the other ignore files)
-    ignored folder             a folder git ignores, not entered
+    ignored by git             a file git ignores (.gitignore and the other ignore files)
+    folder ignored by git      a folder git ignores, not entered
 
 In a git work tree the files are those git lists (`git ls-files --cached --others
 --exclude-standard`: tracked, or new and not ignored), so build outputs, data and environments a
-repository ignores stay out without an --exclude; outside one, or without git, every file counts.
+repository ignores stay out without an --exclude; outside one, in a folder the enclosing
+repository ignores as a whole (a package inside an ignored environment), or without git, every
+file counts.
 
 --exclude globs are matched against the path relative to the root (POSIX, `fnmatch`,
 case-sensitive, `*` also matching `/`: hartonomous.corpus.sources.excluded); a folder whose
@@ -100,7 +102,13 @@ def git_listed(root: Path) -> set[str] | None:
         return None
     if done.returncode != 0:
         return None
-    return {p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p}
+    listed = {p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p}
+    if not listed:   # a folder the enclosing repository ignores (a vendored package, an environment) is its own
+        ignored = subprocess.run([git, "-C", str(root), "check-ignore", "-q", "--no-index", str(root)],
+                                 capture_output=True, timeout=120, check=False)
+        if ignored.returncode == 0:
+            return None
+    return listed
 
 
 def _folders_of(paths: set[str]) -> set[str]:
@@ -185,7 +193,7 @@ def walk_repository(root: Path, exclude: Sequence[str] = (), max_bytes: int = DE
             if excluded(rel, exclude):
                 walk.skipped["excluded folder"] += 1
             elif listed_folders is not None and rel not in listed_folders:
-                walk.skipped["ignored folder"] += 1
+                walk.skipped["folder ignored by git"] += 1
             elif (base / d).is_symlink():   # os.walk does not follow it; count one that leaves the root
                 if not _inside((base / d).resolve(), root):
                     walk.skipped["symlink leaving the root"] += 1
@@ -197,7 +205,7 @@ def walk_repository(root: Path, exclude: Sequence[str] = (), max_bytes: int = DE
             if excluded(rel, exclude):
                 walk.skipped["excluded"] += 1
             elif listed is not None and rel not in listed:
-                walk.skipped["ignored"] += 1
+                walk.skipped["ignored by git"] += 1
             else:
                 relatives.append(rel)
     for rel in sorted(relatives):

@@ -11,10 +11,10 @@ In order, the first that names one:
    not recognised names nothing, and the search goes on;
 3. `package-metadata`: the license a package declares. In a repository, the nearest
    pyproject.toml's [project] `license` (a PEP 639 expression, `{text = ...}` or `{file = ...}`)
-   or its `License ::` classifiers; under a site-packages root (python-source's roots,
-   hartonomous.corpus.sources), the installed distribution that owns the file's top-level
-   package: its License-Expression, else its License field, else its classifiers, else its
-   license files;
+   or its `License ::` classifiers; under a site-packages directory (python-source's roots,
+   hartonomous.corpus.sources: the root itself, or one holding the root), the installed
+   distribution that owns the file's top-level package: its License-Expression, else its License
+   field, else its classifiers, else its license files;
 4. `unknown` (None).
 
 GNU texts carry no "-only"/"-or-later" (only a header says which), so a GNU license recognised
@@ -297,14 +297,27 @@ def package_license(root: Path, rel_path: str) -> str | None:
             spdx = _pyproject_license(pyproject, stamp)
             if spdx:
                 return spdx
-    top = rel_path.split("/", 1)[0]
-    top = top.removesuffix(".py") if "/" not in rel_path else top
-    return _installed_license(root, top)
+    for site in [root, *_site_packages_above(root)]:   # root is site-packages, or a package inside one
+        relative = (root / rel_path).relative_to(site).as_posix()
+        top = relative.split("/", 1)[0]
+        spdx = _installed_license(site, top.removesuffix(".py") if "/" not in relative else top)
+        if spdx:
+            return spdx
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _site_packages_above(root: Path) -> tuple[Path, ...]:
+    """The interpreter's site-packages directories (python-source's roots) that hold root."""
+    from hartonomous.corpus.sources import site_package_dirs
+
+    return tuple(d for d in site_package_dirs() if d in root.parents)
 
 
 def clear_caches() -> None:
     """Forget every license file, pyproject.toml and installed distribution read so far."""
-    for cached in (_license_file_in, _pyproject_license, _top_level_distributions, _installed_license):
+    for cached in (_license_file_in, _pyproject_license, _top_level_distributions, _installed_license,
+                   _site_packages_above):
         cached.cache_clear()
 
 
