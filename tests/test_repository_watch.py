@@ -295,3 +295,52 @@ def test_the_server_keeps_answering_during_updates_from_the_set_before_or_after_
         stop.set()
         watcher.join(timeout=WAIT_S)
         drop_atom_set(server_url, name)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_index_watch_on_the_command_line_applies_a_save_and_stops_on_ctrl_c(server_url, tmp_path: Path) -> None:
+    """`hartonomous index DIR --watch` as a process: up to date first, a save applied, Ctrl-C ends it cleanly."""
+    import os
+    import signal
+    import sys
+    import uuid
+
+    from generation_helpers import drop_atom_set, save_tiny_model
+    from hartonomous.repository.index import index_repository
+    from repository_helpers import initial_files, module_text, tiny_first_index, write_repository
+    from tiny_model import tiny_model
+
+    root = write_repository(tmp_path / "repo", initial_files())
+    model = save_tiny_model(tmp_path / "tiny")
+    name = f"watch-cli-{uuid.uuid4().hex[:8]}"
+    index_repository(root, name, first_index=tiny_first_index(), model=str(model), tokenizer=tiny_model(0)[1],
+                     database_url=server_url, progress=False)
+    process = subprocess.Popen([sys.executable, "-c", "from hartonomous.cli import main; main()", "index", str(root),
+                                "--name", name, "--watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "HARTONOMOUS_DATABASE_URL": server_url, "COLUMNS": "200"})
+    lines: list[str] = []
+
+    def read_until(text: str) -> None:
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            if text in line:
+                return
+        raise AssertionError(f"the watch ended before saying {text!r}: {lines}")
+
+    try:
+        read_until("watching ")
+        assert any("0 added, 0 changed, 0 removed, 40 unchanged" in line for line in lines), lines
+        time.sleep(0.5)
+        write(root, "pkg/mod_3.py", module_text(3000))
+        read_until("1 changed")
+        assert "changed: pkg/mod_3.py" in lines
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=WAIT_S)
+        lines += out.splitlines()
+        assert process.returncode == 0, lines
+        assert "stopped watching" in lines
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        drop_atom_set(server_url, name)
