@@ -166,3 +166,16 @@ def test_in_a_git_work_tree_what_git_ignores_stays_out(tmp_path: Path) -> None:
     assert [f.path for f in walk_repository(tmp_path / "build").files] == ["lib/app.py"]
     (tmp_path / ".gitignore").unlink()
     assert [f.path for f in walk_repository(tmp_path).files] == ["build/lib/app.py", "run.log", "src/app.py"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_folders_git_ignores_whole_are_known_so_a_watch_can_drop_their_changes(tmp_path: Path) -> None:
+    from hartonomous.repository.files import git_ignored_folders
+
+    assert git_ignored_folders(tmp_path) == ()                  # not a work tree
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    write(tmp_path, ".gitignore", ".data/\n*.log\n")
+    write(tmp_path, ".data/pg/base/1", "pages")
+    write(tmp_path, "run.log", "x")
+    write(tmp_path, "src/a.py", "a = 1\n")
+    assert git_ignored_folders(tmp_path) == (".data/",)

@@ -111,6 +111,21 @@ def git_listed(root: Path) -> set[str] | None:
     return listed
 
 
+def git_ignored_folders(root: Path) -> tuple[str, ...]:
+    """The folders under root (relative, each ending in '/') that git ignores whole, e.g. a database
+    cluster or an environment kept inside the repository; () outside a work tree or without git."""
+    git = shutil.which("git")
+    if git is None or git_listed(root) is None:
+        return ()
+    try:
+        done = subprocess.run([git, "-C", str(root), "ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                               "--directory"], capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    paths = done.stdout.decode("utf-8", "surrogateescape").split("\0") if done.returncode == 0 else []
+    return tuple(sorted(p for p in paths if p.endswith("/")))
+
+
 def _folders_of(paths: set[str]) -> set[str]:
     """Every folder (relative, POSIX) that holds one of paths at some depth."""
     folders: set[str] = set()

@@ -28,7 +28,7 @@ from typing import Any
 
 from hartonomous.corpus.sources import excluded
 from hartonomous.errors import UserError
-from hartonomous.repository.files import IGNORED_DIRS, git_listed
+from hartonomous.repository.files import IGNORED_DIRS, git_ignored_folders, git_listed
 
 log = logging.getLogger("hartonomous.repository.watch")
 
@@ -132,11 +132,14 @@ def watch_repository(root: Path, name: str | None = None, *, exclude: Sequence[s
                         exclude=exclude, say=say)
     say(f"watching {follower.root} (Ctrl-C stops)")
 
+    ignored = git_ignored_folders(follower.root)   # e.g. the database's own files inside the repository
+
     def quick(change, path: str) -> bool:    # watchfiles' filter: drop what can never be indexed, early
         try:
-            return indexable(Path(path).relative_to(follower.root).as_posix(), follower.exclude)
+            relative = Path(path).relative_to(follower.root).as_posix()
         except ValueError:
             return False
+        return indexable(relative, follower.exclude) and not (relative + "/").startswith(ignored)
 
     try:
         for batch in watchfiles.watch(follower.root, watch_filter=quick, debounce=debounce_ms, step=step_ms,
