@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import threading
 
-import psycopg
 import pytest
 
-from generation_helpers import distilled_tiny_set, drop_atom_set, write_tiny_atom_set
 from hartonomous.backends.base import Distribution
-from hartonomous.backends.exact import ExactBackend
-from hartonomous.backends.spatial import SpatialBackend
 from hartonomous.engine import Engine, pick
 from hartonomous.generation_config import GenerationConfig
-from hartonomous.runtimes.reference import ExactModel
 from hartonomous.speculative.decoding import Draft, SpeculativeBackend
 from hartonomous.speculative.draft_cost import ForwardCosts
 from hartonomous.speculative.learned import PROMPT_BUCKETS, DraftLearning, prompt_bucket
-from tiny_model import tiny_model
+from speculative_helpers import (atom_set, random_atom_set, random_spatial, spatial,  # noqa: F401 (fixtures)
+                                 tiny_exact_backend)
 
 PROMPT = "The capital of France is"
 GREEDY = GenerationConfig(max_new_tokens=24, temperature=0.0, stop_at_eos=False)
@@ -31,46 +27,9 @@ FLAT = ForwardCosts((0.040,) + (0.045,) * 15)          # long drafts almost free
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
 
 
-@pytest.fixture(scope="module")
-def atom_set(server_url, tmp_path_factory):
-    with distilled_tiny_set(server_url, tmp_path_factory.mktemp("corpus")) as name:
-        yield name
-
-
-@pytest.fixture(scope="module")
-def random_atom_set(server_url):
-    name = write_tiny_atom_set(server_url, model="tiny", window=3, decay=0.5)
-    yield name
-    drop_atom_set(server_url, name)
-
-
-def spatial_backend(url: str, name: str) -> SpatialBackend:
-    _, tokenizer = tiny_model(0)
-    return SpatialBackend(psycopg.connect(url, autocommit=True), name, tokenizer=tokenizer, owns_connection=True)
-
-
-@pytest.fixture
-def spatial(server_url, atom_set):
-    backend = spatial_backend(server_url, atom_set)
-    yield backend
-    backend.close()
-
-
-@pytest.fixture
-def random_spatial(server_url, random_atom_set):
-    backend = spatial_backend(server_url, random_atom_set)
-    yield backend
-    backend.close()
-
-
-def exact_backend() -> ExactBackend:
-    model, tokenizer = tiny_model(0)
-    return ExactBackend(ExactModel(model, tokenizer))
-
-
 def speculative(spatial, learned: DraftLearning | None, drafter=None, **options) -> Engine:
     """A fresh backend per call (as the server builds one per request), sharing `learned`."""
-    backend = SpeculativeBackend(exact_backend(), spatial, learned=learned, **options)
+    backend = SpeculativeBackend(tiny_exact_backend(), spatial, learned=learned, **options)
     if drafter is not None:
         backend.drafter = drafter
     return Engine(backend)
@@ -80,7 +39,7 @@ class OracleDrafter:
     """Drafts the exact model's own tokens (always kept), or a wrong token everywhere (never kept)."""
 
     def __init__(self, wrong: bool = False):
-        self.exact, self.wrong, self.memory = exact_backend(), wrong, False
+        self.exact, self.wrong, self.memory = tiny_exact_backend(), wrong, False
 
     def draft(self, ids, n, sampler, seed, first_step, stop_token_ids):
         state, out = self.exact.start(ids), []
@@ -96,7 +55,7 @@ class OracleDrafter:
 
 
 def exact_tokens(config: GenerationConfig) -> list[int]:
-    return Engine(exact_backend()).generate(PROMPT, config).token_ids
+    return Engine(tiny_exact_backend()).generate(PROMPT, config).token_ids
 
 
 # -- warm starts -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from optional_parts import require_smollm2
 import torch
 from scipy.stats import chisquare
 
-from generation_helpers import distilled_tiny_set, drop_atom_set, write_tiny_atom_set
+from generation_helpers import drop_atom_set
 from hartonomous.backends.base import Distribution
 from hartonomous.backends.exact import ExactBackend
 from hartonomous.backends.spatial import SpatialBackend
@@ -26,6 +26,8 @@ from hartonomous.generation_config import GenerationConfig, SamplerArgs
 from hartonomous.sampling import logits_to_probs
 from hartonomous.speculative.decoding import Draft, SpeculativeBackend, SpeculativeStats
 from hartonomous.textstream import REPLACEMENT, decode
+from speculative_helpers import (atom_set, random_atom_set, random_spatial, spatial,  # noqa: F401 (fixtures)
+                                 tiny_exact_backend)
 from tiny_model import tiny_model
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "héllo wörld"]
@@ -34,46 +36,6 @@ SAMPLED = GenerationConfig(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
-
-
-@pytest.fixture(scope="module")
-def atom_set(server_url, tmp_path_factory):
-    """A context atom set distilled from the tiny model itself: a drafter that is often right."""
-    with distilled_tiny_set(server_url, tmp_path_factory.mktemp("corpus")) as name:
-        yield name
-
-
-@pytest.fixture(scope="module")
-def random_atom_set(server_url):
-    """Random atoms over the tiny vocabulary: a drafter whose q is far from the model's p."""
-    name = write_tiny_atom_set(server_url, model="tiny", window=3, decay=0.5)
-    yield name
-    drop_atom_set(server_url, name)
-
-
-def connect_spatial(url: str, name: str):
-    _, tokenizer = tiny_model(0)
-    conn = psycopg.connect(url, autocommit=True)
-    return SpatialBackend(conn, name, tokenizer=tokenizer, owns_connection=True)
-
-
-@pytest.fixture
-def spatial(server_url, atom_set):
-    backend = connect_spatial(server_url, atom_set)
-    yield backend
-    backend.close()
-
-
-@pytest.fixture
-def random_spatial(server_url, random_atom_set):
-    backend = connect_spatial(server_url, random_atom_set)
-    yield backend
-    backend.close()
-
-
-def tiny_exact_backend() -> ExactBackend:
-    model, tokenizer = tiny_model(0)
-    return ExactBackend(ExactModel(model, tokenizer))
 
 
 def speculative(spatial, **options) -> Engine:
