@@ -169,6 +169,13 @@ def _speculative_line(stats) -> str:
             f"verify {stats.verify_s:.2f} s, decide {stats.decide_s:.2f} s")
 
 
+def _verbatim(engine, result) -> list:
+    """--cite: the runs of 20 or more generated tokens stored verbatim in one file."""
+    from hartonomous.repository.citations import citer_for
+
+    return citer_for(engine.backend).verbatim(result.token_ids)
+
+
 def register(app: typer.Typer) -> None:
     """Add the generation commands to the CLI app."""
 
@@ -222,6 +229,11 @@ def register(app: typer.Typer) -> None:
                                            help="Adaptive: risk from which a step explores (0..1)."),
         cautious_risk: float = typer.Option(GenerationConfig.cautious_risk, "--cautious-risk",
                                             help="Adaptive: risk from which a step is cautious (0..1)."),
+        cite: bool = typer.Option(False, "--cite",
+                                  help="After the output, the file:line (and license) each token the store picked "
+                                       "came from, or the remembered generation; flags any run of 20 or more "
+                                       "generated tokens stored verbatim in one file, with its license. Needs a "
+                                       "path that reads an atom set; costs a database call per cited token."),
         threads: Optional[int] = typer.Option(None, "--threads",
                                               help="Threads for the exact model's forwards, 1 to the cores. "
                                                    "Default: the cores less the other processes running now."),
@@ -238,31 +250,41 @@ def register(app: typer.Typer) -> None:
                              stop_token_ids=tuple(stop_token_id), stop_at_eos=not ignore_eos, adaptive=adaptive,
                              standard_p=standard_p, explore_p=explore_p, explore_temp=explore_temp,
                              cautious_mode=cautious_mode, explore_risk=explore_risk, cautious_risk=cautious_risk,
-                             **sampler_options)
+                             cite=cite, **sampler_options)
         if path is None:
             path = "spatial" if in_database else _default_path(prompt, client_options)   # the SQL loop is spatial
         with _client(prompt, path, client_options, GENERATE_PATHS, draft_tokens,
                      risk_threshold, memory, remember, tree_width, speculative_target) as client:
             engine = client.engine(path, in_database=in_database)
             session = engine.stream(prompt, config)
+            events = []
             if stream and not as_json:
                 try:
-                    for piece in session:
-                        sys.stdout.write(piece)
+                    for event in session.events():
+                        events.append(event)
+                        sys.stdout.write(event.text)
                         sys.stdout.flush()
                 except KeyboardInterrupt:
                     session.cancel()
                     raise
-                sys.stdout.write("\n")
+                sys.stdout.write(session.tail + "\n")
                 result = session.result
             else:
-                result = session.run()
+                events = list(session.events())
+                result = session.result
                 if not as_json:
                     print(result.text)
             runtime = client.exact_runtime
+            runs = _verbatim(engine, result) if cite else []
         if as_json:
-            print(json.dumps({**result_json(result), "runtime": runtime}, indent=2))
+            cited = {"citations": [[c.as_dict() for c in e.citations or ()] for e in events],
+                     "verbatim": [r.as_dict() for r in runs]} if cite else {}
+            print(json.dumps({**result_json(result), "runtime": runtime, **cited}, indent=2))
         else:
+            if cite:
+                from hartonomous.repository.citations import report_lines
+
+                print("\n".join(report_lines(events, runs, engine.tokenizer)))
             print(_stats_line(result, runtime), file=sys.stderr)
             if result.path == "hybrid":
                 s = result.stats

@@ -78,6 +78,7 @@ class TokenEvent:
     live: dict | None = None   # speculative: acceptance_rate, tokens_per_forward, rounds so far
     weight: float | None = None     # augmented: the step's λ, the store's weight in the mixture
     store_top: bool | None = None   # augmented: whether the picked token was the store's most probable one
+    citations: tuple | None = None  # config.cite, a token the store picked: its Citations (files, lines, memory)
 
 
 @dataclass
@@ -147,6 +148,11 @@ class Session:
         self.tail = ""        # held-back text no event carried; see the module docstring
         self._events: Iterator[TokenEvent] | None = None
         self._stats: Any = None          # the path's own statistics (speculative: SpeculativeStats)
+        self._citer: Any = None
+        if config.cite:                  # hartonomous.repository.citations (imported only when asked for)
+            from hartonomous.repository.citations import citer_for
+
+            self._citer = citer_for(self.backend)
         for option in ("adaptive", "signals"):
             if getattr(config, option) and not hasattr(self.backend, "signals"):
                 raise InvalidArgument(option, f"{option} needs per-step signals, which the {self.backend.name} "
@@ -248,7 +254,7 @@ class Session:
             event = self._accept(step, token, prob, seconds, dist, last, signals, mode, route)
             if weight is not None:
                 event = replace(event, weight=weight, store_top=token == getattr(state, "store_top", None))
-            yield event
+            yield self._cited(event)
             if self.result is not None:
                 return
 
@@ -269,7 +275,8 @@ class Session:
         ids = [int(t) for t in ids[:cfg.max_new_tokens]]
         out_of_tokens = "length" if len(ids) == cfg.max_new_tokens else "no_candidates"
         for step, token in enumerate(ids):
-            yield self._accept(step, token, None, None, None, out_of_tokens if step == len(ids) - 1 else None)
+            yield self._cited(self._accept(step, token, None, None, None,
+                                           out_of_tokens if step == len(ids) - 1 else None))
             if self.result is not None:
                 return
         self._finish(State.STOPPED, "no_candidates")          # the database generated nothing
@@ -289,9 +296,10 @@ class Session:
                 last = "length" if step == cfg.max_new_tokens - 1 else None
                 event = self._accept(step, int(token), prob, seconds, None, last)
                 stats = run.stats
-                yield replace(event, origin=origin, source=source, live={"acceptance_rate": stats.acceptance_rate,
-                                                          "tokens_per_forward": stats.tokens_per_forward,
-                                                          "rounds": stats.rounds})
+                yield self._cited(replace(event, origin=origin, source=source,
+                                          live={"acceptance_rate": stats.acceptance_rate,
+                                                "tokens_per_forward": stats.tokens_per_forward,
+                                                "rounds": stats.rounds}))
                 if self.result is not None:
                     return
         finally:
@@ -318,6 +326,18 @@ class Session:
             self._finish(State.COMPLETE if reason in ("eos", "length") else State.STOPPED, reason)
             piece, self.tail = piece + self.tail, ""
         return TokenEvent(step, token, prob, piece, seconds, dist, signals, mode, route)
+
+    def _cited(self, event: TokenEvent) -> TokenEvent:
+        """With config.cite, a store-picked token's event with its sources (the text before it: the
+        prompt and the tokens generated so far)."""
+        if self._citer is None:
+            return event
+        from hartonomous.repository.citations import store_picked
+
+        if not store_picked(self.backend.name, event):
+            return event
+        context = self.prompt_ids + self._tokens[:event.step]
+        return replace(event, citations=self._citer.cite(context, event.token_id))
 
     def _finish(self, state: State, reason: str) -> None:
         self.tail = self._stream.finish()

@@ -55,6 +55,7 @@ class GenerationConfig:
     stop_at_eos: bool = True
     signals: bool = False              # attach each step's signals (StepSignals) to its event
     sources: bool = False              # speculative: each kept draft's event says where it came from
+    cite: bool = False                 # store-picked tokens' events carry their files and lines (hartonomous/repository/citations.py)
     adaptive: bool = False             # risk-scored adaptive sampling (hartonomous/adaptive.py)
     standard_p: float = 0.9
     explore_p: float = 0.95

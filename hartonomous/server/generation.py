@@ -126,6 +126,8 @@ def _details(event: TokenEvent, tokenizer, top_n: int) -> dict:
     if event.weight is not None:               # augmented: the step's λ, and whether the store's top token won
         payload["weight"] = _finite(event.weight)
         payload["store_top"] = event.store_top
+    if event.citations:                        # cite: where a store-picked token came from
+        payload["citations"] = [c.as_dict() for c in event.citations]
     if event.live is not None:                 # speculative: running acceptance and tokens per forward
         payload["live"] = {k: _finite(v) if isinstance(v, float) else v for k, v in event.live.items()}
     return payload

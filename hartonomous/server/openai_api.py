@@ -138,7 +138,7 @@ def plan(request: Common, model_id) -> Plan:
     max_tokens = request.new_tokens() if chat else (request.max_tokens or 16)
     options = dict(temperature=request.temperature, top_k=request.top_k or None, top_p=request.top_p,
                    repetition_penalty=request.repetition_penalty, max_new_tokens=max_tokens, seed=request.seed,
-                   stop_strings=request.stops())
+                   stop_strings=request.stops(), cite=request.cite)
     fit = chat and request.max_completion_tokens is None and request.max_tokens is None
     return Plan(model_id.id, model_id.path, model_id.atom_set, None if chat else request.prompt,
                 request.chat() if chat else None, max_tokens, options, PathOptions(), top, fit,
@@ -280,11 +280,15 @@ class Finished:
 
 
 def token_fields(event: Any) -> dict:
-    """A streamed token's extension fields: hybrid's route, speculative's origin, augmented's λ."""
+    """A streamed token's extension fields: hybrid's route, speculative's origin, augmented's λ, and
+    with `cite` a store-picked token's citations (files and lines, memory entries)."""
     fields = {name: getattr(event, name) for name in ("route", "origin", "source", "store_top")
               if getattr(event, name) is not None}
     if event.weight is not None and math.isfinite(event.weight):
         fields["weight"] = event.weight
+    if event.citations:
+        fields["citations"] = [c.as_dict() for c in event.citations]
+        fields["step"] = event.step
     return fields
 
 
@@ -397,8 +401,11 @@ class Shape:
             choice = {"index": 0, "text": (done.prompt_text + text) if done.echo is not None else text,
                       "logprobs": logprobs, "finish_reason": reason}
             body = self._head("text_completion")
-        return dict(body, choices=[choice], usage=usage(done),
-                    hartonomous=extension(done, self.p, self.request.memory))
+        out = extension(done, self.p, self.request.memory)
+        if self.request.cite:            # per cited token: its step (0-based index among the generated tokens)
+            out["citations"] = [{"step": p.extra["step"], "citations": p.extra["citations"]}
+                                for p in pieces if p.extra.get("citations")]
+        return dict(body, choices=[choice], usage=usage(done), hartonomous=out)
 
     def chunk(self, piece: Piece | None, tokenizer: Any, *, first: bool = False,
               done: Finished | None = None) -> dict:
@@ -513,8 +520,8 @@ async def _chunks(stream: WorkerStream, shape: Shape) -> AsyncIterator[dict]:
                 yield {"data": _json(shape.chunk(None, item.tokenizer, done=item))}
                 if shape.request.include_usage():
                     yield {"data": _json(shape.usage_chunk(item))}
-            elif isinstance(item, Piece) and (item.text or (shape.p.logprobs is not None
-                                                            and item.token_id is not None)):
+            elif isinstance(item, Piece) and (item.text or "citations" in item.extra
+                                              or (shape.p.logprobs is not None and item.token_id is not None)):
                 yield {"data": _json(shape.chunk(item, shape.tokenizer))}
             elif isinstance(item, Echo):
                 yield {"data": _json(shape.echo_chunk(item))}

@@ -21,7 +21,7 @@ MAX_LOGPROBS = 5               # completions: OpenAI's limit on `logprobs`
 MAX_TOP_LOGPROBS = 20          # chat: OpenAI's limit on `top_logprobs`
 MAX_PROMPT_CHARS = 32_000      # characters of one prompt or of all messages' content together
 INT64 = 2**63
-EXTENSIONS = ("atom_set", "path", "memory", "top_k", "repetition_penalty")
+EXTENSIONS = ("atom_set", "path", "memory", "top_k", "repetition_penalty", "cite")
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
                "logit_bias", "suffix", "modalities", "audio", "prediction", "web_search_options")
 
@@ -75,6 +75,7 @@ class Common(BaseModel):
     memory: bool = False                         # the response says what the server's memory did with it
     top_k: int | None = Field(None, ge=0, le=1_000_000)
     repetition_penalty: float = Field(1.0, ge=1e-6, le=100, allow_inf_nan=False)
+    cite: bool = False                           # each store-picked token's files and lines (docs/openai.md)
     # OpenAI fields this server does not implement: a 400 naming them when given (check()).
     tools: Any = None
     tool_choice: Any = None

@@ -141,6 +141,9 @@ class GenerationOptions(SamplerParams):
     sources: bool = Field(GenerationConfig.sources, description="Speculative, with details: each kept drafted "
                           "token's event carries `source`, where it came from: the source of the atom that voted "
                           "for it most (corpus, self-distilled, memory or context); one more database call a round.")
+    cite: bool = Field(GenerationConfig.cite, description="With details: each token the store picked carries "
+                       "`citations`, the files and lines (with license) it came from, or the remembered generation "
+                       "(a path that reads an atom set; one database call per cited token).")
     adaptive: bool = Field(GenerationConfig.adaptive, description="Risk-scored adaptive sampling (spatial, exact "
                                                                   "and hybrid paths).")
     standard_p: float = Field(GenerationConfig.standard_p, gt=0, le=1, allow_inf_nan=False,
@@ -168,7 +171,7 @@ class GenerationOptions(SamplerParams):
         return dict(self.sampler_options(), max_new_tokens=self.max_new_tokens, seed=self.seed,
                     stop_strings=tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids),
                     stop_at_eos=not self.ignore_eos, signals=self.signals, sources=self.sources,
-                    adaptive=self.adaptive,
+                    cite=self.cite, adaptive=self.adaptive,
                     standard_p=self.standard_p, explore_p=self.explore_p, explore_temp=self.explore_temp,
                     cautious_mode=self.cautious_mode, explore_risk=self.explore_risk,
                     cautious_risk=self.cautious_risk)

@@ -116,9 +116,15 @@ function pane(path) {
         }
         span.textContent = event.token;
         q(".generated").appendChild(span);
+      } else if (event.citations) {                 // a cited token on an uncoloured pane
+        const span = document.createElement("span");
+        span.className = "tok";
+        span.textContent = event.token;
+        q(".generated").appendChild(span);
       } else {
         q(".generated").append(event.token);
       }
+      if (event.citations) citeOnHover(q(".generated").lastChild, event.citations);
       if (event.live && q(".spec-stats")) {
         const l = event.live;
         q(".spec-stats").textContent = `live: acceptance ${l.acceptance_rate === null ? "n/a" : l.acceptance_rate.toFixed(2)}` +
@@ -192,6 +198,17 @@ function drawChart(rows, chosen, step) {
   $("chart-caption").textContent = `step ${step}: the ${rows.length} most likely tokens; ${picked}, ${where}`;
 }
 
+// A store-picked token's sources (`citations`, asked for with `cite: true`), shown on hover:
+// file:line (license) or the remembered generation.
+function citeOnHover(span, citations) {
+  const lines = citations.map((c) => c.kind === "memory"
+    ? `memory: generation ${c.generation}, step ${c.step}`
+    : `${c.path}:${c.line}${c.license ? ` (${c.license})` : ""}`);
+  span.classList.add("cited");
+  span.dataset.citations = lines.join("\n");
+  span.title = (span.title ? `${span.title}\n` : "") + lines.join("\n");
+}
+
 // ---- controls --------------------------------------------------------------------------
 
 function requestBody() {
@@ -199,6 +216,7 @@ function requestBody() {
   for (const name of NUMBER_FIELDS) body[name] = Number($(name).value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("atom_set").value) body.atom_set = $("atom_set").value;
+  if ($("cite").checked) body.cite = true;
   return body;
 }
 
@@ -210,6 +228,7 @@ async function run(path, body) {
   try {
     p.state("streaming");
     const request = path === "speculative" ? { ...body, path, sources: true } : { ...body, path };
+    if (path === "exact") delete request.cite;          // the exact path reads no store
     await streamEvents(request, controller.signal, ({ event, data }) => {
       if (event === "message" && data === "[DONE]") return false;
       const payload = JSON.parse(data);
