@@ -204,7 +204,8 @@ def test_the_playground_opens_on_a_code_store_with_the_exact_augmented_and_specu
                                                                                            default_code_set):
     """On a default set with corpus labels and a gate (make demo's code store), the page ticks the
     exact, augmented and speculative panes; spatial is one click away. The screenshot is
-    test-artifacts/playground-code.png (README)."""
+    test-artifacts/playground-code.png (the tiny model's; the README's, on the real code store, is
+    scripts/playground_screenshot.py's)."""
     artifact = ARTIFACT.with_name("playground-code.png")
     server, _ = live_app(reader_url, default_code_set)
     with server as url, Browser() as browser:
