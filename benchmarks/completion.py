@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hartonomous.completion import metrics
+from hartonomous.completion import diagnose, metrics
 from hartonomous.completion.prompts import NEW_TOKENS, Budgets
 from hartonomous.completion.run import SYSTEMS
 
@@ -92,7 +92,7 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
     if after_build is not None:                 # tests: a hand-made gate in place of a fitted one
         for item in prepared:
             after_build(item["store"].name)
-    completions, speculative_times, repos = [], [], []
+    completions, speculative_times, repos, forced = [], [], [], []
     for item in prepared:
         repo, info = item["repo"], item["store"]
         retriever = Retriever([(d.source.split("/", 1)[-1], d.text) for d in item["documents"]])
@@ -109,6 +109,7 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
             elif system == "counting ⊕ exact":
                 backends[system], counting_info = counting_system(info, hf_model, tokenizer, resources.exact_backend())
         engine = build_engine("speculative", resources) if speculative and "exact" in systems else None
+        shared = resources.exact_backend()          # the one prefill per prompt of the model's systems
         prompts = line_prompts(repo, tokenizer, lines_per_file, seed, budgets.in_file)
         log(f"[completion] {repo.name}: {len(prompts)} lines of {len(repo.held_out)} held-out files, "
             f"store {info.name} ({info.atoms:,} atoms)")
@@ -118,8 +119,14 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
             if RETRIEVAL_SYSTEMS & set(systems):
                 block, _ = retriever.block(prompt.prefix, tokenizer, budgets.retrieval, exclude_path=prompt.path)
                 retrieved = with_retrieval(tokenizer, block, prompt.ids)
-            done, timed = run_line(backends, tokenizer, repo.name, prompt, retrieved, engine)
+            first_of_file = i == 0 or prompts[i - 1].path != prompt.path     # speculative: one line per file
+            done, timed, prefilled = run_line(backends, tokenizer, repo.name, prompt, retrieved,
+                                              engine if first_of_file else None, exact_backend=shared)
             completions += done
+            if "augmented" in backends:
+                text = (repo.root / prompt.path).read_text(encoding="utf-8").replace("\r\n", "\n")
+                forced += [{"repo": repo.name, **row} for row in
+                           diagnose.teacher_forced(backends["augmented"], hf_model, tokenizer, prompt, text, prefilled)]
             if timed is not None:
                 speculative_times.append({"repo": repo.name, "path": prompt.path, "line": prompt.line, **timed})
             if (i + 1) % 5 == 0 or i + 1 == len(prompts):
@@ -131,6 +138,9 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
         if engine is not None:
             engine.close()
     results = summarise(completions, speculative_times, systems)
+    results["diagnosis"]["teacher_forced"] = {
+        scope: diagnose.summarise([r for r in forced if scope == POOLED or r["repo"] == scope])
+        for scope in [r["name"] for r in repos] + [POOLED]}
     results.update({"mode": "completion", "repos": repos, "systems": list(systems),
                     "settings": {"in_file_tokens": budgets.in_file, "retrieval_tokens": budgets.retrieval,
                                  "new_tokens": NEW_TOKENS, "held_out_files": held_out_files,
@@ -235,6 +245,15 @@ def markdown(results: dict, command: str) -> str:
     out += ["", f"The store changed {d['lines_changed_by_the_store']} of {d['lines']} lines: augmented right on "
                 f"{d['changed_augmented_right']}, exact right on {d['changed_exact_right']}. Mean λ inside a line: "
                 f"{d['augmented_weights']}."]
+    tf = d.get("teacher_forced", {}).get(POOLED)
+    if tf:
+        out += ["", "The real lines teacher-forced after their prompts (pooled): where the store's weight and gain go.", "",
+                "| tokens of the line | n | mean λ | perplexity exact | augmented | top-1 exact | augmented | "
+                "store has the token |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in tf.items():
+            out.append(f"| {name} | {r['tokens']} | {r['mean_weight']:.3f} | {r['perplexity_exact']:.2f} | "
+                       f"{r['perplexity_augmented']:.2f} | {r['top1_exact']:.3f} | {r['top1_augmented']:.3f} | "
+                       f"{r['store_has_it']:.3f} |")
     return "\n".join(out) + "\n"
 
 

@@ -104,6 +104,10 @@ def test_the_summaries_have_intervals_paired_tests_latency_and_speculative_time(
     assert (completion.POOLED, "augmented + retrieval", "exact + retrieval", "es") in pairs
     assert first["speculative"]["identical"] and first["speculative"]["lines"] == 4
     assert first["repos"][0]["counting"]["model"] in ("∞-gram", "∞-gram + cache")
+    forced = first["diagnosis"]["teacher_forced"][completion.POOLED]
+    assert forced["first token"]["tokens"] == 4                        # one per line: the token with the newline
+    assert forced["all"]["tokens"] == sum(r["tokens"] for name, r in forced.items() if name != "all")
+    assert 0.0 <= forced["all"]["mean_weight"] <= 1.0 and forced["all"]["perplexity_exact"] > 1.0
     assert "| pooled | augmented |" in completion.markdown(first, "hartonomous bench --completion")
 
 
@@ -149,3 +153,21 @@ def test_cli_refuses_a_repository_without_python_files_in_one_line(capsys, tmp_p
     code, out, err = run_cli(capsys, "bench", "--completion", "--repo", str(tmp_path))
     assert code != 0 and str(tmp_path) in err and "Python" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_shared_prefill_decodes_as_a_prompt_of_its_own():
+    """The model's systems decode from copies of one prefill: the same tokens as each starting alone,
+    and decoding one copy leaves the prefill as it was."""
+    from hartonomous.backends.exact import ExactBackend
+    from hartonomous.completion.run import fork, greedy_line, prefill
+    from hartonomous.runtimes.reference import ExactModel
+
+    model, tokenizer = tiny_model(0)
+    backend = ExactBackend(ExactModel(model, tokenizer))
+    ids = tokenizer("def add(a, b):\n    return a + b", add_special_tokens=False)["input_ids"]
+    alone = greedy_line(backend, tokenizer, ids, new_tokens=12)
+    shared, seconds = prefill(backend, ids)
+    first = greedy_line(backend, tokenizer, ids, new_tokens=12, state=fork(shared), prefill_seconds=seconds)
+    second = greedy_line(backend, tokenizer, ids, new_tokens=12, state=fork(shared))
+    assert first[1] == alone[1] == second[1] and first[0] == alone[0]
+    assert first[2] >= seconds and shared.cache.length == len(ids)

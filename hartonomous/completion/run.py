@@ -54,11 +54,13 @@ class Completion:
         return asdict(self)
 
 
-def greedy_line(backend, tokenizer, ids: list[int], new_tokens: int = NEW_TOKENS) -> tuple[str, list[int], float, list]:
+def greedy_line(backend, tokenizer, ids: list[int], new_tokens: int = NEW_TOKENS, state=None,
+                prefill_seconds: float = 0.0) -> tuple[str, list[int], float, list]:
     """(text written, its token ids, seconds, λ per step where the backend has one) greedily until
-    a line is done."""
-    start = time.perf_counter()
-    state = backend.start(list(ids))
+    a line is done; from `state` when the prompt was prefilled already (its time in `prefill_seconds`,
+    added to the seconds)."""
+    start = time.perf_counter() - prefill_seconds
+    state = backend.start(list(ids)) if state is None else state
     eos = backend.eos_token_ids()
     out: list[int] = []
     weights: list[float] = []
@@ -150,16 +152,52 @@ def score(system: str, repo: str, prompt: LinePrompt, text: str, tokens: list[in
                       round(seconds, 4), len(tokens), prompt_tokens, weights or [])
 
 
+def fork(state):
+    """A copy of a prefilled exact state (its KV cache copied) that decodes on its own."""
+    import copy
+
+    from hartonomous.backends.exact import ExactState
+
+    return ExactState(list(state.ids), copy.deepcopy(state.cache), state.logits.clone())
+
+
+def starting_state(backend, exact_state):
+    """The backend's state over an exact state already prefilled with its prompt."""
+    from hartonomous.augment.backend import AugmentedBackend, AugmentedState
+
+    return AugmentedState(exact_state) if isinstance(backend, AugmentedBackend) else exact_state
+
+
+def prefill(exact_backend, ids: list[int]) -> tuple[object, float]:
+    start = time.perf_counter()
+    state = exact_backend.start(list(ids))
+    return state, time.perf_counter() - start
+
+
 def run_line(backends: dict, tokenizer, repo: str, prompt: LinePrompt, retrieved_ids: list[int] | None,
-             speculative=None) -> tuple[list[Completion], dict | None]:
+             speculative=None, exact_backend=None) -> tuple[list[Completion], dict | None, object]:
     """Every system in `backends` on one line; with `speculative` (an engine over exact), its time
-    for exact's tokens and whether they were the same."""
+    for exact's tokens and whether they were the same. The systems that run the exact model share
+    one prefill of each prompt (`exact_backend`'s; each decodes from its own copy of the KV cache,
+    and its seconds include the prefill's). Returns the plain prompt's prefilled state too."""
     out, exact_tokens = [], None
+    prompts = {"plain": prompt.ids, "retrieval": retrieved_ids}
+    prefilled = {}
+    if exact_backend is not None:
+        for key, ids in prompts.items():
+            if ids is not None and any((s in RETRIEVAL) == (key == "retrieval") for s in backends if s != "spatial"):
+                prefilled[key] = prefill(exact_backend, ids)
     for system, backend in backends.items():
-        ids = retrieved_ids if system in RETRIEVAL else prompt.ids
+        key = "retrieval" if system in RETRIEVAL else "plain"
+        ids = prompts[key]
         if ids is None:
             continue
-        text, tokens, seconds, weights = greedy_line(backend, tokenizer, ids)
+        state, seconds_before = None, 0.0
+        if system != "spatial" and key in prefilled:
+            state = starting_state(backend, fork(prefilled[key][0]))
+            seconds_before = prefilled[key][1]
+        text, tokens, seconds, weights = greedy_line(backend, tokenizer, ids, state=state,
+                                                     prefill_seconds=seconds_before)
         out.append(score(system, repo, prompt, text, tokens, seconds, len(ids), weights))
         if system == "exact":
             exact_tokens = tokens
@@ -172,7 +210,7 @@ def run_line(backends: dict, tokenizer, repo: str, prompt: LinePrompt, retrieved
                                                                         temperature=0.0, stop_at_eos=False))
         timed = {"seconds": round(time.perf_counter() - start, 4), "tokens": len(exact_tokens),
                  "identical": [int(t) for t in result.token_ids] == exact_tokens}
-    return out, timed
+    return out, timed, prefilled.get("plain", (None, 0.0))[0]
 
 
 def summary_weights(completions: list[Completion]) -> dict:
