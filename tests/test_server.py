@@ -217,6 +217,7 @@ def test_speculative_requests_carry_what_drafting_learned(http, served):
         assert again["token_ids"] == first.json()["token_ids"]
     kinds = runtime.draft_learning.as_dict()["kinds"]
     assert any("/greedy/" in k for k in kinds) and any("/sampled/" in k for k in kinds)
+    assert http.get("/healthz").json()["draft_learning"]["kinds"] == kinds
     assert all(v["judged"] > 0 for k, v in kinds.items() if "/greedy/" in k)
     with runtime.engine("speculative") as engine:
         assert engine.backend.learned is runtime.draft_learning

@@ -101,6 +101,7 @@ def healthz(request: Request) -> JSONResponse:
                       if writer is not None else {"remember": False})
     info["memory"]["read"] = runtime.reads_memory      # drafts read the sets' memory (serve --memory or --remember)
     info["prefix_cache"] = runtime.prefix_cache_stats()
+    info["draft_learning"] = runtime.draft_learning.as_dict()   # what speculative requests carry to the next
     info["pools"] = runtime.pool_stats()
     return JSONResponse(info)
 
