@@ -86,6 +86,7 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
     budgets.check(teacher.max_context(hf_model))
     exact_model = ExactModel(hf_model, tokenizer)
     load_start = load_average()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     prepared = [prepare_repository(conn, r, held_out_files=held_out_files, seed=seed, model=model, rebuild=rebuild,
                                    model_objects=model_objects, gate=gate, log=log, build_options=build_options)
                 for r in roots]
@@ -141,7 +142,13 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
     results["diagnosis"]["teacher_forced"] = {
         scope: diagnose.summarise([r for r in forced if scope == POOLED or r["repo"] == scope])
         for scope in [r["name"] for r in repos] + [POOLED]}
-    results.update({"mode": "completion", "repos": repos, "systems": list(systems),
+    results["diagnosis"]["teacher_forced_tokens"] = forced        # per token, for merging runs
+    from hartonomous.measure import describe_machine
+
+    machine = describe_machine(conn, "cpu", model)
+    machine["load"] = {"start": load_start, "end": load_average()}
+    results.update({"mode": "completion", "repos": repos, "systems": list(systems), "machine": machine,
+                    "started": started_at,
                     "settings": {"in_file_tokens": budgets.in_file, "retrieval_tokens": budgets.retrieval,
                                  "new_tokens": NEW_TOKENS, "held_out_files": held_out_files,
                                  "lines_per_file": lines_per_file, "seed": seed, "model": model},
