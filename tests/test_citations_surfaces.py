@@ -5,7 +5,8 @@ greedy continuation (and one holding the exact path's), so every token the store
 known source: the file, the line of its offset, its license, and every token before it matched.
 - Python: with config.cite each store-picked token's event carries its citations; the others and
   a run without cite carry none; the exact path refuses cite naming it; speculative cites exactly
-  its kept drafts.
+  its kept drafts (files and the remembered generation), augmented exactly the steps whose token
+  was the store's most probable.
 - CLI: --cite prints file:line after the output and flags the run of 20+ tokens stored verbatim
   with the file's license; --json carries both.
 - HTTP: /api/generate/stream details events and /v1 completions (streamed chunks and the whole
@@ -29,6 +30,7 @@ from hartonomous.client import Client
 from hartonomous.errors import InvalidArgument
 from hartonomous.generation_config import GenerationConfig
 from server_helpers import WAIT_S, live_app
+from test_augmented_path import corpus_set  # noqa: F401 - fixture: a corpus-labelled set with a gate
 
 PROMPT = "The capital of France is"
 N = 24
@@ -207,3 +209,32 @@ def test_the_playground_asks_for_citations_and_shows_them_on_hover() -> None:
     assert 'if ($("cite").checked) body.cite = true;' in script
     assert "citeOnHover(q(\".generated\").lastChild, event.citations)" in script
     assert "span.title = " in script[script.index("function citeOnHover"):]
+
+
+def test_augmented_cites_exactly_the_steps_whose_token_was_the_stores_top(server_url, corpus_set) -> None:
+    """The corpus set's text as its one train file: a step whose pick was the store's most probable
+    token cites the corpus (its (context, token) is in it, at least one context token matched);
+    the other steps cite nothing."""
+    from test_augmented_path import client as augmented_client
+    from tiny_model import TRAIN_TEXT, tiny_model
+
+    tokens = list(tiny_model(0)[1].encode("\n".join(TRAIN_TEXT), add_special_tokens=False))
+    with psycopg.connect(server_url, autocommit=True) as db:
+        (set_id,) = db.execute("SELECT id FROM atom_sets WHERE name = %s", (corpus_set,)).fetchone()
+        db.execute("INSERT INTO atom_set_files (atom_set_id, file_id, path, content_sha256, size_bytes, n_tokens, "
+                   "split, license, license_source, token_ids, line_starts) "
+                   "VALUES (%s, 1, 'corpus.txt', '\\x00', 0, %s, 'train', NULL, 'unknown', %s, '{0}')",
+                   (set_id, len(tokens), tokens))
+        try:
+            with augmented_client(server_url, corpus_set) as c:
+                config = GenerationConfig(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0.9, seed=7,
+                                          stop_at_eos=False, cite=True)
+                events = list(c.engine("augmented").session("def add(a, b):", config).events())
+        finally:
+            db.execute("DELETE FROM atom_set_files WHERE atom_set_id = %s", (set_id,))
+    assert any(e.store_top for e in events) and not all(e.store_top for e in events)
+    for e in events:
+        assert (e.citations is not None) == bool(e.store_top)
+        if e.citations:
+            assert e.citations[0].path == "corpus.txt" and e.citations[0].match_tokens >= 1
+            assert e.citations[0].license is None and e.citations[0].license_source == "unknown"
