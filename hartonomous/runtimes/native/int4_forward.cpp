@@ -41,39 +41,32 @@ inline float lane_sum(float* acc) {
   return acc[0];
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {   // n % LANES == 0
-  float acc[LANES] = {0};
-  for (int64_t d = 0; d < n; d += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] = std::fma(a[d + l], b[d + l], acc[l]);
-  return lane_sum(acc);
+// bfloat16 <-> float as c10::BFloat16 converts (round to nearest even, NaN to 0x7FC0), branch-free so
+// that loops of it vectorise
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>(0x7FC0u) : static_cast<uint16_t>(rounded);
 }
 
-// exp(x) to ~2 ulp (Cephes' expf polynomial), branch-free so that loops of it vectorise.
-inline float exp_approx(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);
-  float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p * r, r, r) + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+inline float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
+
+inline uint16_t* bits(Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<bf16>()); }
+inline const uint16_t* bits(const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<bf16>()); }
 
 // y = x * rsqrt(mean(x^2) + eps) * w, rounded to bfloat16 (a matmul's input)
-void rms_norm_bf16(const float* x, const float* w, int64_t dim, float eps, bf16* out) {
+void rms_norm_bf16(const float* x, const float* w, int64_t dim, float eps, uint16_t* out) {
   float acc[LANES] = {0};
   for (int64_t d = 0; d < dim; d += LANES)
     for (int l = 0; l < LANES; ++l) acc[l] = std::fma(x[d + l], x[d + l], acc[l]);
   const float r = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(dim) + eps);
-  for (int64_t d = 0; d < dim; ++d) out[d] = bf16((x[d] * r) * w[d]);
+  for (int64_t d = 0; d < dim; ++d) out[d] = to_bf16((x[d] * r) * w[d]);
 }
 
 // ggml's rotation of adjacent pairs: (a, b) -> (a cos - b sin, a sin + b cos)
@@ -85,37 +78,101 @@ inline void rotate(float* v, const float* cos_sin, int64_t half) {
   }
 }
 
-// One query head over the keys it sees (slots idx[0..count), or 0..count when idx is null), ascending.
-void attend(const float* q, const float* keys, const float* values, int64_t hd, const int32_t* idx,
-            int64_t count, float scale, float* scores, float* out) {
+// 16 floats, loaded and stored unaligned; GCC lowers the operations to AVX-512, AVX2 or SSE as the
+// CPU has them, lane by lane (no reassociation: the same bits on any of them)
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+
+inline float hsum(v16 v) {   // a fixed tree: 8 + 8, 4 + 4, 2 + 2, 1 + 1
+  v = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v = v + __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+
+inline v16 splat(float x) { return v16{} + x; }
+
+// exp(x) on 16 lanes to ~2 ulp (Cephes' expf polynomial), branch-free
+inline v16 exp16(v16 x) {
+  x = x < -87.3f ? splat(-87.3f) : x;
+  x = x > 88.3f ? splat(88.3f) : x;
+  const v16 t = x * 1.44269504088896341f + 0.5f;
+  v16i i = __builtin_convertvector(t, v16i);                       // truncation, then down to the floor
+  i += (v16i)(t < __builtin_convertvector(i, v16));
+  const v16 n = __builtin_convertvector(i, v16);
+  v16 r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  const v16i e = (i + 127) << 23;
+  return p * (v16)e;
+}
+
+typedef uint32_t v16u __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
+
+inline v16 load_bf16(const uint16_t* p) {
+  return (v16)(__builtin_convertvector(*reinterpret_cast<const v16h*>(p), v16u) << 16);
+}
+
+inline void store_bf16(uint16_t* p, v16 f) {   // to_bf16 on 16 lanes
+  const v16u u = (v16u)f;
+  const v16u rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const v16u nan = (v16u)((u & 0x7FFFFFFFu) > 0x7F800000u);
+  *reinterpret_cast<v16h*>(p) = __builtin_convertvector((rounded & ~nan) | (nan & 0x7FC0u), v16h);
+}
+
+// One query head over the keys it sees (slots idx[0..count), or 0..count when idx is null), ascending;
+// NV = head_dim / 16. `scores` has room for count rounded up to 16.
+template <int NV>
+void attend(const float* q, const float* keys, const float* values, const int32_t* idx, int64_t count, float scale,
+            float* scores, float* out) {
+  constexpr int64_t hd = NV * 16;
+  v16 qv[NV];
+  for (int c = 0; c < NV; ++c) qv[c] = *reinterpret_cast<const v16*>(q + 16 * c);
   float top = -INFINITY;
   for (int64_t j = 0; j < count; ++j) {
-    const int64_t slot = idx ? idx[j] : j;
-    const float s = dot(q, keys + slot * hd, hd) * scale;
+    const float* k = keys + (idx ? idx[j] : j) * hd;
+    v16 acc = qv[0] * *reinterpret_cast<const v16*>(k);
+    for (int c = 1; c < NV; ++c) acc = acc + qv[c] * *reinterpret_cast<const v16*>(k + 16 * c);
+    const float s = hsum(acc) * scale;
     scores[j] = s;
     top = std::max(top, s);
   }
-  float acc[LANES] = {0};
-  int64_t j = 0;
-  for (; j + LANES <= count; j += LANES)
-    for (int l = 0; l < LANES; ++l) {
-      const float p = exp_approx(scores[j + l] - top);
-      scores[j + l] = p;
-      acc[l] += p;
-    }
-  for (int l = 0; j < count; ++j, ++l) {
-    const float p = exp_approx(scores[j] - top);
-    scores[j] = p;
-    acc[l] += p;
+  v16 total{};
+  for (int64_t j = 0; j < count; j += 16) {
+    v16 p = exp16(*reinterpret_cast<const v16*>(scores + j) - top);
+    if (j + 16 > count)
+      for (int l = static_cast<int>(count - j); l < 16; ++l) p[l] = 0.0f;
+    *reinterpret_cast<v16*>(scores + j) = p;
+    total = total + p;
   }
-  const float inv = 1.0f / lane_sum(acc);
-  for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
-  for (int64_t k = 0; k < count; ++k) {
-    const float* v = values + (idx ? idx[k] : k) * hd;
-    const float p = scores[k];
-    for (int64_t d = 0; d < hd; ++d) out[d] = std::fma(p, v[d], out[d]);
+  const float inv = 1.0f / hsum(total);
+  v16 o[NV];
+  for (int c = 0; c < NV; ++c) o[c] = v16{};
+  for (int64_t j = 0; j < count; ++j) {
+    const float* v = values + (idx ? idx[j] : j) * hd;
+    const v16 p = splat(scores[j]);
+    for (int c = 0; c < NV; ++c) o[c] = o[c] + p * *reinterpret_cast<const v16*>(v + 16 * c);
   }
-  for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
+  for (int c = 0; c < NV; ++c) *reinterpret_cast<v16*>(out + 16 * c) = o[c] * inv;
+}
+
+using AttendFn = void (*)(const float*, const float*, const float*, const int32_t*, int64_t, float, float*, float*);
+
+AttendFn attend_for(int64_t hd) {
+  switch (hd) {
+    case 32: return attend<2>;
+    case 64: return attend<4>;
+    case 128: return attend<8>;
+    default: return nullptr;
+  }
 }
 
 struct Linear {
@@ -165,8 +222,9 @@ class Forward {
         norm_(norm.contiguous()), head_hi_{head_hi_packed, head_hi_sz}, head_lo_{head_lo_packed, head_lo_sz},
         embed_codes_(embed_codes.contiguous()), embed_scales_(embed_scales.contiguous()) {
     TORCH_CHECK(layers.size() % 10 == 0, "10 tensors a layer");
-    TORCH_CHECK(dim % LANES == 0 && hd_ % LANES == 0 && hd_ % 2 == 0 && heads % kv_heads == 0,
-                "the native forward needs dim and head_dim in multiples of 16");
+    attend_ = attend_for(hd_);
+    TORCH_CHECK(dim % 32 == 0 && hidden % 16 == 0 && attend_ != nullptr && heads % kv_heads == 0,
+                "the native forward needs dim in multiples of 32, hidden of 16 and a head_dim of 32, 64 or 128");
     for (size_t i = 0; i < layers.size(); i += 10)
       layers_.push_back(Layer{layers[i].contiguous(), layers[i + 1].contiguous(), {layers[i + 2], layers[i + 3]},
                               {layers[i + 4], layers[i + 5]}, {layers[i + 6], layers[i + 7]},
@@ -219,19 +277,19 @@ class Forward {
       const Layer& L = layers_[i];
       norm_rows(xs, L.attn_norm, n, xn);
       const Tensor qkv = L.qkv(xn);
-      const bf16* y = qkv.data_ptr<bf16>();
+      const uint16_t* y = bits(qkv);
       float* kc = keys.data_ptr<float>() + i * nkv_ * cap * hd_;
       float* vc = values.data_ptr<float>() + i * nkv_ * cap * hd_;
       for (int64_t r = 0; r < n; ++r) {
         float* row = qk.data() + r * k_end;
-        const bf16* yr = y + r * width;
-        for (int64_t c = 0; c < k_end; ++c) row[c] = static_cast<float>(yr[c]);
+        const uint16_t* yr = y + r * width;
+        for (int64_t c = 0; c < k_end; ++c) row[c] = from_bf16(yr[c]);
         for (int64_t h = 0; h < nq_ + nkv_; ++h) rotate(row + h * hd_, cos_sin + p[r] * hd_, half);
         for (int64_t g = 0; g < nkv_; ++g) {
           float* kd = kc + (g * cap + start + r) * hd_;
           float* vd = vc + (g * cap + start + r) * hd_;
           std::memcpy(kd, row + q_end + g * hd_, hd_ * sizeof(float));
-          for (int64_t d = 0; d < hd_; ++d) vd[d] = static_cast<float>(yr[k_end + g * hd_ + d]);
+          for (int64_t d = 0; d < hd_; ++d) vd[d] = from_bf16(yr[k_end + g * hd_ + d]);
         }
       }
       const int64_t rep = nq_ / nkv_;
@@ -241,15 +299,15 @@ class Forward {
           const int64_t r = t / nq_, h = t % nq_, g = h / rep;
           const bool masked = allowed.has_value();
           const int64_t count = masked ? static_cast<int64_t>(visible[r].size()) : start + r + 1;
-          scores.resize(count);
-          attend(qk.data() + r * k_end + h * hd_, kc + g * cap * hd_, vc + g * cap * hd_, hd_,
-                 masked ? visible[r].data() : nullptr, count, scale, scores.data(), heads.data() + r * q_end + h * hd_);
+          scores.resize((count + 15) / 16 * 16);
+          attend_(qk.data() + r * k_end + h * hd_, kc + g * cap * hd_, vc + g * cap * hd_,
+                  masked ? visible[r].data() : nullptr, count, scale, scores.data(), heads.data() + r * q_end + h * hd_);
         }
       };
       if (work < PARALLEL_KEYS) task(0, n * nq_);
       else at::parallel_for(0, n * nq_, 1, task);
-      bf16* a = attn.data_ptr<bf16>();
-      for (int64_t c = 0; c < n * q_end; ++c) a[c] = bf16(heads[c]);
+      uint16_t* a = bits(attn);
+      for (int64_t c = 0; c < n * q_end; ++c) a[c] = to_bf16(heads[c]);
       add_rows(xs, L.out(attn), n, dim_);
       norm_rows(xs, L.ffn_norm, n, xn);
       swiglu(L.gate_up(xn), n, act);
@@ -293,20 +351,20 @@ class Forward {
         Tensor xn = at::empty({m, dim_}, at::kBFloat16);
         norm_rows(xc, L.attn_norm, m, xn);
         const Tensor qkv = at::linear(xn, w_qkv);
-        const bf16* y = qkv.data_ptr<bf16>();
+        const uint16_t* y = bits(qkv);
         const int64_t width = qkv.size(1);
         Tensor q = at::empty({1, nq_, m, hd_}, at::kFloat);
         float* qd = q.data_ptr<float>();
         std::vector<float> row(k_end);
         for (int64_t r = 0; r < m; ++r) {
-          const bf16* yr = y + r * width;
-          for (int64_t c2 = 0; c2 < k_end; ++c2) row[c2] = static_cast<float>(yr[c2]);
+          const uint16_t* yr = y + r * width;
+          for (int64_t c2 = 0; c2 < k_end; ++c2) row[c2] = from_bf16(yr[c2]);
           for (int64_t h = 0; h < nq_ + nkv_; ++h) rotate(row.data() + h * hd_, cos_sin + (s + r) * hd_, half);
           for (int64_t h = 0; h < nq_; ++h) std::memcpy(qd + (h * m + r) * hd_, row.data() + h * hd_, hd_ * sizeof(float));
           for (int64_t g = 0; g < nkv_; ++g) {
             std::memcpy(kc + (g * cap + s + r) * hd_, row.data() + q_end + g * hd_, hd_ * sizeof(float));
             float* vd = vc + (g * cap + s + r) * hd_;
-            for (int64_t d = 0; d < hd_; ++d) vd[d] = static_cast<float>(yr[k_end + g * hd_ + d]);
+            for (int64_t d = 0; d < hd_; ++d) vd[d] = from_bf16(yr[k_end + g * hd_ + d]);
           }
         }
         // contiguous: the same bits whatever the cache's capacity
@@ -321,14 +379,6 @@ class Forward {
       }
     }
     return head(xs + (n - 1) * dim_, 1).select(0, 0);
-  }
-
-  // Logits of rows fed alone from an empty cache are what `rows` gives: exposed for tests of the parts.
-  Tensor norm_bf16(const Tensor& x, const Tensor& w) {
-    Tensor xc = x.contiguous().to(at::kFloat);
-    Tensor out = at::empty({xc.size(0), dim_}, at::kBFloat16);
-    norm_rows(xc.data_ptr<float>(), w.contiguous(), xc.size(0), out);
-    return out;
   }
 
  private:
@@ -349,28 +399,29 @@ class Forward {
   }
 
   void norm_rows(const float* x, const Tensor& w, int64_t n, Tensor& out) const {
-    bf16* o = out.data_ptr<bf16>();
+    uint16_t* o = bits(out);
     const float* wd = w.data_ptr<float>();
     for (int64_t r = 0; r < n; ++r) rms_norm_bf16(x + r * dim_, wd, dim_, eps_, o + r * dim_);
   }
 
   static void add_rows(float* x, const Tensor& y, int64_t n, int64_t dim) {
     const Tensor yc = y.contiguous();
-    const bf16* v = yc.data_ptr<bf16>();
-    for (int64_t c = 0; c < n * dim; ++c) x[c] += static_cast<float>(v[c]);
+    const uint16_t* v = bits(yc);
+    for (int64_t c = 0; c < n * dim; ++c) x[c] += from_bf16(v[c]);
   }
 
   // silu(gate) * up as torch computes it on bfloat16 tensors: each result rounded to bfloat16
   void swiglu(const Tensor& gate_up, int64_t n, Tensor& out) const {
     const Tensor gu = gate_up.contiguous();
-    const bf16* g = gu.data_ptr<bf16>();
-    bf16* o = out.data_ptr<bf16>();
+    const uint16_t* g = bits(gu);
+    uint16_t* o = bits(out);
     for (int64_t r = 0; r < n; ++r) {
-      const bf16* gr = g + r * 2 * hidden_;
-      for (int64_t c = 0; c < hidden_; ++c) {
-        const float a = static_cast<float>(gr[c]);
-        const float s = static_cast<float>(bf16(a / (1.0f + exp_approx(-a))));
-        o[r * hidden_ + c] = bf16(s * static_cast<float>(gr[hidden_ + c]));
+      const uint16_t* gr = g + r * 2 * hidden_;
+      uint16_t* orow = o + r * hidden_;
+      for (int64_t c = 0; c < hidden_; c += 16) {
+        const v16 a = load_bf16(gr + c);
+        store_bf16(orow + c, a / (1.0f + exp16(-a)));                  // silu(gate), rounded to bfloat16
+        store_bf16(orow + c, load_bf16(orow + c) * load_bf16(gr + hidden_ + c));
       }
     }
   }
@@ -380,15 +431,16 @@ class Forward {
     norm_rows(x, norm_, rows, xn);
     const Tensor hi = head_hi_(xn), lo = head_lo_(xn);
     Tensor logits = at::empty({rows, hi.size(1)}, at::kFloat);
-    const bf16* a = hi.data_ptr<bf16>();
-    const bf16* b = lo.data_ptr<bf16>();
+    const uint16_t* a = bits(hi);
+    const uint16_t* b = bits(lo);
     float* o = logits.data_ptr<float>();
-    for (int64_t c = 0; c < logits.numel(); ++c) o[c] = static_cast<float>(a[c]) + static_cast<float>(b[c]);
+    for (int64_t c = 0; c < logits.numel(); ++c) o[c] = from_bf16(a[c]) + from_bf16(b[c]);
     return logits;
   }
 
   int64_t dim_, hidden_, nq_, nkv_, hd_;
   float eps_;
+  AttendFn attend_;
   Tensor norm_;
   Linear head_hi_, head_lo_;
   Tensor embed_codes_, embed_scales_;
@@ -403,6 +455,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double, std::vector<Tensor>, Tensor, Tensor, Tensor, Tensor,
                     Tensor, Tensor, Tensor>())
       .def("rows", &Forward::rows)
-      .def("chunks", &Forward::chunks)
-      .def("norm_bf16", &Forward::norm_bf16);
+      .def("chunks", &Forward::chunks);
 }
