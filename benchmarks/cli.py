@@ -82,6 +82,12 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
                                   help="Atom counts instead of the mode's, e.g. 1e4,1e6."),
         speculative: bool = typer.Option(False, "--speculative",
                                          help="Benchmark speculative decoding against its peers instead."),
+        targets: bool = typer.Option(False, "--targets", help="Speculative: the int4 runtime's targets table beside "
+                                     "llama.cpp (its own process) in one run instead: decode and first token apart, "
+                                     "prefix cache, prompt lookup, memory, augmented cost, start-up, a busy "
+                                     "neighbour; writes <out>/<date>-targets.json and .md (benchmarks/"
+                                     "speculative_targets.py)."),
+        prompts: int = typer.Option(2, "--prompts", help="Targets: prompts per row (1..8)."),
         atom_set: str = typer.Option(None, "--atom-set", help="Speculative: the drafting atom set (default set)."),
         threads: int = typer.Option(None, "--threads", help="Speculative: torch threads (default: min(cores, 4))."),
         draft_tokens: int = typer.Option(4, "--draft-tokens", help="Speculative: first draft length (1..64)."),
@@ -126,6 +132,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer) -> None:
                                seed, rebuild)
         if augmented:
             return _augmented(out, atom_set, threads, max_new_tokens, runtimes)
+        if speculative and targets:
+            return _targets(out, atom_set, prompts, max_new_tokens)
         if speculative:
             return _speculative(quick, full, out, atom_set, threads, draft_tokens, max_new_tokens, runtimes)
         if calls < 20:
@@ -242,6 +250,24 @@ def _write_report(out: Path, results: dict, text: str, command: str) -> None:
     json_path.write_text(json.dumps({**results, "command": command}, indent=2, default=str))
     md_path.write_text(text)
     Console().print(text)
+    Console().print(f"wrote {json_path} and {md_path}")
+
+
+def _targets(out: Path, atom_set: str | None, prompts: int, max_new_tokens: int) -> None:
+    """`hartonomous bench --speculative --targets`: see benchmarks.speculative_targets."""
+    from benchmarks import run, speculative_targets
+    from hartonomous.db.connection import owner_url
+
+    if not 1 <= prompts <= 8:
+        raise UserError(f"--prompts must be between 1 and 8, got {prompts}")
+    if not 2 <= max_new_tokens <= 1024:
+        raise UserError(f"--max-new-tokens must be between 2 and 1024, got {max_new_tokens}")
+    url = owner_url()
+    run.check_ready(url)
+    command = "hartonomous bench " + " ".join(sys.argv[2:])
+    results = speculative_targets.run(url, atom_set=atom_set or "code", prompts=prompts, new_tokens=max_new_tokens)
+    json_path, md_path = speculative_targets.write(results, out, command)
+    Console().print(speculative_targets.markdown(results, command))
     Console().print(f"wrote {json_path} and {md_path}")
 
 
