@@ -5,7 +5,8 @@ first one (a 256-token prompt of held-out code, so the prompt is excluded), `fir
 time to the first token after a 1,024-token prompt (the prefill, best of `--repeats` after a
 warm-up), `c_ms` the cost of verifying k tokens at once after the same 256-token prompt (median of
 five). llama.cpp (`llama_cpp.Llama.generate`, the same threads) is measured the same way where it is
-installed. The machine's load average is recorded before and after, since the machine is shared.
+installed. On one thread the CPU time of the calling thread is recorded beside the wall time: on a
+shared machine it is what other work inflates least. The machine's load average is recorded before and after, since the machine is shared.
 Writes JSON to stdout (or --out).
 
     .venv/bin/python benchmarks/native_forward.py --threads 1 --out docs/results/2026-12-02-native-forward.json
@@ -28,24 +29,27 @@ NEW_TOKENS = 64
 VERIFY = (1, 2, 4, 8)
 
 
-def decode_ms(model, prompt: list[int]) -> float:
+def decode_ms(model, prompt: list[int]) -> tuple[float, float]:
+    """Wall and this thread's CPU time per token (the CPU time is what a busy machine inflates least;
+    with one thread it is the whole forward's)."""
     cache = model.new_cache()
     token = int(model.prefill(prompt, cache).argmax())
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     for _ in range(NEW_TOKENS):
         token = int(model.decode_one_token(token, cache).argmax())
-    return (time.perf_counter() - started) / NEW_TOKENS * 1000
+    return ((time.perf_counter() - started) / NEW_TOKENS * 1000, (time.thread_time() - cpu) / NEW_TOKENS * 1000)
 
 
-def first_token_s(model, prompt: list[int], repeats: int) -> float:
+def first_token_s(model, prompt: list[int], repeats: int) -> tuple[float, float]:
+    """Best wall and CPU time of the prefill."""
     model.prefill(prompt, model.new_cache())
     times = []
     for _ in range(repeats):
         cache = model.new_cache()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         model.prefill(prompt, cache)
-        times.append(time.perf_counter() - started)
-    return min(times)
+        times.append((time.perf_counter() - started, time.thread_time() - cpu))
+    return min(t[0] for t in times), min(t[1] for t in times)
 
 
 def verify_ms(model, prompt: list[int]) -> dict[int, float]:
@@ -74,10 +78,10 @@ def llama_row(threads: int, prompt: list[int], long_prompt: list[int]) -> dict |
     llm = Llama(model_path=str(source.directory / source.gguf_file), n_ctx=2048, n_threads=threads,
                 n_threads_batch=threads, seed=0, verbose=False)
 
-    def generate(ids: list[int], count: int) -> list[float]:
-        stamps = [time.perf_counter()]
+    def generate(ids: list[int], count: int) -> list[tuple[float, float]]:
+        stamps = [(time.perf_counter(), time.thread_time())]
         for _ in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.thread_time()))
             if len(stamps) == count + 1:
                 break
         return stamps
@@ -87,8 +91,12 @@ def llama_row(threads: int, prompt: list[int], long_prompt: list[int]) -> dict |
     first = generate(long_prompt, 1)
     import llama_cpp
 
-    return {"decode_ms": (stamps[-1] - stamps[1]) / NEW_TOKENS * 1000, "first_token_s": first[1] - first[0],
-            "version": getattr(llama_cpp, "__version__", "unknown")}
+    row = {"decode_ms": (stamps[-1][0] - stamps[1][0]) / NEW_TOKENS * 1000,
+           "first_token_s": first[1][0] - first[0][0], "version": getattr(llama_cpp, "__version__", "unknown")}
+    if threads == 1:                  # llama.cpp computes in the calling thread: its CPU time is the forward's
+        row["decode_cpu_ms"] = (stamps[-1][1] - stamps[1][1]) / NEW_TOKENS * 1000
+        row["first_token_cpu_s"] = first[1][1] - first[0][1]
+    return row
 
 
 def main() -> None:
@@ -114,9 +122,11 @@ def main() -> None:
     prompt = ids[:256]
     rows = {}
     for model in (python, native):
-        rows[model.forward_kind] = {"decode_ms": decode_ms(model, prompt),
-                                    "first_token_s": first_token_s(model, ids, args.repeats),
-                                    "c_ms": verify_ms(model, prompt)}
+        decode, decode_cpu = decode_ms(model, prompt)
+        first, first_cpu = first_token_s(model, ids, args.repeats)
+        rows[model.forward_kind] = {"decode_ms": decode, "first_token_s": first, "c_ms": verify_ms(model, prompt)}
+        if args.threads == 1:
+            rows[model.forward_kind].update(decode_cpu_ms=decode_cpu, first_token_cpu_s=first_cpu)
     llama = llama_row(args.threads, prompt, ids)
     if llama is not None:
         rows["llama_cpp"] = llama
