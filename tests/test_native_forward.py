@@ -236,6 +236,15 @@ def test_the_python_forward_can_be_chosen_and_a_bad_choice_is_refused(weights, m
         Int4Model(weights, None, "tiny")
 
 
+def test_a_model_of_a_shape_the_native_forward_does_not_take_runs_the_python_forward(weights, monkeypatch):
+    require_native()
+    monkeypatch.delenv(FORWARD_ENV, raising=False)
+    narrow = Int4Weights(dataclasses.replace(weights.config, heads=4, kv_heads=2), weights.tensors)   # head_dim 16
+    assert Int4Model(narrow, None, "tiny").forward_kind == "python"
+    with pytest.raises(UserError, match="head_dim of 32, 64 or 128 .this model: 64, 128, 16."):
+        Int4Model(narrow, None, "tiny", forward="native")
+
+
 def test_db_status_and_healthz_name_the_native_forward(native, monkeypatch):
     from hartonomous.server.runtime import Runtime, ServerConfig
 

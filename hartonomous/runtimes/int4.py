@@ -335,10 +335,11 @@ def native_forward(weights: Int4Weights, choice: str | None = None):
 
     module = load()
     c = weights.config
-    fits = c.dim % 16 == 0 and c.head_dim % 16 == 0 and c.dim % 32 == 0
+    fits = c.dim % 32 == 0 and c.hidden % 16 == 0 and c.head_dim in (32, 64, 128) and c.heads % c.kv_heads == 0
     if module is None or not fits:
         why = ("it is not built here (make install-native)" if module is None else
-               f"it needs dim and head_dim in multiples of 16 (this model: {c.dim}, {c.head_dim})")
+               f"it needs a dim in multiples of 32, a hidden size in multiples of 16 and a head_dim of 32, 64 or "
+               f"128 (this model: {c.dim}, {c.hidden}, {c.head_dim})")
         if choice == "native":
             raise UserError(f"the native int4 forward is unavailable: {why}; unset {FORWARD_ENV} for the Python one")
         if not _said_python:
