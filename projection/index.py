@@ -36,9 +36,9 @@ from projection.progress import Reporter, RichReporter
 from projection.risk import fit_risk
 
 CONTEXT_LENGTH = 512
-# The parameters and the gate are fitted on at most about this many calibration tokens: what a
-# 10^6-token code build holds out to calibrate (50,000 characters, about half of them calibrating).
-FIT_TOKENS = 16_384
+# The parameters and the gate are fitted on about this many calibration tokens: about what a code
+# build calibrates on at every size (3,279 tokens of python-source, docs/demo.md "Sizing").
+FIT_TOKENS = 4_096
 
 
 def index_options(name: str, model: str, code: bool, replace: bool, landmarks: int = 512) -> BuildOptions:

@@ -35,9 +35,15 @@ def file_tokens(tokenizer, text: str) -> FileTokens:
     """Tokenize one file alone; line i starts at the first token whose span ends after the line's
     first character (a token spanning a line break belongs to the line it starts in, and a line
     that starts inside it points at it). An empty file has no lines."""
-    enc = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    ends = np.asarray([end for _start, end in enc["offset_mapping"]], dtype=np.int64)
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode"):     # a `tokenizers` Tokenizer: transformers' or FastTokenizer's
+        enc = backend.encode(text, add_special_tokens=False)
+        ids, offsets = enc.ids, enc.offsets
+    else:
+        enc = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    ids = np.asarray(ids, dtype=np.int64)
+    ends = np.asarray([end for _start, end in offsets], dtype=np.int64)
     if not text:
         return FileTokens(ids, np.zeros(0, dtype=np.int64))
     starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 10) + 1])

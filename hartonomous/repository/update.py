@@ -244,7 +244,10 @@ def write_fresh(conn: psycopg.Connection, like: str, name: str, root: str, entri
     report = write_atom_set(conn, spec, tokens, atoms, None)
     with conn.transaction():
         insert_files(conn, report.atom_set_id, entries, 0)
-        conn.execute("UPDATE atom_sets SET root = %s WHERE id = %s", (root, report.atom_set_id))
+        repo = {**(info.stats.model_dump().get("repository") or {}), "root": root, "next_file_id": len(entries),
+                "updates": 0, "calibration_changed_tokens": 0, "train_changed_tokens": 0, "frozen_from": like}
+        conn.execute("UPDATE atom_sets SET root = %s, stats = stats || jsonb_build_object('repository', %s::jsonb) "
+                     "WHERE id = %s", (root, json.dumps(repo, default=str), report.atom_set_id))
         try:
             save_gate(conn, name, load_gate(conn, like))
         except UserError:
