@@ -97,6 +97,9 @@ def build(force: bool = False) -> tuple[bool, str]:
         first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
         return False, f"native int4 forward: the build failed ({first}); the int4 runtime keeps its Python forward"
     tmp.replace(out)
+    for old in out.parent.glob(f"{NAME}-*"):            # builds of earlier sources (a loaded one stays mapped)
+        if old != out and ".tmp" not in old.name:      # another build in progress writes a .tmp
+            old.unlink(missing_ok=True)
     return True, f"native int4 forward: built in {time.perf_counter() - started:.0f} s ({out})"
 
 
