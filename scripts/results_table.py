@@ -113,6 +113,7 @@ _CODE = "2026-11-26-compare-code-src-1e7-test.json"    # 10^7 tokens of python-s
 _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative decoding: cost-shaped drafts, memory
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
 _AUGMENTED = "2026-11-27-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
+_TARGETS = "2026-12-02-targets.json"    # the int4 runtime's targets beside llama.cpp, one run (bench --targets)
 _ROUTED = "2026-11-27-scale-out-routed-2-workers-2000-calls.json"   # one lattice set, one node vs a routed Citus cluster
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
@@ -205,6 +206,33 @@ ROWS: tuple[Row, ...] = (
                 "shorts": Field("kinds.short.prompts", "d"),
                 "new": Field("max_new_tokens", "d"),
                 "name": Field("atom_set", "s")}),
+    Row(claim="faster than llama.cpp on its own file: the int4 runtime's targets in one run beside llama.cpp "
+              "(the project's own)",
+        source=_TARGETS,
+        measured="decode, prompt excluded: exact {exact}× llama.cpp's ms/token ({v_exact}); speculative against "
+                 "llama.cpp on held-out files of a repository in the store {repo}× ({v_repo}), of the store's own "
+                 "corpus {corpus}× ({v_corpus}), against llama.cpp with prompt lookup {lookup}× ({v_lookup}), "
+                 "the memory's second asking {mem}× ({v_mem}); speculative against plain at worst {plain}× "
+                 "({v_plain}); first token after a {tokens}-token prompt {cold} s ({v_cold}), extending a recent "
+                 "prompt by {extend} tokens {ext} s ({v_ext}), after process start {start} s ({v_start}); augmented "
+                 "over exact {aug} ms per token ({v_aug}); beside a busy neighbour {busy}× the quiet step ({v_busy})",
+        n="{n} prompts per row × {new} greedy tokens; {forward}; stores {corpus_store} and {repo_store}",
+        fields={**{name: Field(f"targets[key={key}].measured", spec) for name, key, spec in (
+                    ("exact", "exact_vs_llama", ".2f"), ("repo", "repository_vs_llama", ".2f"),
+                    ("corpus", "corpus_vs_llama", ".2f"), ("lookup", "corpus_vs_llama_lookup", ".2f"),
+                    ("mem", "memory_second_vs_llama", ".2f"), ("plain", "speculative_vs_plain", ".2f"),
+                    ("cold", "first_token_cold", ".2f"), ("ext", "first_token_extend", ".2f"),
+                    ("start", "process_start", ".2f"), ("aug", "augmented_cost", "+.2f"),
+                    ("busy", "busy_neighbour", ".2f"))},
+                **{f"v_{name}": Field(f"targets[key={key}].verdict", "s") for name, key in (
+                    ("exact", "exact_vs_llama"), ("repo", "repository_vs_llama"), ("corpus", "corpus_vs_llama"),
+                    ("lookup", "corpus_vs_llama_lookup"), ("mem", "memory_second_vs_llama"),
+                    ("plain", "speculative_vs_plain"), ("cold", "first_token_cold"), ("ext", "first_token_extend"),
+                    ("start", "process_start"), ("aug", "augmented_cost"), ("busy", "busy_neighbour"))},
+                "tokens": Field("measured.prompt.tokens", ",d"),
+                "extend": Field("measured.prompt.extend_tokens", "d"),
+                "n": Field("prompts", "d"), "new": Field("new_tokens", "d"), "forward": Field("forward", "s"),
+                "corpus_store": Field("stores.corpus", "s"), "repo_store": Field("stores.repository", "s")}),
     Row(claim="O(log N) search",
         source=_BENCH,
         measured="in-database median {small_ms} ms at {small} atoms, {large_ms} ms at {large} atoms "
