@@ -374,6 +374,7 @@ def run(url: str, *, atom_set: str | None = "code", repository: str | None = Non
     import psycopg
 
     from benchmarks.augmented import measure as augmented_measure
+    from benchmarks.prefill import held_out_ids
     from benchmarks.speculative import SHORT_PROMPTS, document_prompts
     from hartonomous import measure
     from hartonomous.backends.spatial import SpatialBackend
@@ -406,12 +407,7 @@ def run(url: str, *, atom_set: str | None = "code", repository: str | None = Non
                  "corpus": [tokenizer.encode(p) for p in document_prompts(holdout, tokenizer, prompts, OPENING_TOKENS)]}
         if repo is not None:
             kinds["repository"] = [file_opening(tokenizer, repo[1] / f) for f in repo[2][:prompts]]
-        long_prompt = []
-        for f in sorted((ROOT / "hartonomous").rglob("*.py")):
-            long_prompt += tokenizer.encode(f.read_text(encoding="utf-8"))
-            if len(long_prompt) >= LONG_PROMPT + EXTEND:
-                break
-        long_prompt = long_prompt[:LONG_PROMPT + EXTEND]
+        long_prompt = held_out_ids(tokenizer, LONG_PROMPT + EXTEND)     # prefill.py's prompt
         source = resolve_source("smollm2")
         phase("set_up_s")
         llama_threads = ThreadPolicy(None).choose()     # the same rule as ours: 2 threads beside busy
