@@ -23,9 +23,10 @@
 --     context tokens matched before it (cardinality(s) - 1 with a token, cardinality(s) without).
 --     This is the longest stored suffix behind the store's distribution: the lattice keys are
 --     those suffixes (at most the set's window long), and the backoff kernel counts the atoms of
---     the longest one. Occurrences of s are found exactly (every one with the offset it has); which
---     suffix is longest is exact too, except where no suffix of 4 or more tokens occurs and more
---     than 256 files hold the last 2-gram: then the 256 of smallest file_id are searched.
+--     the longest one. The search is exact within a bound on its work: it reads at most 16
+--     candidate files per gram level (item 5; the 16 of smallest file_id among those holding the
+--     keys), so where more files hold a suffix (a popular line of boilerplate) the longest match
+--     and its occurrences are those of these 16 files.
 --  3. Rows of kind 'memory' (memory => true): the set's memory of past generations (memory_atoms,
 --     sql/070_memory.sql): the atoms (of the given token, when one is given) at the key of context
 --     (ht_context_centroid, the key next_token reads), within the backoff radius of the nearest
@@ -185,7 +186,7 @@ $$;
 CREATE OR REPLACE FUNCTION ht_source_matches(p_set_id integer, p_needle integer[], p_k integer,
                                              p_follow boolean)
 RETURNS TABLE(file_id integer, token_offset integer, match_tokens integer)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER ROWS 5
 SET search_path = public, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -214,7 +215,7 @@ BEGIN
           FROM (SELECT g.file_id FROM atom_set_file_grams g
                  WHERE g.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
                    AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
-                 ORDER BY g.file_id LIMIT 256) g;
+                 ORDER BY g.file_id LIMIT 16) g;
         IF cand IS NULL THEN
             fail := lo;
             CONTINUE;
