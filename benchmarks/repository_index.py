@@ -49,7 +49,7 @@ def timed_index(root: Path, name: str, **kwargs) -> dict:
     return {"seconds": round(seconds, 3), "kind": report.kind, "added": report.added, "changed": report.changed,
             "removed": report.removed, "unchanged": report.unchanged, "atoms": report.atoms,
             "atoms_inserted": applied.inserted if applied else None, "atoms_updated": applied.updated if applied else None,
-            "atoms_deleted": applied.deleted if applied else None}
+            "atoms_deleted": applied.deleted if applied else None, "stage_seconds": report.stage_seconds}
 
 
 def sizes(conn, name: str) -> dict:

@@ -96,8 +96,6 @@ def direct_prefix_centroids(positions: np.ndarray, window: int, decay: float) ->
 def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: float = 1.0) -> np.ndarray:
     """Row t is the centroid of the context positions[: t + 1]; O(T) for a whole sequence (direct
     sums for windows of at most DIRECT_WINDOW tokens, bit for bit the native kernel's keys)."""
-    from scipy.signal import lfilter  # heavy import: loaded on first use
-
     validate(window, decay)
     positions = np.asarray(positions, dtype=np.float64)
     T = positions.shape[0]
@@ -105,6 +103,7 @@ def prefix_centroids(positions: np.ndarray, window: int | None = None, decay: fl
         return positions.copy()
     if window is not None and window <= DIRECT_WINDOW:
         return direct_prefix_centroids(positions, window, decay)
+    from scipy.signal import lfilter  # heavy import (seconds on a busy machine): only where the filter runs
     b = np.zeros(1 if window is None or window >= T else window + 1)
     b[0] = 1.0
     if window is not None and window < T:

@@ -59,6 +59,7 @@ class IndexReport:
     atoms: int | None = None
     atoms_applied: Applied | None = None
     warnings: list[str] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)   # walk, tokenizer, update (compute, apply, commit)
 
     def summary(self) -> str:
         skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items())) or "none"
@@ -151,6 +152,7 @@ def index_repository(root: Path, name: str | None = None, *, exclude: Sequence[s
     root = root.resolve()
     name = name or default_name(root)
     walk = walk_repository(root, exclude, max_bytes or DEFAULT_MAX_BYTES)
+    walked = time.perf_counter() - started
     for warning in walk.warnings:
         say(f"warning: {warning}")
     files, duplicates = unique_contents(walk.files)
@@ -185,9 +187,12 @@ def index_repository(root: Path, name: str | None = None, *, exclude: Sequence[s
                 return IndexReport(name, added=len(entries), skipped=skipped, atoms=atoms,
                                    kind="recalibrated" if row else "first index",
                                    seconds=time.perf_counter() - started, warnings=list(walk.warnings))
+            t0 = time.perf_counter()
             report = update_set(conn, name, root, files, tokenizer, say)
             report.skipped, report.warnings = skipped, list(walk.warnings)
             report.seconds = time.perf_counter() - started
+            report.stage_seconds = {"walk": round(walked, 3), **report.stage_seconds,
+                                    "update": round(time.perf_counter() - t0, 3)}
             return report
     finally:
         lock.close()
@@ -215,7 +220,9 @@ def update_set(conn: psycopg.Connection, name: str, root: Path, files, tokenizer
             from hartonomous.atomset import load_atom_set
             from hartonomous.atomset.catalog import tokenizer_for
 
+            t0 = time.perf_counter()
             tokenizer = tokenizer_for(load_atom_set(conn, name))
+            report.stage_seconds["tokenizer"] = round(time.perf_counter() - t0, 3)
         entries = entries_for(root, new + changed, tokenizer)
         old = [stored[f.path] for f in changed] + gone
         old_tokens = stored_tokens(conn, params.set_id, [s.file_id for s in old if s.split == "train"])

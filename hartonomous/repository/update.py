@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,15 +144,17 @@ def apply_delta(conn: psycopg.Connection, params: SetParams, delta: dict[Key, fl
                 SELECT a.atom_id, a.weight FROM {table} a
                  WHERE a.position &&& ST_MakePoint(d.x, d.y, d.z) AND a.token_id = d.token_id
                    AND ST_X(a.position) = d.x AND ST_Y(a.position) = d.y AND ST_Z(a.position) = d.z) a ON true""")
+    conn.execute("ANALYZE ht_index_match")          # a few rows: the deletes and updates below probe the key
     bad = conn.execute("SELECT count(*) FROM ht_index_match WHERE (atom_id IS NULL AND dw < 0) OR w < 0").fetchone()[0]
     if bad:
         raise UserError(f"atom set '{params.name}' does not hold the atoms its file table records ({bad} atoms "
                         f"short); rebuild it with `hartonomous index DIR --name {params.name} --recalibrate`")
-    deleted = conn.execute(f"DELETE FROM {table} a USING ht_index_match m "
-                           "WHERE m.atom_id IS NOT NULL AND a.atom_id = m.atom_id AND m.w = 0").rowcount
-    updated = conn.execute(f"UPDATE {table} a SET weight = m.w FROM ht_index_match m "
-                           "WHERE m.atom_id IS NOT NULL AND a.atom_id = m.atom_id AND m.w > 0").rowcount
-    (base,) = conn.execute(f"SELECT coalesce(max(atom_id), -1) + 1 FROM {table}").fetchone()
+    deleted = conn.execute(f"DELETE FROM {table} a USING ht_index_match m WHERE a.atom_set_id = %s "
+                           "AND m.atom_id IS NOT NULL AND a.atom_id = m.atom_id AND m.w = 0", (params.set_id,)).rowcount
+    updated = conn.execute(f"UPDATE {table} a SET weight = m.w FROM ht_index_match m WHERE a.atom_set_id = %s "
+                           "AND m.atom_id IS NOT NULL AND a.atom_id = m.atom_id AND m.w > 0", (params.set_id,)).rowcount
+    (base,) = conn.execute(f"SELECT coalesce(max(atom_id), -1) + 1 FROM {table} WHERE atom_set_id = %s",
+                           (params.set_id,)).fetchone()
     route = "ht_route_cell(n.x, n.y, n.z)" if params.route_spread is not None else "n.atom_id"
     inserted = conn.execute(f"""
         INSERT INTO {table} (atom_set_id, atom_id, token_id, position, weight, route)
@@ -243,9 +246,11 @@ def write_fresh(conn: psycopg.Connection, like: str, name: str, root: str, entri
                        risk_model=None if info.risk_model is None else info.risk_model.model_dump(mode="json"))
     report = write_atom_set(conn, spec, tokens, atoms, None)
     with conn.transaction():
+        t0 = time.perf_counter()
         insert_files(conn, report.atom_set_id, entries, 0)
         repo = {**(info.stats.model_dump().get("repository") or {}), "root": root, "next_file_id": len(entries),
-                "updates": 0, "calibration_changed_tokens": 0, "train_changed_tokens": 0, "frozen_from": like}
+                "updates": 0, "calibration_changed_tokens": 0, "train_changed_tokens": 0, "frozen_from": like,
+                "file_table_seconds": round(time.perf_counter() - t0, 3)}
         conn.execute("UPDATE atom_sets SET root = %s, stats = stats || jsonb_build_object('repository', %s::jsonb) "
                      "WHERE id = %s", (root, json.dumps(repo, default=str), report.atom_set_id))
         try:
