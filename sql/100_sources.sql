@@ -25,8 +25,9 @@
 --     those suffixes (at most the set's window long), and the backoff kernel counts the atoms of
 --     the longest one. The search is exact within a bound on its work: it reads at most 16
 --     candidate files per gram level (item 5; the 16 of smallest file_id among those holding the
---     keys), so where more files hold a suffix (a popular line of boilerplate) the longest match
---     and its occurrences are those of these 16 files.
+--     keys), and extends at most 64 occurrences a file of the longest gram level found, so where
+--     more files hold a suffix (a popular line of boilerplate) the longest match and its
+--     occurrences are those of these.
 --  3. Rows of kind 'memory' (memory => true): the set's memory of past generations (memory_atoms,
 --     sql/070_memory.sql): the atoms (of the given token, when one is given) at the key of context
 --     (ht_context_centroid, the key next_token reads), within the backoff radius of the nearest
@@ -198,66 +199,84 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n      integer := cardinality(p_needle);
-    cand   integer[];
-    hits   integer[];
+    nb     bytea := ht_token_bytes(p_needle);         -- suffix of length L: substr(nb, 4 (n - L) + 1)
+    ids    integer[];                                 -- the candidate files of the level reached
+    hays   bytea[];                                   -- their tokens, read once (ht_token_bytes)
+    keep   integer[] := '{}';                         -- indexes into ids of the files holding the suffix
+    probe  integer[];
+    occ_at  integer[] := '{}';                       -- an occurrence's file (index into ids)
+    occ_end integer[] := '{}';                       -- and where its match ends
     best   integer := 0;
-    fail   integer := n + 1;                       -- a length no candidate holds
+    fail   integer := n + 1;                          -- a length no candidate holds
     lo     integer;
     hi     integer;
     mid    integer;
-    probe  integer[];
-    nb     bytea := ht_token_bytes(p_needle);         -- suffix of length L: substr(nb, 4 (n - L) + 1)
+    i      integer;
+    o      integer;
+    rows   integer := 0;
 BEGIN
     -- The longest of the 8-, 4- and 2-gram levels some candidate holds verbatim.
     FOREACH lo IN ARRAY ARRAY[8, 4, 2] LOOP
         CONTINUE WHEN lo > n;
-        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO cand
-          FROM (SELECT g.file_id FROM atom_set_file_grams g
+        SELECT array_agg(g.file_id ORDER BY g.file_id), array_agg(g.tokens ORDER BY g.file_id) INTO ids, hays
+          FROM (SELECT g.file_id, g.tokens FROM atom_set_file_grams g
                  WHERE g.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
                    AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
                  ORDER BY g.file_id LIMIT 16) g;
-        IF cand IS NULL THEN
-            fail := lo;
-            CONTINUE;
-        END IF;
-        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO hits
-          FROM atom_set_file_grams g
-         WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (cand)
-           AND cardinality(ht_offsets(g.tokens, substr(nb, 4 * (n - lo) + 1), 1)) > 0;
-        IF hits IS NOT NULL THEN
-            best := lo;
-            EXIT;
+        IF ids IS NOT NULL THEN
+            FOR j IN 1 .. cardinality(ids) LOOP
+                IF cardinality(ht_offsets(hays[j], substr(nb, 4 * (n - lo) + 1), 1)) > 0 THEN
+                    keep := keep || j;
+                END IF;
+            END LOOP;
+            IF cardinality(keep) > 0 THEN
+                best := lo;
+                EXIT;
+            END IF;
         END IF;
         fail := lo;
     END LOOP;
     IF best = 0 THEN
         RETURN;
     END IF;
-    -- Longer: double, then halve the gap, over the files that still hold the suffix.
+    -- Every occurrence at that level (at most 64 a file), by its end e (0-based, exclusive): a longer
+    -- suffix ends there too, so a probe compares bytes in place. Double, then halve the gap.
+    FOREACH i IN ARRAY keep LOOP
+        FOREACH o IN ARRAY ht_offsets(hays[i], substr(nb, 4 * (n - best) + 1), 64) LOOP
+            occ_at := occ_at || i;
+            occ_end := occ_end || (o + best);
+        END LOOP;
+    END LOOP;
     lo := best;
     hi := fail;                                    -- the shortest length known not to occur
     WHILE lo + 1 < hi LOOP
         mid := CASE WHEN hi = n + 1 AND lo * 2 < n THEN lo * 2 ELSE (lo + hi) / 2 END;
-        SELECT array_agg(g.file_id ORDER BY g.file_id) INTO probe
-          FROM atom_set_file_grams g
-         WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (hits)
-           AND cardinality(ht_offsets(g.tokens, substr(nb, 4 * (n - mid) + 1), 1)) > 0;
-        IF probe IS NULL THEN
+        probe := '{}';
+        FOR j IN 1 .. cardinality(occ_at) LOOP
+            IF occ_end[j] >= mid
+               AND substr(hays[occ_at[j]], 4 * (occ_end[j] - mid) + 1, 4 * mid) = substr(nb, 4 * (n - mid) + 1) THEN
+                probe := probe || j;
+            END IF;
+        END LOOP;
+        IF cardinality(probe) = 0 THEN
             hi := mid;
         ELSE
             lo := mid;
-            hits := probe;
+            occ_at := ARRAY(SELECT occ_at[j] FROM unnest(probe) j);
+            occ_end := ARRAY(SELECT occ_end[j] FROM unnest(probe) j);
         END IF;
     END LOOP;
-    RETURN QUERY
-    SELECT o.file_id, o.token_offset, lo
-      FROM (SELECT g.file_id, x.token_offset, length(g.tokens) / 4 AS n_tokens
-              FROM atom_set_file_grams g,
-                   unnest(ht_offsets(g.tokens, substr(nb, 4 * (n - lo) + 1), p_k + 1)) AS x(token_offset)
-             WHERE g.atom_set_id = p_set_id AND g.file_id = ANY (hits)) o
-     WHERE NOT p_follow OR o.token_offset + lo < o.n_tokens
-     ORDER BY o.file_id, o.token_offset
-     LIMIT p_k;
+    FOR j IN 1 .. cardinality(occ_at) LOOP         -- files ascend, and each file's occurrences
+        CONTINUE WHEN p_follow AND occ_end[j] >= length(hays[occ_at[j]]) / 4;
+        file_id := ids[occ_at[j]];
+        token_offset := occ_end[j] - lo;
+        match_tokens := lo;
+        RETURN NEXT;
+        rows := rows + 1;
+        IF rows >= p_k THEN
+            RETURN;
+        END IF;
+    END LOOP;
 END
 $$;
 
