@@ -212,7 +212,16 @@ def summarise(completions: list, speculative_times: list, systems: tuple[str, ..
     spec = {"median_seconds": metrics.median([t["seconds"] for t in speculative_times]),
             "lines": len(speculative_times), "identical": all(t["identical"] for t in speculative_times),
             "times": speculative_times} if speculative_times else None
-    return {"table": table, "paired": paired, "diagnosis": diagnosis, "speculative": spec,
+    pooled = table.get(POOLED, {})
+    ratio = lambda a, b, key: (pooled[a][key]["estimate"] / pooled[b][key]["estimate"]  # noqa: E731
+                               if a in pooled and b in pooled and pooled[b][key]["estimate"] else None)
+    seconds = lambda a, b: (pooled[a]["median_seconds"] / pooled[b]["median_seconds"]  # noqa: E731
+                            if a in pooled and b in pooled and pooled[b]["median_seconds"] else None)
+    headline = {f"{p['a']} vs {p['b']} {p['metric']}": p for p in paired if p["repo"] == POOLED}
+    headline.update({"augmented over exact em": ratio("augmented", "exact", "em"),
+                     "augmented over exact median seconds": seconds("augmented", "exact"),
+                     "lines": len(aug)})
+    return {"table": table, "paired": paired, "diagnosis": diagnosis, "speculative": spec, "headline": headline,
             "completions": [c.as_dict() for c in completions]}
 
 

@@ -171,3 +171,14 @@ def test_a_shared_prefill_decodes_as_a_prompt_of_its_own():
     second = greedy_line(backend, tokenizer, ids, new_tokens=12, state=fork(shared))
     assert first[1] == alone[1] == second[1] and first[0] == alone[0]
     assert first[2] >= seconds and shared.cache.length == len(ids)
+
+
+def test_merging_runs_gives_the_same_summaries_and_one_command(results):
+    from benchmarks.completion_merge import merge
+
+    first, _ = results
+    merged = merge([first])
+    assert merged["table"] == first["table"] and merged["paired"] == first["paired"]
+    assert merged["headline"]["augmented vs exact em"]["difference"] == first["headline"]["augmented vs exact em"]["difference"]
+    assert merged["command"].startswith("hartonomous bench --completion --repo ")
+    assert merged["machine"]["commit"] == first["machine"]["commit"] and merged["started"] == first["started"]
