@@ -376,7 +376,11 @@ def index_cmd(
     from pathlib import Path
 
     from hartonomous.repository.index import index_repository
-    from projection.index import first_index
+
+    def first_index(*args, **kwargs):      # the build (torch, the model) is imported only for a first index
+        from projection.index import first_index as build
+
+        return build(*args, **kwargs)
 
     def say(message: str) -> None:
         console.print(message, highlight=False)
