@@ -24,8 +24,9 @@
 --     This is the longest stored suffix behind the store's distribution: the lattice keys are
 --     those suffixes (at most the set's window long), and the backoff kernel counts the atoms of
 --     the longest one. The search is exact within a bound on its work: it reads at most 16
---     candidate files per gram level (item 5; the 16 of smallest file_id among those holding the
---     keys), and extends at most 64 occurrences a file of the longest gram level found, so where
+--     candidate files at the 8-gram level and 4 at the 4- and 2-gram levels (item 5; those of
+--     smallest file_id among the files holding the keys: a match shorter than 8 tokens is a
+--     common phrase, cited from its first files), and extends at most 64 occurrences a file of the longest gram level found, so where
 --     more files hold a suffix (a popular line of boilerplate) the longest match and its
 --     occurrences are those of these.
 --  3. Rows of kind 'memory' (memory => true): the set's memory of past generations (memory_atoms,
@@ -66,19 +67,18 @@ SET search_path = public, pg_temp
 AS $$
 -- Per position i (1-based) of p_tokens, the keys of the 2-, 4- and 8-grams that start there (NULL
 -- where the gram would run past the end). A key is the gram's length tag (1, 2, 3) above the low 20
--- bits of a tree hash: h2 = hashint8 of the two tokens, h4 of two h2, h8 of two h4. Window
--- functions over one unnest: no slice of the array per gram.
+-- bits of a tree hash: h2 of the two tokens' hashint4, h4 of two h2, h8 of two h4, each pair
+-- combined as hashint8(a * 1000003 # b) (hashint8 folds the halves of its argument, so the two are
+-- mixed first). Window functions over one unnest: no slice of the array per gram.
 WITH t AS (
-    SELECT u.i, u.x::bigint & 4294967295 AS x FROM unnest(p_tokens) WITH ORDINALITY AS u(x, i)
+    SELECT u.i, hashint4(u.x)::bigint AS x FROM unnest(p_tokens) WITH ORDINALITY AS u(x, i)
 ), g2 AS (
-    SELECT t.i, hashint8((t.x << 32) | lead(t.x) OVER (ORDER BY t.i)) AS h2 FROM t
+    SELECT t.i, hashint8((t.x * 1000003) # lead(t.x) OVER (ORDER BY t.i)) AS h2 FROM t
 ), g4 AS (
-    SELECT g2.i, g2.h2,
-           hashint8((g2.h2::bigint << 32) | (lead(g2.h2, 2) OVER (ORDER BY g2.i)::bigint & 4294967295)) AS h4
+    SELECT g2.i, g2.h2, hashint8((g2.h2::bigint * 1000003) # lead(g2.h2, 2) OVER (ORDER BY g2.i)) AS h4
       FROM g2
 ), g8 AS (
-    SELECT g4.i, g4.h2, g4.h4,
-           hashint8((g4.h4::bigint << 32) | (lead(g4.h4, 4) OVER (ORDER BY g4.i)::bigint & 4294967295)) AS h8
+    SELECT g4.i, g4.h2, g4.h4, hashint8((g4.h4::bigint * 1000003) # lead(g4.h4, 4) OVER (ORDER BY g4.i)) AS h8
       FROM g4
 )
 SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 1048575), (3 << 20) | (g8.h8 & 1048575)
@@ -222,7 +222,7 @@ BEGIN
           FROM (SELECT g.file_id, g.tokens FROM atom_set_file_grams g
                  WHERE g.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
                    AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
-                 ORDER BY g.file_id LIMIT 16) g;
+                 ORDER BY g.file_id LIMIT CASE WHEN lo = 8 THEN 16 ELSE 4 END) g;
         IF ids IS NOT NULL THEN
             FOR j IN 1 .. cardinality(ids) LOOP
                 IF cardinality(ht_offsets(hays[j], substr(nb, 4 * (n - lo) + 1), 1)) > 0 THEN

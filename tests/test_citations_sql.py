@@ -42,23 +42,36 @@ def line_of(lines: list[int], offset: int) -> int:
     return sum(1 for start in lines if start <= offset)
 
 
+def occurrences(tokens: list[int], gram: list[int]) -> list[int]:
+    return [o for o in range(len(tokens) - len(gram) + 1) if tokens[o:o + len(gram)] == gram]
+
+
 def reference(files: dict[int, list[int]], context: list[int], token: int | None, k: int) -> list[tuple]:
-    """Brute force: (token_id, file_id, token_offset, match_tokens) of the longest stored suffix."""
+    """Brute force, with the search's bound (sql/100_sources.sql item 2): the first 16 files (4 below
+    the 8-gram level) holding the needle's last 8-, 4- or 2-gram, the longest level any holds; then
+    the longest suffix over those files' first 64 occurrences of that gram. (token_id, file_id,
+    token_offset, match_tokens) of its occurrences."""
     needle = (context + ([token] if token is not None else []))[-MAX_NEEDLE:]
-    for length in range(len(needle), 1, -1):
-        suffix = needle[-length:]
+    for level, cap in ((8, 16), (4, 4), (2, 4)):
+        if level > len(needle):
+            continue
+        holding = [f for f in sorted(files) if occurrences(files[f], needle[-level:])][:cap]
+        if not holding:
+            continue
+        ends = [(f, o + level) for f in holding for o in occurrences(files[f], needle[-level:])[:64]]
+        best = max(max(length for length in range(level, len(needle) + 1)
+                       if end >= length and files[f][end - length:end] == needle[-length:]) for f, end in ends)
         hits = []
-        for file_id in sorted(files):
-            tokens = files[file_id]
-            for offset in range(len(tokens) - length + 1):
-                if tokens[offset:offset + length] == suffix:
-                    if token is None:
-                        if offset + length < len(tokens):
-                            hits.append((tokens[offset + length], file_id, offset + length, length))
-                    else:
-                        hits.append((token, file_id, offset + length - 1, length - 1))
-        if hits:
-            return hits[:k]
+        for f, end in ends:
+            tokens = files[f]
+            if end < best or tokens[end - best:end] != needle[-best:]:
+                continue
+            if token is None:
+                if end < len(tokens):
+                    hits.append((tokens[end], f, end, best))
+            else:
+                hits.append((token, f, end - 1, best - 1))
+        return hits[:k]
     return []
 
 

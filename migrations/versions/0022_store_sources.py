@@ -33,6 +33,8 @@ def upgrade() -> None:
             CONSTRAINT atom_set_file_grams_file_fkey FOREIGN KEY (atom_set_id, file_id)
                 REFERENCES atom_set_files (atom_set_id, file_id) ON DELETE CASCADE
         )""")
+    # Searched whole on every citation: kept out of line but uncompressed (no decompression a call).
+    op.execute("ALTER TABLE atom_set_file_grams ALTER COLUMN tokens SET STORAGE EXTERNAL")
     op.execute("CREATE INDEX IF NOT EXISTS atom_set_file_grams_grams_gin ON atom_set_file_grams USING gin (grams)")
     op.execute("GRANT SELECT ON atom_set_file_grams TO hartonomous_reader")
     install_sql_functions(op.get_bind().connection.driver_connection.execute)
