@@ -36,18 +36,22 @@ def merge(parts: list[dict]) -> dict:
         scope: diagnose.summarise([r for r in forced if scope == completion.POOLED or r["repo"] == scope])
         for scope in [r["name"] for r in repos] + [completion.POOLED]}
     merged["diagnosis"]["teacher_forced_tokens"] = forced
-    machine = dict(parts[0]["machine"])
-    machine["load"] = {"start": parts[0]["machine"]["load"]["start"], "end": parts[-1]["machine"]["load"]["end"],
-                       "parts": [p["machine"]["load"] for p in parts]}
+    described = [p for p in parts if "machine" in p]      # runs before 2026-12-02 17:23 UTC recorded the load only
+    if not described:
+        raise SystemExit("error: no run records its machine; merge runs of bench --completion as it is now")
+    loads = [p.get("machine", {}).get("load") or p.get("load") for p in parts]
+    machine = dict(described[0]["machine"])
+    machine["load"] = {"start": loads[0]["start"], "end": loads[-1]["end"], "parts": loads}
     command = ("hartonomous bench --completion " + " ".join(f"--repo {r['root']}" for r in repos)
                + f" --lines-per-file {settings['lines_per_file']} --held-out-files {settings['held_out_files']}"
                + f" --in-file-tokens {settings['in_file_tokens']} --retrieval-tokens {settings['retrieval_tokens']}"
                + f" --seed {settings['seed']}")
     merged.update({"mode": "completion", "repos": repos, "systems": list(systems), "settings": settings,
-                   "machine": machine, "started": parts[0]["started"], "command": command,
+                   "machine": machine, "started": described[0]["started"], "command": command,
                    "load": machine["load"],
-                   "parts": [{"command": p.get("command"), "started": p["started"], "commit": p["machine"].get("commit"),
-                              "load": p["machine"]["load"]} for p in parts]})
+                   "parts": [{"command": p.get("command"), "started": p.get("started"),
+                              "commit": p.get("machine", {}).get("commit"), "load": load}
+                             for p, load in zip(parts, loads)]})
     return merged
 
 
