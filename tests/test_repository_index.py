@@ -168,3 +168,19 @@ def test_recalibrate_refits_the_parameters_and_keeps_the_files(server_url, index
     with psycopg.connect(server_url) as conn:
         new_id, new_fitted_at, new_paths = conn.execute(query, (name,)).fetchone()
     assert new_paths == paths and new_fitted_at > fitted_at and new_id != set_id
+
+
+def test_a_folder_of_prose_gets_the_projection_keys_and_code_the_lattice():
+    from hartonomous.repository.index import is_code
+    from projection.index import index_options
+
+    class F:
+        def __init__(self, path, size):
+            self.path, self.size = path, size
+
+    assert is_code([F("a.py", 900), F("README.md", 100)])
+    assert not is_code([F("a.py", 100), F("guide.md", 900), F("notes.txt", 50)])
+    code, prose = index_options("s", "tiny", True, False), index_options("s", "tiny", False, False)
+    assert (code.positions, code.kernel, code.layout, code.target) == ("lattice", "backoff", "rows", "corpus")
+    assert (prose.positions, prose.kernel, prose.layout, prose.target) == ("projection", "gaussian", "rows", "corpus")
+    assert prose.resolved_window() == 3 and prose.resolved_decay() == 0.01

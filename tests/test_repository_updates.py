@@ -143,6 +143,10 @@ def test_updates_answer_exactly_as_a_fresh_index_of_the_final_files(server_url, 
             count = """SELECT count(*), sum(weight) FROM atoms a JOIN atom_sets s ON s.id = a.atom_set_id
                         WHERE s.name = %s"""
             assert conn.execute(count, (name,)).fetchone() == conn.execute(count, (fresh,)).fetchone()
+            recorded = "SELECT (stats#>>'{ingest,atoms}')::bigint, (stats#>>'{atoms,count}')::bigint FROM atom_sets " \
+                       "WHERE name = %s"
+            (atoms, _) = conn.execute(count, (name,)).fetchone()
+            assert conn.execute(recorded, (name,)).fetchone() == (atoms, atoms)    # what `atom-sets` shows
     finally:
         drop_atom_set(server_url, fresh)
     assert frozen(server_url, name) == before          # parameters and gate untouched

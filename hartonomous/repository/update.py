@@ -214,12 +214,14 @@ def delete_files(conn: psycopg.Connection, set_id: int, file_ids: list[int]) -> 
 
 
 def record(conn: psycopg.Connection, set_id: int, section: dict, atoms_change: int) -> None:
-    """Merge `section` into stats.repository and move stats.atoms.count by `atoms_change` (a new row
-    version of the set, which readers' caches key on)."""
-    conn.execute("""UPDATE atom_sets SET stats = jsonb_set(
+    """Merge `section` into stats.repository and move the atom counts (stats.atoms.count and
+    stats.ingest.atoms, what `hartonomous atom-sets` shows) by `atoms_change`: a new row version of
+    the set, which readers' caches key on."""
+    conn.execute("""UPDATE atom_sets SET stats = jsonb_set(jsonb_set(
                         stats || jsonb_build_object('repository', coalesce(stats->'repository', '{}'::jsonb) || %s::jsonb),
-                        '{atoms,count}', to_jsonb(coalesce((stats#>>'{atoms,count}')::bigint, 0) + %s), true)
-                     WHERE id = %s""", (json.dumps(section), atoms_change, set_id))
+                        '{atoms,count}', to_jsonb(coalesce((stats#>>'{atoms,count}')::bigint, 0) + %s), true),
+                        '{ingest,atoms}', to_jsonb(coalesce((stats#>>'{ingest,atoms}')::bigint, 0) + %s), true)
+                     WHERE id = %s""", (json.dumps(section), atoms_change, atoms_change, set_id))
 
 
 def write_fresh(conn: psycopg.Connection, like: str, name: str, root: str, entries: list[FileEntry]) -> int:
