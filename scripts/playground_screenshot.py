@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PANES = ("exact", "augmented", "speculative")
+sys.path.insert(0, str(ROOT))
+from hartonomous.paths import DECLARATIONS, PATHS  # noqa: E402  (light: no model code)
+
+PANES = tuple(name for name, declared in DECLARATIONS.items() if declared.shown)   # the panes the page opens on
 
 
 def held_out_head(atom_set: str, lines: int) -> tuple[str, str]:
@@ -90,7 +93,7 @@ def capture(url: str, atom_set: str, prompt: str, new_tokens: int, out: Path) ->
                 f"document.getElementById('prompt').rows = {min(prompt.count(chr(10)) + 1, 32)}",
                 *[f"document.getElementById('{k}').value = {json.dumps(str(v))}" for k, v in settings.items()],
                 *[f"document.getElementById('use-{p}').checked = {json.dumps(p in PANES)}"
-                  for p in ("spatial", "exact", "speculative", "augmented", "hybrid")]]
+                  for p in PATHS]]
         browser.evaluate("; ".join(fill))
         browser.click("#generate")
         for path in PANES:
