@@ -2,6 +2,7 @@
 writing files, and store_sources' time per generated token (sql/100_sources.sql).
 
     python -m benchmarks.citations --tokens 1000000 --queries 1000 --out FILE
+    python -m benchmarks.citations --database NAME --queries 1000 --out FILE   # re-time a --keep run's
 
 Files: this Python's own source (the standard library, then site-packages), .py files sorted by
 path, tokenized alone with SmolLM2's tokenizer, line starts as `hartonomous index` records them,
@@ -93,11 +94,10 @@ def cases_from(ids: list[int], count: int, rng: np.random.Generator) -> list[tup
     return [(ids[max(0, e - 256):e], ids[e]) for e in ends]
 
 
-def run(server: str, tokens: int, queries: int, keep: bool) -> dict:
+def fill(server: str, tokens: int, tokenizer) -> tuple[str, dict]:
+    """A fresh scratch database on `server` with --tokens of files written: (its name, write timings)."""
     from hartonomous.db import migrate
-    from hartonomous.model import load_fast_tokenizer
 
-    tokenizer = load_fast_tokenizer()._tokenizer
     files = load_files(tokenizer, tokens)
     name = f"citations_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as admin:
@@ -114,33 +114,45 @@ def run(server: str, tokens: int, queries: int, keep: bool) -> dict:
         start = time.perf_counter()
         conn.execute("SELECT sum(cardinality(ht_file_grams(token_ids))) FROM atom_set_files").fetchone()
         grams_s = time.perf_counter() - start
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE atom_set_files")
-            conn.execute("VACUUM ANALYZE atom_set_file_grams")
-            stored = sum(len(ids) for _p, ids, _l in files)
-            sizes = {table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
-                     for table in ("atom_set_files", "atom_set_file_grams")}
-            gin = conn.execute("SELECT pg_relation_size('atom_set_file_grams_grams_gin')").fetchone()[0]
-            rng = np.random.default_rng(0)
-            held = []
-            for path in sorted((ROOT / "hartonomous").rglob("*.py")):
-                held += tokenize(tokenizer, path.read_text(encoding="utf-8"))[0]
-            flat = [t for _p, ids, _l in files for t in ids]
-            conn.execute(CALL, (held[:10], "bench", held[10]))       # warm the session's plans
-            result = {
-                "files": len(files), "tokens": stored,
-                "bytes": sizes, "gin_index_bytes": gin,
+    return name, {"write_s": write_s, "grams_s": grams_s}
+
+
+def measure(url: str, queries: int, tokenizer) -> dict:
+    """Sizes and store_sources' time per call on a filled scratch database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE atom_set_files")
+        conn.execute("VACUUM ANALYZE atom_set_file_grams")
+        files = conn.execute("SELECT token_ids FROM atom_set_files ORDER BY file_id").fetchall()
+        stored = sum(len(ids) for (ids,) in files)
+        sizes = {table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
+                 for table in ("atom_set_files", "atom_set_file_grams")}
+        gin = conn.execute("SELECT pg_relation_size('atom_set_file_grams_grams_gin')").fetchone()[0]
+        rng = np.random.default_rng(0)
+        held = []
+        for path in sorted((ROOT / "hartonomous").rglob("*.py")):
+            held += tokenize(tokenizer, path.read_text(encoding="utf-8"))[0]
+        flat = [t for (ids,) in files for t in ids]
+        conn.execute(CALL, (held[:10], "bench", held[10]))       # warm the session's plans
+        return {"files": len(files), "tokens": stored, "bytes": sizes, "gin_index_bytes": gin,
                 "bytes_per_token": {k: v / stored for k, v in sizes.items()},
-                "write_s": write_s, "grams_s": grams_s,
                 "held_out": time_calls(conn, "bench", cases_from(held, queries, rng)),
-                "stored": time_calls(conn, "bench", cases_from(flat, queries, rng)),
-            }
+                "stored": time_calls(conn, "bench", cases_from(flat, queries, rng))}
+
+
+def run(server: str, tokens: int, queries: int, keep: bool, database: str | None = None) -> dict:
+    from hartonomous.model import load_fast_tokenizer
+
+    tokenizer = load_fast_tokenizer()._tokenizer
+    written = {}
+    if database is None:
+        database, written = fill(server, tokens, tokenizer)
+    url = server.rsplit("/", 1)[0] + f"/{database}"
+    try:
+        return {**measure(url, queries, tokenizer), **written, "database": database}
     finally:
-        if not keep:
+        if not keep and written:
             with psycopg.connect(server, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return result
+                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--url", help="owner URL of a server to create the scratch database on (default: the CLI's)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--database", help="time a scratch database a --keep run filled (its name) instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.url is None:
@@ -157,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         args.url = owner_url()
     load = os.getloadavg()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    result = run(args.url, args.tokens, args.queries, args.keep)
+    result = run(args.url, args.tokens, args.queries, args.keep, args.database)
     result.update(command=" ".join(["python -m benchmarks.citations"] + (argv or sys.argv[1:])),
                   started=started, load_before=load, load_after=os.getloadavg(), cpu=cpu_name())
     text = json.dumps(result, indent=2)
