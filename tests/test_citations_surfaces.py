@@ -11,13 +11,14 @@ known source: the file, the line of its offset, its license, and every token bef
   with the file's license; --json carries both.
 - HTTP: /api/generate/stream details events and /v1 completions (streamed chunks and the whole
   response's extension) carry the same citations as the Python events.
-- The playground asks for citations when its cite box is checked and shows them on hover.
+- The playground (headless Chromium) shows a token's sources on hover when its cite box is ticked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,13 +203,37 @@ def test_v1_completions_carry_citations_streamed_and_whole(served, client, cited
         assert "citations" not in plain["hartonomous"]
 
 
-def test_the_playground_asks_for_citations_and_shows_them_on_hover() -> None:
-    static = Path(__file__).resolve().parents[1] / "hartonomous" / "static"
-    script = (static / "playground.js").read_text()
-    assert 'id="cite" type="checkbox"' in (static / "index.html").read_text()
-    assert 'if ($("cite").checked) body.cite = true;' in script
-    assert "citeOnHover(q(\".generated\").lastChild, event.citations)" in script
-    assert "span.title = " in script[script.index("function citeOnHover"):]
+def test_the_playground_shows_a_tokens_sources_on_hover(served, cited_set) -> None:
+    """Headless Chromium: with the cite box ticked, each token of the spatial pane carries its
+    file:line (license) in its hover title; unticked, none does."""
+    from browser import CHROMIUM, Browser
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    name, prompt, spatial, _ = cited_set
+    with Browser() as browser:
+        browser.navigate(served + "/")
+        browser.wait_for(f"[...document.querySelectorAll('#atom_set option')].some(o => o.value === "
+                         f"{json.dumps(name)})", "the atom set in the selector")
+        titles = {}
+        for cite in (True, False):
+            fill = [f"document.getElementById('prompt').value = {json.dumps(PROMPT)}",
+                    f"document.getElementById('atom_set').value = {json.dumps(name)}",
+                    f"document.getElementById('cite').checked = {json.dumps(cite)}",
+                    *[f"document.getElementById('use-{p}').checked = {json.dumps(p == 'spatial')}"
+                      for p in ("spatial", "exact", "speculative", "augmented", "hybrid")],
+                    *[f"document.getElementById('{k}').value = '{v}'" for k, v in
+                      {"max_new_tokens": N, "temperature": 0, "repetition_penalty": 1}.items()]]
+            browser.evaluate("; ".join(fill))
+            browser.click("#generate")
+            browser.wait_for("document.getElementById('pane-spatial').dataset.state === 'done'", "the spatial pane")
+            titles[cite] = browser.evaluate("[...document.querySelectorAll('#pane-spatial .generated .tok')]"
+                                            ".map(s => s.title)")
+    assert titles[False] == []
+    assert len(titles[True]) == N               # the tiny greedy continuation has no EOS
+    for step, title in enumerate(titles[True]):
+        path, line, _ = expected_first(prompt, step)
+        assert title.splitlines()[0] == f"{path}:{line} (MIT)"
 
 
 def test_augmented_cites_exactly_the_steps_whose_token_was_the_stores_top(server_url, corpus_set) -> None:
