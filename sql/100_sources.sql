@@ -26,9 +26,9 @@
 --     the longest one. The search is exact within a bound on its work: it reads at most 16
 --     candidate files at the 8-gram level and 4 at the 4- and 2-gram levels (item 5; those of
 --     smallest file_id among the files holding the keys: a match shorter than 8 tokens is a
---     common phrase, cited from its first files), and extends at most 64 occurrences a file of the longest gram level found, so where
---     more files hold a suffix (a popular line of boilerplate) the longest match and its
---     occurrences are those of these.
+--     common phrase, cited from its first files), and extends at most 64 occurrences a file of
+--     the longest gram level found, so where more files hold a suffix (a popular line of
+--     boilerplate) the longest match and its occurrences are those of these.
 --  3. Rows of kind 'memory' (memory => true): the set's memory of past generations (memory_atoms,
 --     sql/070_memory.sql): the atoms (of the given token, when one is given) at the key of context
 --     (ht_context_centroid, the key next_token reads), within the backoff radius of the nearest
@@ -42,22 +42,22 @@
 --     0-based into tokens, with up to k files holding it (smallest file_id first) and the line of
 --     its first token there. One row per (run, file).
 --  5. The occurrence index: atom_set_file_grams (migration 0022) holds, per train file, the keys
---     ht_file_grams(token_ids), kept by a trigger on atom_set_files (insert, update, delete; the
+--     ht_file_grams(token_ids) and the tokens as 4-byte words (ht_token_bytes), kept by a trigger on atom_set_files (insert, update, delete; the
 --     writer of the file table needs no change) and deleted with the file (ON DELETE CASCADE). A
 --     key is a 20-bit tree hash of a 2-, 4- or 8-gram with its length in the bits above, so the GIN
 --     index over it holds at most 3 x 2^20 keys with compressed lists of files: its size follows
 --     the (gram, file) pairs, not the grams. A file holding the keys of a needle's last 2-, 4- and
 --     8-grams is a candidate; the candidates are then searched for the needle itself (position()
---     over the row's copy of the tokens as 4-byte words, ht_token_bytes: C speed), so a hash
---     collision never gives a wrong row.
+--     over those words: C speed), so a hash collision never gives a wrong row.
 --  6. Bad input raises SQLSTATE 22023 naming the argument: context / tokens (ht_check_context, and
 --     token ids outside the set's vocabulary), token (negative or outside it), k outside 1 .. 100,
 --     min_tokens outside 2 .. 256, memory NULL, an unknown atom set (ht_atom_set).
 --  7. Privileges: SECURITY INVOKER, read only; the reader role may call store_sources and
 --     store_verbatim (it may SELECT atom_set_files and atom_set_file_grams, and write neither).
--- Work per call: at most three GIN lookups for the candidate files, then a byte search of the
--- candidates' tokens per probed length (O(log) probes); plus, with memory and a non-empty memory,
--- the context's key and one KNN.
+-- Work per call: at most three GIN lookups for the candidate files, their tokens read once, one
+-- byte search of each for the longest level's gram, then O(log 256) probes comparing bytes in
+-- place at each occurrence; plus, with memory and a non-empty memory, the context's key and one
+-- KNN. Measured in docs/repository.md ("Citations").
 
 
 CREATE OR REPLACE FUNCTION ht_gram_rows(p_tokens integer[])
