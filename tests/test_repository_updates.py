@@ -256,3 +256,13 @@ def test_a_second_run_on_the_same_set_waits_for_the_first(server_url, repo):
         holder.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (LOCK_CLASS, name))
         worker.join(60)
     assert not worker.is_alive() and result["report"].kind == "update"
+
+
+def test_exclude_holds_files_out_and_they_come_back_without_it(server_url, repo):
+    root, name = repo
+    write_repository(root, initial_files())
+    index(server_url, root, name)
+    held = index(server_url, root, name, exclude=["pkg/mod_1*"])          # mod_1, mod_10 .. mod_19
+    assert (held.removed, held.skipped["excluded"]) == (11, 11)
+    back = index(server_url, root, name)
+    assert (back.added, back.removed) == (11, 0)
