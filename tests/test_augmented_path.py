@@ -34,7 +34,7 @@ from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.memory import REMEMBERED_PATHS, MemoryPolicy, MemoryWriter
-from test_speculative import tiny_exact_backend
+from speculative_helpers import tiny_exact_backend
 from tiny_model import TRAIN_TEXT, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py

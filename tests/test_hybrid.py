@@ -20,8 +20,8 @@ from hartonomous.errors import InvalidArgument, UserError
 from hartonomous.runtimes.reference import ExactModel
 from hartonomous.generation_config import GenerationConfig
 from hartonomous.risk import RiskModel
-from test_speculative import (PROMPTS, atom_set, connect_spatial, exact_engine, spatial,  # noqa: F401
-                              tiny_exact_backend)
+from speculative_helpers import atom_set, connect_spatial, spatial, tiny_exact_backend  # noqa: F401 (fixtures)
+from test_speculative import PROMPTS, exact_engine
 from tiny_model import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # conftest.py
