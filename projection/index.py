@@ -106,10 +106,12 @@ def _first_index(conn, root, name, entries, texts, code, model, replace, progres
     options.check()
     if model_obj is None or tokenizer is None:
         from hartonomous.config import get_settings
+        from hartonomous.corpus.teacher import cache_dir
         from hartonomous.model import load_model, load_tokenizer, pick_device
 
         ui.step(f"loading model {model}")
         model_obj, tokenizer = load_model(model, pick_device(get_settings().device)), load_tokenizer(model)
+        options.teacher_cache = cache_dir(get_settings().home)   # as `build`: --recalibrate reuses the labels
     model_name = getattr(model_obj.config, "name_or_path", None) or model
     embeddings = model_obj.get_input_embeddings().weight.detach().float().cpu().numpy()
     loaded = stages.Loaded(model_obj, tokenizer, model_name, embeddings,
