@@ -7,8 +7,9 @@ writing files, and store_sources' time per generated token (sql/100_sources.sql)
 Files: this Python's own source (the standard library, then site-packages), .py files sorted by
 path, tokenized alone with SmolLM2's tokenizer, line starts as `hartonomous index` records them,
 every file 'train', until --tokens. They are written into atom_set_files of a fresh database (the
-trigger fills atom_set_file_grams) in one COPY. Sizes are pg_total_relation_size (heap, TOAST and
-indexes) of both tables. Queries: --queries positions of held-out text (this repository's own
+trigger fills atom_set_file_grams, the expression index the keys) in one COPY. Sizes are
+pg_total_relation_size (heap, TOAST and indexes) of both tables; the GIN index of the keys is
+atom_set_files'. Queries: --queries positions of held-out text (this repository's own
 hartonomous/**/*.py, not in the files) and as many of stored text (positions of the files, a
 verbatim regeneration: the longest matches), each one store_sources call as the engine makes it
 (the context's last 256 tokens and the generated token, k 5, memory on, an empty memory), timed
@@ -126,7 +127,7 @@ def measure(url: str, queries: int, tokenizer) -> dict:
         stored = sum(len(ids) for (ids,) in files)
         sizes = {table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
                  for table in ("atom_set_files", "atom_set_file_grams")}
-        gin = conn.execute("SELECT pg_relation_size('atom_set_file_grams_grams_gin')").fetchone()[0]
+        gin = conn.execute("SELECT pg_relation_size('atom_set_files_grams_gin')").fetchone()[0]
         rng = np.random.default_rng(0)
         held = []
         for path in sorted((ROOT / "hartonomous").rglob("*.py")):
@@ -135,6 +136,7 @@ def measure(url: str, queries: int, tokenizer) -> dict:
         conn.execute(CALL, (held[:10], "bench", held[10]))       # warm the session's plans
         return {"files": len(files), "tokens": stored, "bytes": sizes, "gin_index_bytes": gin,
                 "bytes_per_token": {k: v / stored for k, v in sizes.items()},
+                "total_bytes_per_token": sum(sizes.values()) / stored,
                 "held_out": time_calls(conn, "bench", cases_from(held, queries, rng)),
                 "stored": time_calls(conn, "bench", cases_from(flat, queries, rng))}
 

@@ -41,13 +41,15 @@
 --     runs (a run is not part of a longer one ending at the same place or later), start_index
 --     0-based into tokens, with up to k files holding it (smallest file_id first) and the line of
 --     its first token there. One row per (run, file).
---  5. The occurrence index: atom_set_file_grams (migration 0022) holds, per train file, the keys
---     ht_file_grams(token_ids) and the tokens as 4-byte words (ht_token_bytes), kept by a trigger on atom_set_files (insert, update, delete; the
---     writer of the file table needs no change) and deleted with the file (ON DELETE CASCADE). A
---     key is a 20-bit tree hash of a 2-, 4- or 8-gram with its length in the bits above, so the GIN
---     index over it holds at most 3 x 2^20 keys with compressed lists of files: its size follows
---     the (gram, file) pairs, not the grams. A file holding the keys of a needle's last 2-, 4- and
---     8-grams is a candidate; the candidates are then searched for the needle itself (position()
+--  5. The occurrence index (migration 0022): the keys ht_file_grams(token_ids) of each train file
+--     under a GIN expression index on atom_set_files (atom_set_files_grams_gin, WHERE split =
+--     'train': the keys are computed when a file is written, never stored in a column), and
+--     atom_set_file_grams, per train file the tokens as 4-byte words (ht_token_bytes), kept by a
+--     trigger on atom_set_files (insert, update, delete; the writer of the file table needs no
+--     change) and deleted with the file (ON DELETE CASCADE). A key is a 20-bit tree hash of a 2-,
+--     4- or 8-gram with its length in the bits above, so the GIN index holds at most 3 x 2^20 keys
+--     with compressed lists of files: its size follows the (gram, file) pairs, not the grams. A
+--     file holding the keys of a needle's last 2-, 4- and 8-grams is a candidate; the candidates are then searched for the needle itself (position()
 --     over those words: C speed), so a hash collision never gives a wrong row.
 --  6. Bad input raises SQLSTATE 22023 naming the argument: context / tokens (ht_check_context, and
 --     token ids outside the set's vocabulary), token (negative or outside it), k outside 1 .. 100,
@@ -176,8 +178,8 @@ BEGIN
         DELETE FROM atom_set_file_grams g WHERE g.atom_set_id = OLD.atom_set_id AND g.file_id = OLD.file_id;
     END IF;
     IF NEW.split = 'train' THEN
-        INSERT INTO atom_set_file_grams (atom_set_id, file_id, grams, tokens)
-        VALUES (NEW.atom_set_id, NEW.file_id, ht_file_grams(NEW.token_ids), ht_token_bytes(NEW.token_ids));
+        INSERT INTO atom_set_file_grams (atom_set_id, file_id, tokens)
+        VALUES (NEW.atom_set_id, NEW.file_id, ht_token_bytes(NEW.token_ids));
     END IF;
     RETURN NEW;
 END
@@ -219,10 +221,12 @@ BEGIN
     FOREACH lo IN ARRAY ARRAY[8, 4, 2] LOOP
         CONTINUE WHEN lo > n;
         SELECT array_agg(g.file_id ORDER BY g.file_id), array_agg(g.tokens ORDER BY g.file_id) INTO ids, hays
-          FROM (SELECT g.file_id, g.tokens FROM atom_set_file_grams g
-                 WHERE g.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
-                   AND g.grams @> ht_needle_keys(p_needle[n - lo + 1:n])
-                 ORDER BY g.file_id LIMIT CASE WHEN lo = 8 THEN 16 ELSE 4 END) g;
+          FROM (SELECT f.file_id FROM atom_set_files f
+                 WHERE f.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
+                   AND f.split = 'train'
+                   AND ht_file_grams(f.token_ids) @> ht_needle_keys(p_needle[n - lo + 1:n])
+                 ORDER BY f.file_id LIMIT CASE WHEN lo = 8 THEN 16 ELSE 4 END) c
+          JOIN atom_set_file_grams g ON g.atom_set_id = p_set_id AND g.file_id = c.file_id;
         IF ids IS NOT NULL THEN
             FOR j IN 1 .. cardinality(ids) LOOP
                 IF cardinality(ht_offsets(hays[j], substr(nb, 4 * (n - lo) + 1), 1)) > 0 THEN
