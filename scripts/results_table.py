@@ -114,7 +114,8 @@ _SPEC = "2026-11-27-bench-speculative-code-src-default-1e6.json"   # speculative
 _RUNTIMES = "2026-11-27-bench-speculative-runtimes.json"   # exact runtimes beside llama.cpp's own decoding
 _AUGMENTED = "2026-11-27-compare-code-src-1e7-augmented-test.json"   # compare's real-text section, a gated set
 _TARGETS = "2026-12-02-targets.json"    # the int4 runtime's targets beside llama.cpp, one run (bench --targets)
-_ROUTED = "2026-11-27-scale-out-routed-2-workers-2000-calls.json"   # one lattice set, one node vs a routed Citus cluster
+_ROUTED = "2026-11-27-scale-out-routed-2-workers-2000-calls.json"
+_COMPLETION = "2026-12-02-bench-completion.json"   # line completion on held-out files of four repositories   # one lattice set, one node vs a routed Citus cluster
 _POSITIONS = {"positions": Field("fidelity.positions", ",.0f")}
 
 
@@ -303,6 +304,24 @@ ROWS: tuple[Row, ...] = (
                 "vs_counting": Field("real_text.comparisons[b=counting ⊕ exact].verdict", "s"),
                 "positions": Field("real_text.positions", ",.0f"),
                 "name": Field("atom_set.name", "s")}),
+    Row(claim="the exact model augmented with a repository's store, completing lines of its held-out files (the "
+              "project's own; how the field measures it, docs/completion.md)",
+        source=_COMPLETION,
+        measured="exact match pooled over four repositories: augmented {aug} against exact {exact} (paired test: "
+                 "augmented {verdict}), exact + in-context retrieval {retr} (augmented {vs_retr}), augmented + "
+                 "retrieval {both}, counting ⊕ exact {count}; edit similarity augmented {aug_es} against exact "
+                 "{exact_es}; median time per line augmented {aug_s} s, exact {exact_s} s",
+        n="{lines} lines of held-out files, greedy to the end of the line",
+        fields={**{key: Field(f"table.pooled.{system}.em.estimate", interval=f"table.pooled.{system}.em.ci95")
+                   for key, system in (("aug", "augmented"), ("exact", "exact"), ("retr", "exact + retrieval"),
+                                       ("both", "augmented + retrieval"), ("count", "counting ⊕ exact"))},
+                "aug_es": Field("table.pooled.augmented.es.estimate", interval="table.pooled.augmented.es.ci95"),
+                "exact_es": Field("table.pooled.exact.es.estimate", interval="table.pooled.exact.es.ci95"),
+                "verdict": Field("headline.augmented vs exact em.verdict", "s"),
+                "vs_retr": Field("headline.augmented vs exact + retrieval em.verdict", "s"),
+                "aug_s": Field("table.pooled.augmented.median_seconds", ".1f"),
+                "exact_s": Field("table.pooled.exact.median_seconds", ".1f"),
+                "lines": Field("headline.lines", "d")}),
     Row(claim="a store of billions of atoms on a cluster (the original design's scale; the project's routing, "
               "docs/scale-out.md)",
         source=_ROUTED,
