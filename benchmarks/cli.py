@@ -187,8 +187,8 @@ def _completion(out: Path, repos: list[Path], lines_per_file: int, held_out_file
     import psycopg
 
     from benchmarks import completion, run
-    from hartonomous.completion.prompts import Budgets
-    from hartonomous.completion.stores import python_files
+    from benchmarks.line_completion.prompts import Budgets
+    from benchmarks.line_completion.stores import python_files
     from hartonomous.db.connection import owner_url
 
     if not repos:

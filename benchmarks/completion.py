@@ -1,9 +1,9 @@
 """`hartonomous bench --completion`: repository-level line completion on held-out files.
 
 For each repository: its held-out files (chosen by path with the seed), the store of the rest built
-or checked (hartonomous.completion.stores), the leakage check, the retrieval index over the files
+or checked (benchmarks.line_completion.stores), the leakage check, the retrieval index over the files
 the store holds; then N lines per held-out file (seeded), each completed by every system
-(hartonomous.completion.run) from the same in-file prompt. Writes <out>/bench-completion.json
+(benchmarks.line_completion.run) from the same in-file prompt. Writes <out>/bench-completion.json
 (every completion, the summaries, the command, the machine's load) and .md, and a plot of EM per
 system per repository with intervals (<out>/completion-em.png).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hartonomous.completion import diagnose, metrics
-from hartonomous.completion.prompts import NEW_TOKENS, Budgets
-from hartonomous.completion.run import SYSTEMS
+from benchmarks.line_completion import diagnose, metrics
+from benchmarks.line_completion.prompts import NEW_TOKENS, Budgets
+from benchmarks.line_completion.run import SYSTEMS
 
 PAIRS = (("augmented", "exact"), ("augmented", "exact + retrieval"), ("augmented + retrieval", "exact + retrieval"),
          ("augmented + retrieval", "augmented"), ("augmented", "counting ⊕ exact"), ("exact + retrieval", "exact"))
@@ -27,7 +27,7 @@ def prepare_repository(conn, root: Path, *, held_out_files: int, seed: int, mode
     """The repository's held-out files, its store (built or reused) and what the store holds,
     checked for leakage."""
     from hartonomous.atomset import load_atom_set
-    from hartonomous.completion import stores
+    from benchmarks.line_completion import stores
     from hartonomous.errors import UserError
 
     root = root.resolve()
@@ -55,8 +55,8 @@ def prepare_repository(conn, root: Path, *, held_out_files: int, seed: int, mode
 
 
 def line_prompts(repo, tokenizer, lines_per_file: int, seed: int, in_file: int) -> list:
-    from hartonomous.completion.lines import select_lines
-    from hartonomous.completion.prompts import line_prompt
+    from benchmarks.line_completion.lines import select_lines
+    from benchmarks.line_completion.prompts import line_prompt
 
     prompts = []
     for path in repo.held_out:
@@ -71,8 +71,8 @@ def run(conn, roots: list[Path], *, budgets: Budgets, held_out_files: int = 4, l
         systems: tuple[str, ...] = SYSTEMS, speculative: bool = True, log=print, build_options: dict | None = None,
         after_build=None) -> dict:
     """Every repository's lines through every system; the report's dict (see `summarise`)."""
-    from hartonomous.completion.retrieval import Retriever, with_retrieval
-    from hartonomous.completion.run import counting_system, run_line
+    from benchmarks.line_completion.retrieval import Retriever, with_retrieval
+    from benchmarks.line_completion.run import counting_system, run_line
     from hartonomous.corpus import teacher
     from hartonomous.measure import load_average
     from hartonomous.paths.context import PathResources, build_engine
@@ -166,7 +166,7 @@ def _rows(completions: list, system: str, repo: str | None) -> list:
 def summarise(completions: list, speculative_times: list, systems: tuple[str, ...]) -> dict:
     """EM and ES with intervals (files resampled) per system per repository and pooled, the paired
     differences, median latency per completion, and where the store's λ went inside a line."""
-    from hartonomous.completion.run import summary_weights
+    from benchmarks.line_completion.run import summary_weights
 
     repo_names = list(dict.fromkeys(c.repo for c in completions))
     table: dict = {}

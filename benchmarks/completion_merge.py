@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 from benchmarks import completion
-from hartonomous.completion import diagnose
-from hartonomous.completion.run import Completion
+from benchmarks.line_completion import diagnose
+from benchmarks.line_completion.run import Completion
 
 
 def merge(parts: list[dict]) -> dict:

@@ -14,9 +14,9 @@ import pytest
 from benchmarks import completion
 from generation_helpers import drop_atom_set, run_cli, save_tiny_model
 from hartonomous.augment.gates import save_gate
-from hartonomous.completion import stores
-from hartonomous.completion.prompts import Budgets
-from hartonomous.completion.run import SYSTEMS
+from benchmarks.line_completion import stores
+from benchmarks.line_completion.prompts import Budgets
+from benchmarks.line_completion.run import SYSTEMS
 from hartonomous.errors import UserError
 from test_augmented_path import GATE
 from tiny_model import tiny_model
@@ -159,7 +159,7 @@ def test_a_shared_prefill_decodes_as_a_prompt_of_its_own():
     """The model's systems decode from copies of one prefill: the same tokens as each starting alone,
     and decoding one copy leaves the prefill as it was."""
     from hartonomous.backends.exact import ExactBackend
-    from hartonomous.completion.run import fork, greedy_line, prefill
+    from benchmarks.line_completion.run import fork, greedy_line, prefill
     from hartonomous.runtimes.reference import ExactModel
 
     model, tokenizer = tiny_model(0)

@@ -1,6 +1,6 @@
 """The completion harness without a database: which lines, where a prompt ends, the budgets, the
 retrieval baseline on a small repository, the metrics against hand-computed cases, and the
-repositories' refusals (hartonomous/completion)."""
+repositories' refusals (benchmarks/line_completion)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hartonomous.completion import metrics, retrieval, stores
-from hartonomous.completion.lines import SKIP_FIRST, candidate, select_lines
-from hartonomous.completion.prompts import (NEW_TOKENS, Budgets, completed_line, line_done, line_prompt,
+from benchmarks.line_completion import metrics, retrieval, stores
+from benchmarks.line_completion.lines import SKIP_FIRST, candidate, select_lines
+from benchmarks.line_completion.prompts import (NEW_TOKENS, Budgets, completed_line, line_done, line_prompt,
                                             prefix_before)
 from hartonomous.errors import UserError
 

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from hartonomous.completion.prompts import NEW_TOKENS, LinePrompt, completed_line, line_done
-from hartonomous.completion.metrics import edit_similarity, exact_match
+from benchmarks.line_completion.prompts import NEW_TOKENS, LinePrompt, completed_line, line_done
+from benchmarks.line_completion.metrics import edit_similarity, exact_match
 from hartonomous.generation_config import SamplerArgs
 
 GREEDY = SamplerArgs(temperature=0.0, top_k=None, top_p=1.0, repetition_penalty=1.0)
