@@ -24,8 +24,8 @@
 --     This is the longest stored suffix behind the store's distribution: the lattice keys are
 --     those suffixes (at most the set's window long), and the backoff kernel counts the atoms of
 --     the longest one. The search is exact within a bound on its work: it reads at most 16
---     candidate files at the 8-gram level and 4 at the 4- and 2-gram levels (item 5; those of
---     smallest file_id among the files holding the keys: a match shorter than 8 tokens is a
+--     files at the 8-gram level and 4 at the 4- and 2-gram levels (item 5; those of smallest
+--     file_id among the files holding the level's gram: a match shorter than 8 tokens is a
 --     common phrase, cited from its first files), and extends at most 64 occurrences a file of
 --     the longest gram level found, so where more files hold a suffix (a popular line of
 --     boilerplate) the longest match and its occurrences are those of these.
@@ -46,17 +46,22 @@
 --     'train': the keys are computed when a file is written, never stored in a column), and
 --     atom_set_file_grams, per train file the tokens as 4-byte words (ht_token_bytes), kept by a
 --     trigger on atom_set_files (insert, update, delete; the writer of the file table needs no
---     change) and deleted with the file (ON DELETE CASCADE). A key is a 20-bit tree hash of a 2-,
---     4- or 8-gram with its length in the bits above, so the GIN index holds at most 3 x 2^20 keys
---     with compressed lists of files: its size follows the (gram, file) pairs, not the grams. A
---     file holding the keys of a needle's last 2-, 4- and 8-grams is a candidate; the candidates are then searched for the needle itself (position()
---     over those words: C speed), so a hash collision never gives a wrong row.
+--     change) and deleted with the file (ON DELETE CASCADE). A key is a tree hash of a 2-, 4- or
+--     8-gram, 20 bits for a 2-gram and 16 for the longer ones, with its length in the bits above,
+--     so the GIN index holds at most 2^20 + 2 x 2^16 keys with compressed lists of files: its size
+--     follows the (gram, file) pairs, not the grams, and few keys make those lists dense. A file
+--     holding the keys of the needle's level gram and of the grams of the level below within it
+--     (ht_needle_keys) is a candidate; candidates are searched for the gram itself (position()
+--     over those words: C speed), in file_id order until the level's 16 or 4 hold it, so a hash
+--     collision neither gives a wrong row nor takes a file's place (short keys cost a further
+--     page of candidates now and then, not a result).
 --  6. Bad input raises SQLSTATE 22023 naming the argument: context / tokens (ht_check_context, and
 --     token ids outside the set's vocabulary), token (negative or outside it), k outside 1 .. 100,
 --     min_tokens outside 2 .. 256, memory NULL, an unknown atom set (ht_atom_set).
 --  7. Privileges: SECURITY INVOKER, read only; the reader role may call store_sources and
 --     store_verbatim (it may SELECT atom_set_files and atom_set_file_grams, and write neither).
--- Work per call: at most three GIN lookups for the candidate files, their tokens read once, one
+-- Work per call: at most three GIN lookups for the candidate files (a further one where a key
+-- collides within the first 16 or 4), their tokens read once, one
 -- byte search of each for the longest level's gram, then O(log 256) probes comparing bytes in
 -- place at each occurrence; plus, with memory and a non-empty memory, the context's key and one
 -- KNN. Measured in docs/repository.md ("Citations").
@@ -68,8 +73,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
 -- Per position i (1-based) of p_tokens, the keys of the 2-, 4- and 8-grams that start there (NULL
--- where the gram would run past the end). A key is the gram's length tag (1, 2, 3) above the low 20
--- bits of a tree hash: h2 of the two tokens' hashint4, h4 of two h2, h8 of two h4, each pair
+-- where the gram would run past the end). A key is the gram's length tag (1, 2, 3) in the bits from
+-- 20 up, above the low bits of a tree hash (20 for a 2-gram, 16 for a 4- or 8-gram: those are most
+-- of a file's keys, and fewer keys make the GIN index's lists of files dense): h2 of the two tokens' hashint4, h4 of two h2, h8 of two h4, each pair
 -- combined as hashint8(a * 1000003 # b) (hashint8 folds the halves of its argument, so the two are
 -- mixed first). Window functions over one unnest: no slice of the array per gram.
 WITH t AS (
@@ -83,7 +89,7 @@ WITH t AS (
     SELECT g4.i, g4.h2, g4.h4, hashint8((g4.h4::bigint * 1000003) # lead(g4.h4, 4) OVER (ORDER BY g4.i)) AS h8
       FROM g4
 )
-SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 1048575), (3 << 20) | (g8.h8 & 1048575)
+SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 65535), (3 << 20) | (g8.h8 & 65535)
   FROM g8
  ORDER BY g8.i
 $$;
@@ -108,14 +114,17 @@ RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = public, pg_temp
 AS $$
--- The keys of a needle's (1-based) last 2-, 4- and 8-grams, those it is long enough for.
+-- The keys a file holding a needle's (1-based) last 8, 4 or 2 tokens (the longest level it is long
+-- enough for) must hold: that gram's, and those of every gram of the level below within it (a
+-- file holding the gram holds them all; each added key makes a file that only collides rarer).
 DECLARE
-    m integer := cardinality(p_needle);
+    m   integer := cardinality(p_needle);
+    tag integer := CASE WHEN m >= 8 THEN 3 WHEN m >= 4 THEN 2 ELSE 1 END;
 BEGIN
-    RETURN (SELECT array_agg(v.k)
-              FROM ht_gram_rows(p_needle[greatest(1, m - 7):m]) r,
-                   LATERAL (VALUES (r.k2, least(m, 8) - 1), (r.k4, least(m, 8) - 3), (r.k8, least(m, 8) - 7)) AS v(k, at)
-             WHERE r.i = v.at AND v.k IS NOT NULL);
+    RETURN (SELECT array_agg(DISTINCT v.k)
+              FROM ht_gram_rows(p_needle[m - (1 << tag) + 1:m]) r,
+                   LATERAL (VALUES (r.k2), (r.k4), (r.k8)) AS v(k)
+             WHERE v.k IS NOT NULL AND v.k >> 20 >= tag - 1);
 END
 $$;
 
@@ -205,6 +214,13 @@ DECLARE
     ids    integer[];                                 -- the candidate files of the level reached
     hays   bytea[];                                   -- their tokens, read once (ht_token_bytes)
     keep   integer[] := '{}';                         -- indexes into ids of the files holding the suffix
+    cids   integer[];                                 -- a further page of files holding the keys
+    chays  bytea[];
+    keys   integer[];
+    gram   bytea;
+    cap    integer;
+    after  integer;                                   -- the last file_id of the page before
+    page   integer;
     probe  integer[];
     occ_at  integer[] := '{}';                       -- an occurrence's file (index into ids)
     occ_end integer[] := '{}';                       -- and where its match ends
@@ -217,22 +233,60 @@ DECLARE
     o      integer;
     rows   integer := 0;
 BEGIN
-    -- The longest of the 8-, 4- and 2-gram levels some candidate holds verbatim.
+    -- The longest of the 8-, 4- and 2-gram levels some file holds verbatim, and the first cap files
+    -- (by file_id) holding it. The first cap files holding its keys, each checked by a byte search;
+    -- where one of them only collides on the keys, pages of further files until cap hold the gram,
+    -- so a collision takes no file's place.
     FOREACH lo IN ARRAY ARRAY[8, 4, 2] LOOP
         CONTINUE WHEN lo > n;
+        cap := CASE WHEN lo = 8 THEN 16 ELSE 4 END;
+        gram := substr(nb, 4 * (n - lo) + 1);
         SELECT array_agg(g.file_id ORDER BY g.file_id), array_agg(g.tokens ORDER BY g.file_id) INTO ids, hays
           FROM (SELECT f.file_id FROM atom_set_files f
                  WHERE f.atom_set_id + 0 = p_set_id       -- + 0: the GIN index, not the key's
                    AND f.split = 'train'
                    AND ht_file_grams(f.token_ids) @> ht_needle_keys(p_needle[n - lo + 1:n])
-                 ORDER BY f.file_id LIMIT CASE WHEN lo = 8 THEN 16 ELSE 4 END) c
+                 ORDER BY f.file_id LIMIT cap) c
           JOIN atom_set_file_grams g ON g.atom_set_id = p_set_id AND g.file_id = c.file_id;
         IF ids IS NOT NULL THEN
+            keep := '{}';
             FOR j IN 1 .. cardinality(ids) LOOP
-                IF cardinality(ht_offsets(hays[j], substr(nb, 4 * (n - lo) + 1), 1)) > 0 THEN
+                IF cardinality(ht_offsets(hays[j], gram, 1)) > 0 THEN
                     keep := keep || j;
                 END IF;
             END LOOP;
+            IF cardinality(keep) < cardinality(ids) AND cardinality(ids) = cap THEN
+                -- A collision among a full page: the holders, then pages after it (4 times as long).
+                keys := ht_needle_keys(p_needle[n - lo + 1:n]);
+                after := ids[cap];
+                page := cap;
+                cids := ARRAY(SELECT ids[j] FROM unnest(keep) j);
+                chays := ARRAY(SELECT hays[j] FROM unnest(keep) j);
+                ids := cids;
+                hays := chays;
+                WHILE cardinality(ids) < cap LOOP
+                    page := page * 4;
+                    SELECT array_agg(g.file_id ORDER BY g.file_id), array_agg(g.tokens ORDER BY g.file_id)
+                      INTO cids, chays
+                      FROM (SELECT f.file_id FROM atom_set_files f
+                             WHERE f.atom_set_id + 0 = p_set_id
+                               AND f.split = 'train'
+                               AND ht_file_grams(f.token_ids) @> keys
+                               AND f.file_id > after
+                             ORDER BY f.file_id LIMIT page) c
+                      JOIN atom_set_file_grams g ON g.atom_set_id = p_set_id AND g.file_id = c.file_id;
+                    EXIT WHEN cids IS NULL;
+                    FOR j IN 1 .. cardinality(cids) LOOP
+                        CONTINUE WHEN cardinality(ht_offsets(chays[j], gram, 1)) = 0;
+                        ids := ids || cids[j];
+                        hays := hays || chays[j];
+                        EXIT WHEN cardinality(ids) = cap;
+                    END LOOP;
+                    EXIT WHEN cardinality(cids) < page;
+                    after := cids[cardinality(cids)];
+                END LOOP;
+                keep := ARRAY(SELECT generate_series(1, cardinality(ids)));
+            END IF;
             IF cardinality(keep) > 0 THEN
                 best := lo;
                 EXIT;
