@@ -215,9 +215,9 @@ def label_from_gate_pass(options: BuildOptions, loaded: stages.Loaded, ui: Repor
             ran = distill(loaded.model, [chunks[i] for i in rest], options.batch_tokens, advance,
                           cache_dir=options.teacher_cache)
         argmax.update(zip(rest, ran.argmax))
-    cached = int(sum(len(chunks[i]) for i in covered)) + (ran.cached_tokens if rest else 0)
+    # cached_tokens: only those from the teacher-label cache (the chunks read from the gate's pass ran there)
     forced = Forced(list(chunks), [argmax[i] for i in range(len(chunks))], None, None, None,
-                    time.perf_counter() - start, cached)
+                    time.perf_counter() - start, ran.cached_tokens if rest else 0)
     return stages.Labelled(loaded.texts.train_chunks if options.kind == "context" else [], chunks, None, None, None,
                            forced.argmax, forced, str(next(loaded.model.parameters()).device))
 
