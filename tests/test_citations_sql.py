@@ -149,25 +149,25 @@ def test_the_passage_is_found_at_its_full_length_across_the_levels(conn, indexed
 
 
 def test_a_file_that_only_collides_on_the_keys_takes_no_holding_files_place(conn) -> None:
-    """File 1 holds every key of the 4-gram g (its three 2-grams apart, and a 4-gram whose 16-bit key
-    equals g's) but not g; files 2 to 5 hold g. The 4-gram level cites the first four files holding
-    g, as the brute force does: 2, 3, 4 and 5."""
+    """File 1 holds every key of the 8-gram g (its five 4-grams apart, and an 8-gram whose 16-bit key
+    equals g's) but not g; files 2 to 17 hold g. The 8-gram level cites the first 16 files holding
+    g, as the brute force does: 2 to 17."""
     set_id = add_set(conn, random_set("collisions", 5))
-    gram, sep = [11, 12, 13, 14], 40
-    (key,) = conn.execute("SELECT k4 FROM ht_gram_rows(%s) WHERE i = 1", (gram,)).fetchone()
+    gram, sep = [11, 12, 13, 14, 15, 16, 17, 18], 40
+    (key,) = conn.execute("SELECT k8 FROM ht_gram_rows(%s) WHERE i = 1", (gram,)).fetchone()
     haystack = np.random.default_rng(3).integers(0, 40, 400_000).tolist()
-    (at,) = conn.execute("SELECT min(i) FROM ht_gram_rows(%s) WHERE k4 = %s", (haystack, key)).fetchone()
-    twin = haystack[at - 1:at + 3]
+    (at,) = conn.execute("SELECT min(i) FROM ht_gram_rows(%s) WHERE k8 = %s", (haystack, key)).fetchone()
+    twin = haystack[at - 1:at + 7]
     assert twin != gram
-    collider = [11, 12, sep, 12, 13, sep, 13, 14, sep] + twin
-    files = {1: collider, **{f: [sep, f] + gram + [sep] for f in range(2, 6)}}
+    collider = [t for start in range(5) for t in gram[start:start + 4] + [sep]] + twin
+    files = {1: collider, **{f: [sep, f] + gram + [sep] for f in range(2, 18)}}
     for file_id, tokens in files.items():
         insert_file(conn, set_id, file_id, tokens)
     assert conn.execute("SELECT ht_needle_keys(%s) <@ ht_file_grams(%s)", (gram, collider)).fetchone()[0]
-    rows = sources(conn, "collisions", gram[:3], gram[3], k=10)
+    rows = sources(conn, "collisions", gram[:7], gram[7], k=20)
     got = [(r[0], r[2], r[5], r[6]) for r in rows if r[1] == "file"]
-    assert got == reference(files, gram[:3], gram[3], 10)
-    assert [r[1] for r in got] == [2, 3, 4, 5]
+    assert got == reference(files, gram[:7], gram[7], 20)
+    assert [r[1] for r in got] == list(range(2, 18))
 
 
 def test_without_a_token_the_rows_are_the_tokens_that_follow_the_longest_suffix(conn, indexed) -> None:
