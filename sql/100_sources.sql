@@ -47,8 +47,8 @@
 --     atom_set_file_grams, per train file the tokens as 4-byte words (ht_token_bytes), kept by a
 --     trigger on atom_set_files (insert, update, delete; the writer of the file table needs no
 --     change) and deleted with the file (ON DELETE CASCADE). A key is a tree hash of a 2-, 4- or
---     8-gram, 20 bits for a 2- or 4-gram and 16 for an 8-gram, with its length in the bits above,
---     so the GIN index holds at most 2 x 2^20 + 2^16 keys with compressed lists of files: its size
+--     8-gram, 20 bits for a 2-gram, 18 for a 4-gram and 16 for an 8-gram, with its length in the
+--     bits above, so the GIN index holds at most 2^20 + 2^18 + 2^16 keys with compressed lists of files: its size
 --     follows the (gram, file) pairs, not the grams, and few keys make those lists dense. A file
 --     holding the keys of the needle's level gram and of the grams of the level below within it
 --     (ht_needle_keys) is a candidate; candidates are searched for the gram itself (position()
@@ -74,9 +74,9 @@ SET search_path = public, pg_temp
 AS $$
 -- Per position i (1-based) of p_tokens, the keys of the 2-, 4- and 8-grams that start there (NULL
 -- where the gram would run past the end). A key is the gram's length tag (1, 2, 3) in the bits from
--- 20 up, above the low bits of a tree hash (20 for a 2- or 4-gram, 16 for an 8-gram: the most of a
--- file's keys, and fewer keys make the GIN index's lists of files dense; an 8-gram's candidates
--- also hold the 20-bit keys of its five 4-grams, so they rarely collide): h2 of the two tokens' hashint4, h4 of two h2, h8 of two h4, each pair
+-- 20 up, above the low bits of a tree hash (20 for a 2-gram, 18 for a 4-gram, 16 for an 8-gram: the
+-- longer grams are the most of a file's keys, and fewer keys make the GIN index's lists of files
+-- dense; an 8-gram's candidates also hold the keys of its five 4-grams, so they rarely collide): h2 of the two tokens' hashint4, h4 of two h2, h8 of two h4, each pair
 -- combined as hashint8(a * 1000003 # b) (hashint8 folds the halves of its argument, so the two are
 -- mixed first). Window functions over one unnest: no slice of the array per gram.
 WITH t AS (
@@ -90,7 +90,7 @@ WITH t AS (
     SELECT g4.i, g4.h2, g4.h4, hashint8((g4.h4::bigint * 1000003) # lead(g4.h4, 4) OVER (ORDER BY g4.i)) AS h8
       FROM g4
 )
-SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 1048575), (3 << 20) | (g8.h8 & 65535)
+SELECT g8.i, (1 << 20) | (g8.h2 & 1048575), (2 << 20) | (g8.h4 & 262143), (3 << 20) | (g8.h8 & 65535)
   FROM g8
  ORDER BY g8.i
 $$;
