@@ -24,7 +24,6 @@ import json
 import numpy as np
 
 from hartonomous.corpus.sources import Corpus
-from hartonomous.corpus.teacher import Forced
 from hartonomous.errors import UserError
 from hartonomous.repository.chunking import file_chunks
 from hartonomous.repository.split import CALIBRATION_SHARE, TEST_SHARE, path_fraction
@@ -32,7 +31,6 @@ from hartonomous.repository.update import FileEntry, insert_files
 from hartonomous.splits import SEPARATOR
 from hartonomous.threads import fixed_threads
 from projection import stages
-from projection.distill import distill
 from projection.options import BuildOptions
 from projection.progress import Reporter, RichReporter
 from projection.risk import fit_risk
@@ -120,8 +118,7 @@ def _first_index(conn, root, name, entries, texts, code, model, replace, progres
                            repository_texts(root, entries, texts, options.context_length))
     ui.step(f"defaults for {'code: lattice keys, backoff kernel' if code else 'prose: projection keys, gaussian kernel'}")
     projected = stages.project(options, loaded, ui)
-    gate_forced = gate_pass(loaded, ui)
-    labelled = label_from_gate_pass(options, loaded, ui, gate_forced)
+    labelled = stages.label(options, loaded, ui)
     centroid = stages.choose_centroid(options, loaded, projected, labelled, ui)
     lattice, positions = None, projected.positions
     if options.positions == "lattice":
@@ -158,72 +155,11 @@ def _first_index(conn, root, name, entries, texts, code, model, replace, progres
         repository["file_table_seconds"] = round(time.perf_counter() - t0, 3)
         conn.execute("UPDATE atom_sets SET root = %s, stats = stats || jsonb_build_object('repository', %s::jsonb) "
                      "WHERE id = %s", (str(root), json.dumps(repository), report.atom_set_id))
-        _fit_gate(conn, name, loaded, ui, fitted, gate_forced)
+        _fit_gate(conn, name, loaded, ui, fitted)
     return report.atoms
 
 
-def gate_pass(loaded: stages.Loaded, ui: Reporter) -> Forced | None:
-    """The exact model over the gate's windows of the calibration text (log-probs: what the gate's
-    walk needs), run once before the labels so that the labels can take what it already computed;
-    None when the calibration split is too small for a gate."""
-    from hartonomous.augment.calibrate import calibration_windows, positions_in
-    from hartonomous.augment.gate import MIN_POSITIONS
-    from hartonomous.corpus.teacher import teacher_force
-
-    windows = calibration_windows(loaded.texts.calibration_text, loaded.tokenizer)
-    if positions_in(windows) < MIN_POSITIONS:
-        return None
-    with ui.bar("the exact model over the gate's windows", int(sum(map(len, windows))), "tok") as advance:
-        return teacher_force(loaded.model, windows, log_probs=True, advance=advance)
-
-
-def covering_rows(chunk: np.ndarray, forced: Forced) -> np.ndarray | None:
-    """The gate pass's argmax for `chunk` when a window starts with the chunk's tokens (the same
-    context, so the same distributions), else None."""
-    for window, argmax in zip(forced.chunks, forced.argmax):
-        if len(window) >= len(chunk) and np.array_equal(window[:len(chunk)], chunk):
-            return argmax[:len(chunk)]
-    return None
-
-
-def label_from_gate_pass(options: BuildOptions, loaded: stages.Loaded, ui: Reporter,
-                         gate: Forced | None) -> stages.Labelled:
-    """stages.label for corpus labels, with the exact argmax of every calibration chunk that a gate
-    window begins with read from the gate's pass instead of run again (half the chunks of a file
-    longer than a window: a window is two chunks, and the second restarts its context). One chunk
-    so read is also run alone and compared: where the device's kernels give a prefix other bits
-    than the whole window, every chunk is run as stages.label runs it."""
-    from hartonomous.corpus.teacher import teacher_force
-
-    chunks = loaded.texts.calibration_chunks
-    covered = {i: rows for i, c in enumerate(chunks) if gate is not None
-               and (rows := covering_rows(c, gate)) is not None} if options.target == "corpus" else {}
-    if covered:
-        probe = min(covered, key=lambda i: len(chunks[i]))
-        if not np.array_equal(teacher_force(loaded.model, [chunks[probe]]).argmax[0], covered[probe]):
-            covered = {}
-    if not covered:
-        return stages.label(options, loaded, ui)
-    start = time.perf_counter()
-    rest = [i for i in range(len(chunks)) if i not in covered]
-    ui.step(f"corpus: {loaded.texts.corpus.description}; {sum(map(len, loaded.texts.train_chunks))} training "
-            f"tokens, {sum(map(len, chunks))} calibration + {sum(map(len, loaded.texts.test_chunks))} test held-out "
-            f"tokens; {sum(len(chunks[i]) for i in covered)} calibration labels read from the gate's pass")
-    argmax = dict(covered)
-    if rest:
-        with ui.bar("teacher forcing", int(sum(len(chunks[i]) for i in rest)), "tok") as advance:
-            ran = distill(loaded.model, [chunks[i] for i in rest], options.batch_tokens, advance,
-                          cache_dir=options.teacher_cache)
-        argmax.update(zip(rest, ran.argmax))
-    # cached_tokens: only those from the teacher-label cache (the chunks read from the gate's pass ran there)
-    forced = Forced(list(chunks), [argmax[i] for i in range(len(chunks))], None, None, None,
-                    time.perf_counter() - start, ran.cached_tokens if rest else 0)
-    return stages.Labelled(loaded.texts.train_chunks if options.kind == "context" else [], chunks, None, None, None,
-                           forced.argmax, forced, str(next(loaded.model.parameters()).device))
-
-
-def _fit_gate(conn, name: str, loaded: stages.Loaded, ui: Reporter, fitted: dict,
-              forced: Forced | None = None) -> None:
+def _fit_gate(conn, name: str, loaded: stages.Loaded, ui: Reporter, fitted: dict) -> None:
     """The gate, fitted on the calibration split inside the index's transaction; recorded with what
     it was fitted on and when (`hartonomous gate show`). Too few calibration positions: no gate."""
     from hartonomous.augment.calibrate import calibration_windows, fit_set_gate, positions_in
@@ -234,8 +170,7 @@ def _fit_gate(conn, name: str, loaded: stages.Loaded, ui: Reporter, fitted: dict
         ui.step(f"no gate for the augmented path: {total} calibration positions, a gate needs {MIN_POSITIONS}")
         return
     with ui.bar("fitting the augmented path's gate", total, unit="positions") as advance:
-        gate = fit_set_gate(conn, name, model=loaded.model, tokenizer=loaded.tokenizer, on_positions=advance,
-                            forced=forced)
+        gate = fit_set_gate(conn, name, model=loaded.model, tokenizer=loaded.tokenizer, on_positions=advance)
     on = {"split": "calibration", "files": fitted["fit_files"], "tokens": fitted["fit_tokens"],
           "at": fitted["at"], "index": "first index or --recalibrate; updates keep it"}
     conn.execute("UPDATE augment_gates g SET details = g.details || jsonb_build_object('fitted_on', %s::jsonb) "

@@ -162,18 +162,11 @@ def positions_in(windows) -> int:
     return sum(max(len(w) - 1, 0) for w in windows)
 
 
-def same_windows(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
-    """Whether two lists of windows hold the same token ids."""
-    return len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
-
-
 def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokenizer=None,
                  max_positions: int | None = None, max_neighbors: int = 100,
                  on_positions: Callable[[int], None] | None = None,
-                 on_total: Callable[[int], None] | None = None, forced=None) -> Gate:
-    """Fit the set's gate on its calibration split and save it; returns it. `forced`: the exact
-    model's teacher-forced pass with log-probs (a hartonomous.corpus.teacher.Forced) where the
-    caller already ran it (`hartonomous index`); used only when its chunks are this walk's windows."""
+                 on_total: Callable[[int], None] | None = None) -> Gate:
+    """Fit the set's gate on its calibration split and save it; returns it."""
     from hartonomous.compare.atomset import holdout_text
 
     info = load_atom_set(conn, atom_set)
@@ -194,10 +187,7 @@ def fit_set_gate(conn: psycopg.Connection, atom_set: str, *, model=None, tokeniz
     if on_total:
         on_total(positions_in(windows))
     start = time.perf_counter()
-    given = forced.log_probs if forced is not None and forced.log_probs is not None and same_windows(
-        forced.chunks, windows) else None
-    walk = walk_text(conn, model, windows, info.name, max_neighbors=max_neighbors, on_positions=on_positions,
-                     log_probs=given)
+    walk = walk_text(conn, model, windows, info.name, max_neighbors=max_neighbors, on_positions=on_positions)
     gate = walk.fit()
     gate = Gate(gate.features, gate.means, gate.scales, gate.coefficients, gate.intercept, gate.calibration_loss,
                 gate.exact_loss, gate.positions, gate.split, gate.version,
