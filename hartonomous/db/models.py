@@ -236,6 +236,9 @@ class AtomSetFile(Base):
         CheckConstraint("license_source IN ('spdx-header', 'license-file', 'package-metadata', 'unknown')",
                         name="atom_set_files_license_source_check"),
         UniqueConstraint("atom_set_id", "path", name="atom_set_files_atom_set_id_path_key"),
+        # The keys of a train file's 2-, 4- and 8-grams, stored only in this index (0022, citations).
+        Index("atom_set_files_grams_gin", text("ht_file_grams(token_ids)"), postgresql_using="gin",
+              postgresql_where=text("split = 'train'")),
     )
 
     atom_set_id: Mapped[int] = mapped_column(
@@ -256,20 +259,18 @@ class AtomSetFile(Base):
 
 
 class AtomSetFileGrams(Base):
-    """The occurrence index of a train file (migration 0022, sql/100_sources.sql): the keys of its
-    2-, 4- and 8-grams, found through a GIN index, and its tokens for a byte search; written by a
+    """A train file's tokens as 4-byte words for store_sources' byte search (migration 0022,
+    sql/100_sources.sql; its gram keys are atom_set_files' GIN expression index); written by a
     trigger on atom_set_files."""
 
     __tablename__ = "atom_set_file_grams"
     __table_args__ = (
         ForeignKeyConstraint(["atom_set_id", "file_id"], ["atom_set_files.atom_set_id", "atom_set_files.file_id"],
                              ondelete="CASCADE", name="atom_set_file_grams_file_fkey"),
-        Index("atom_set_file_grams_grams_gin", "grams", postgresql_using="gin"),
     )
 
     atom_set_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     file_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    grams: Mapped[list[int]] = mapped_column(ARRAY(Integer))
     tokens: Mapped[bytes] = mapped_column(LargeBinary)      # the token ids as 4-byte big-endian words
 
 

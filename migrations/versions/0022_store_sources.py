@@ -17,6 +17,7 @@ Revises: 0021
 """
 from alembic import op
 
+from hartonomous.db.citus import has_citus
 from hartonomous.db.migrate import install_sql_functions
 
 revision = "0022"
@@ -35,9 +36,13 @@ def upgrade() -> None:
             CONSTRAINT atom_set_file_grams_file_fkey FOREIGN KEY (atom_set_id, file_id)
                 REFERENCES atom_set_files (atom_set_id, file_id) ON DELETE CASCADE
         )""")
+    conn = op.get_bind().connection.driver_connection
     # Searched whole on every citation: kept out of line but uncompressed (no decompression a call).
-    op.execute("ALTER TABLE atom_set_file_grams ALTER COLUMN tokens SET STORAGE EXTERNAL")
-    install_sql_functions(op.get_bind().connection.driver_connection.execute)
+    # On a Citus coordinator the table is Citus-managed (its key reaches atom_sets, a reference
+    # table), where ALTER COLUMN ... SET STORAGE is not supported: it keeps the default there.
+    if not has_citus(conn):
+        op.execute("ALTER TABLE atom_set_file_grams ALTER COLUMN tokens SET STORAGE EXTERNAL")
+    install_sql_functions(conn.execute)
     # The keys are not stored: an expression index over the file table's own tokens (train files only).
     op.execute("CREATE INDEX IF NOT EXISTS atom_set_files_grams_gin ON atom_set_files "
                "USING gin (ht_file_grams(token_ids)) WHERE split = 'train'")
