@@ -63,8 +63,10 @@ async def _all_at_once(url: str, models: list[str]) -> list:
 
 def test_sixteen_streams_on_two_model_workers_never_wait_for_a_connection(reader_url, corpus_set):
     models = [f"exact:augmented:{corpus_set}", f"exact:speculative:{corpus_set}"]
-    server, runtime = live_app(reader_url, corpus_set, exact_model=SlowModel(), pool_size=1, lookup_pool_size=1,
-                               max_concurrent=WORKERS, pool_timeout_s=POOL_TIMEOUT_S)
+    # Lookups (each request's model id) get a connection per stream: under this short timeout a
+    # busy machine could make 16 lookups queue past it on fewer; the rule tested is the model pool's.
+    server, runtime = live_app(reader_url, corpus_set, exact_model=SlowModel(), pool_size=1,
+                               lookup_pool_size=STREAMS, max_concurrent=WORKERS, pool_timeout_s=POOL_TIMEOUT_S)
     with server as url:
         with runtime.connection(WAIT_S, use="model"), runtime.connection(WAIT_S, use="model"):
             pass                                    # both model connections open (opening one is not a wait)
