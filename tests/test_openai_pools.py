@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import ExitStack
 
 import httpx
 import openai
@@ -63,13 +64,15 @@ async def _all_at_once(url: str, models: list[str]) -> list:
 
 def test_sixteen_streams_on_two_model_workers_never_wait_for_a_connection(reader_url, corpus_set):
     models = [f"exact:augmented:{corpus_set}", f"exact:speculative:{corpus_set}"]
-    # Lookups (each request's model id) get a connection per stream: under this short timeout a
-    # busy machine could make 16 lookups queue past it on fewer; the rule tested is the model pool's.
+    # Lookups (each request's model id) get a connection per stream, all opened before the run: under
+    # this short timeout 16 lookups could queue past it on fewer, or on a pool still growing.
     server, runtime = live_app(reader_url, corpus_set, exact_model=SlowModel(), pool_size=1,
                                lookup_pool_size=STREAMS, max_concurrent=WORKERS, pool_timeout_s=POOL_TIMEOUT_S)
     with server as url:
-        with runtime.connection(WAIT_S, use="model"), runtime.connection(WAIT_S, use="model"):
-            pass                                    # both model connections open (opening one is not a wait)
+        with ExitStack() as held:                   # every connection open before the run: a pool grows one
+            for use, count in (("model", WORKERS), ("lookup", STREAMS)):   # at a time, which is not the
+                for _ in range(count):                                      # rule tested here
+                    held.enter_context(runtime.connection(WAIT_S, use=use))
         before = runtime.pool_stats()["model"]
         results = asyncio.run(_all_at_once(url, models))
         after = httpx.get(url + "/healthz", timeout=WAIT_S).json()["pools"]["model"]
